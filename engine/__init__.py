@@ -1,0 +1,1 @@
+"""Query engine: query language, batched executor with explanations, evaluation, sampling, path search."""

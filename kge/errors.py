@@ -1,0 +1,58 @@
+"""User-facing errors shared by every package and CLI.
+
+A :class:`UserError` is a mistake in what the user gave us (a path, a name, a
+query, a number).  CLIs print it as one line and exit with status 2; it never
+ends in a traceback.  Programming errors stay ordinary exceptions.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import sys
+from typing import Callable, Iterable, Sequence
+
+__all__ = ["UserError", "closest_names", "unknown_name", "cli_main"]
+
+
+class UserError(ValueError):
+    """An error in user input, with a message that says what and where."""
+
+
+def closest_names(name: str, known: Iterable[str], n: int = 3) -> list[str]:
+    """The ``n`` known names most similar to ``name`` (case-insensitive)."""
+    known = list(known)
+    lowered = {}
+    for k in known:
+        lowered.setdefault(k.lower(), k)
+    hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.0)
+    return [lowered[h] for h in hits]
+
+
+def unknown_name(kind: str, name: str, known: Sequence[str], where: str = "") -> UserError:
+    """A :class:`UserError` for an unknown ``kind`` (entity, relation, ...) naming the closest known ones."""
+    close = closest_names(name, known)
+    hint = f"; closest known: {', '.join(repr(c) for c in close)}" if close else ""
+    loc = f"{where}: " if where else ""
+    return UserError(f"{loc}unknown {kind} {name!r}{hint}")
+
+
+def cli_main(func: Callable[[Sequence[str] | None], int | None]) -> Callable[[Sequence[str] | None], int]:
+    """Wrap a CLI ``main(argv)`` so that user errors print one line and return 2.
+
+    ``KeyboardInterrupt`` returns 130; anything else propagates (a bug, which
+    deserves its traceback).
+    """
+
+    @functools.wraps(func)
+    def wrapper(argv: Sequence[str] | None = None) -> int:
+        try:
+            rc = func(argv)
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        return 0 if rc is None else int(rc)
+
+    return wrapper

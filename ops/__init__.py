@@ -1,0 +1,1 @@
+"""Fuzzy-set operators on batches of fuzzy vectors, with C++ (OpenMP) and CUDA kernels."""
