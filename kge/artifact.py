@@ -23,6 +23,7 @@ import hashlib
 import io
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -186,13 +187,16 @@ class Artifact:
         if hit is not None:
             return hit
         block = self.relation_block(r)
-        t = torch.sparse_csr_tensor(
-            torch.from_numpy(block.indptr.astype(np.int32)),
-            torch.from_numpy(block.indices),
-            torch.from_numpy(block.data),
-            size=block.shape,
-            dtype=torch.float32,
-        ).to(device)
+        with warnings.catch_warnings():
+            # torch flags all CSR tensors as "beta"; we only use them as containers.
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.sparse_csr_tensor(
+                torch.from_numpy(block.indptr.astype(np.int32)),
+                torch.from_numpy(block.indices),
+                torch.from_numpy(block.data),
+                size=block.shape,
+                dtype=torch.float32,
+            ).to(device)
         self._torch_cache[key] = t
         return t
 
