@@ -1,1 +1,38 @@
-"""Fuzzy-set operators on batches of fuzzy vectors, with C++ (OpenMP) and CUDA kernels."""
+"""Fuzzy-set operators on batches of fuzzy vectors, with C++ (OpenMP) and CUDA kernels.
+
+A fuzzy batch ``X`` is a (B, N) float32 tensor in [0, 1]: one row per query,
+one column per entity.  A relation is an (N, N) sparse CSR matrix ``M`` in
+[0, 1] (or a :class:`PreparedMatrix` from :func:`prepare`).
+
+>>> import torch, ops
+>>> M = torch.tensor([[0.0, 0.9], [0.5, 0.0]]).to_sparse_csr()
+>>> ops.project(torch.tensor([[1.0, 0.2]]), M)
+tensor([[0.1000, 0.9000]])
+
+Backends: ``"cpp"`` (the compiled ``ops._C`` kernels; torch.ops.kgreason.*) and
+``"reference"`` (pure torch, any device).  The default picks ``cpp`` when the
+extension has a kernel for the input's device; see :func:`set_backend`.
+"""
+from ._backend import BACKENDS, extension_available, get_backend, has_kernel, set_backend
+from .fuzzy import TNORMS, intersect, negate, topk_prune, union
+from .prepared import PreparedMatrix, prepare
+from .projection import STRATEGIES, choose_strategy, project, project_negated
+
+__all__ = [
+    "project",
+    "project_negated",
+    "intersect",
+    "union",
+    "negate",
+    "topk_prune",
+    "prepare",
+    "PreparedMatrix",
+    "choose_strategy",
+    "extension_available",
+    "set_backend",
+    "get_backend",
+    "has_kernel",
+    "BACKENDS",
+    "TNORMS",
+    "STRATEGIES",
+]

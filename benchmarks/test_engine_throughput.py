@@ -1,0 +1,210 @@
+"""Query throughput of the batched executor, per BetaE structure, against a batch-1 operator loop.
+
+Run::
+
+    python -m pytest benchmarks/test_engine_throughput.py
+
+For each of the 14 structures, on the FB15k-237 artifact (or a synthetic one
+of the same size when it is absent), three measurements in the same run:
+
+* ``loop``   the baseline: one query at a time, a recursive evaluator calling
+             the same ``ops`` operators on a (1, N) vector, the way the
+             reference QTO implementation runs queries (no batching);
+* ``b1``     ``Executor.scores`` with ``batch_size=1`` (the engine's overhead);
+* ``b1024``  ``Executor.scores`` with ``batch_size=1024`` (shape batching,
+             projections grouped by relation).
+
+Queries are grounded in the observed graph (random answer, walking observed
+edges backwards), as in ``engine.examples``.  The ratios go to
+``benchmarks/results/engine_throughput.md`` with the command and machine.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import ops
+from engine.examples import _Graph, _ground
+from engine.executor import Executor
+from engine.query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union
+from engine.structures import STRUCTURES
+from kge import Artifact
+
+from conftest import RESULTS, machine_description  # benchmarks/conftest.py (rootdir-relative import)
+
+B_LARGE = 1024
+N_SMALL = 32  # queries timed one by one (loop and b1)
+TNORM = "product"
+NEG_SCALE = 3.0
+
+_results: dict[str, dict[str, float]] = {}
+_info: dict[str, str] = {}
+
+
+def synthetic_artifact(seed: int = 0, n: int = 14_505, base_relations: int = 237, edges: int = 272_115) -> Artifact:
+    """FB15k-237-sized KG: observed edges (value 1) in both directions plus as many calibrated extra entries."""
+    rng = np.random.default_rng(seed)
+    # Power-law relation and entity frequencies, roughly as skewed as FB15k-237's.
+    rel_p = 1.0 / np.arange(1, base_relations + 1) ** 0.7
+    rel_p /= rel_p.sum()
+    ent_p = rng.permutation(1.0 / np.arange(1, n + 1) ** 0.8)
+    ent_p /= ent_p.sum()
+    r = rng.choice(base_relations, size=edges, p=rel_p)
+    h = rng.choice(n, size=edges, p=ent_p)
+    t = rng.choice(n, size=edges, p=ent_p)
+    obs = np.concatenate([np.stack([h, 2 * r, t], 1), np.stack([t, 2 * r + 1, h], 1)])
+    extra = obs.copy()
+    extra[:, 2] = rng.integers(0, n, size=len(extra))
+    vals = np.concatenate([np.ones(len(obs)), rng.uniform(0.01, 0.9, len(extra))]).astype(np.float32)
+    allt = np.concatenate([obs, extra])
+    m = sp.csr_matrix((vals, (allt[:, 1] * n + allt[:, 0], allt[:, 2])), shape=(2 * base_relations * n, n))
+    m.sum_duplicates()
+    m.data = np.minimum(m.data, 1.0)
+    rels = []
+    for k in range(base_relations):
+        rels += [f"r{k}", f"r{k}^-1"]
+    return Artifact(entities=[f"e{i}" for i in range(n)], relations=rels, matrices=m, observed=np.unique(obs, axis=0),
+                    missing=np.zeros((0, 3), dtype=np.int64), meta={"source": "synthetic (FB15k-237 sized)"})
+
+
+@pytest.fixture(scope="module")
+def artifact(fb15k237_artifact):
+    if fb15k237_artifact is not None:
+        _info["data"] = f"FB15k-237 artifact ({fb15k237_artifact.path})"
+        return fb15k237_artifact
+    _info["data"] = "synthetic FB15k-237-sized artifact (artifacts/FB15k-237 absent)"
+    return synthetic_artifact()
+
+
+@pytest.fixture(scope="module")
+def executor(artifact):
+    threads = os.environ.get("ENGINE_BENCH_THREADS")
+    if threads:  # e.g. ENGINE_BENCH_THREADS=1 to take thread scheduling out of the measurement
+        torch.set_num_threads(int(threads))
+    ex = Executor(artifact, tnorm=TNORM, neg_scale=NEG_SCALE)
+    for r in range(artifact.num_relations):  # prepare every matrix up front: not part of any timing
+        ex.matrix(r)
+    _info["backend"] = "cpp" if ops.has_kernel("project", "cpu") else "reference"
+    return ex
+
+
+@pytest.fixture(scope="module")
+def queries(artifact):
+    g = _Graph(artifact)
+    targets = np.unique(artifact.observed[:, 2])
+    out: dict[str, list[Node]] = {}
+    for name, s in STRUCTURES.items():
+        template = s.build(list(range(s.num_anchors)), list(range(s.num_relations)), negation="qto")
+        rng = random.Random(name)
+        qs: list[Node] = []
+        while len(qs) < B_LARGE:
+            q = _ground(template, int(targets[rng.randrange(len(targets))]), g, rng)
+            if q is not None:
+                qs.append(q)
+        out[name] = qs
+    return out
+
+
+def loop_eval(ex: Executor, node: Node) -> torch.Tensor:
+    """The baseline: evaluate one query on a (1, N) vector with the ops operators, node by node."""
+    if isinstance(node, Anchor):
+        x = torch.zeros(1, ex.num_entities)
+        x[0, node.entity] = 1.0
+        return x
+    if isinstance(node, Projection):
+        return ops.project(loop_eval(ex, node.arg), ex.matrix(node.relation), validate=False)
+    if isinstance(node, NegatedProjection):
+        return ops.project_negated(loop_eval(ex, node.arg), ex.matrix(node.relation), neg_scale=NEG_SCALE,
+                                   validate=False)
+    if isinstance(node, Intersection):
+        return ops.intersect(*[loop_eval(ex, a) for a in node.args], tnorm=TNORM, validate=False)
+    if isinstance(node, Union):
+        return ops.union(*[loop_eval(ex, a) for a in node.args], tnorm=TNORM, validate=False)
+    if isinstance(node, Complement):
+        return ops.negate(loop_eval(ex, node.arg), validate=False)
+    raise TypeError(node)
+
+
+def _record(structure: str, mode: str, benchmark, nq: int) -> None:
+    # Best round: the machine is shared, and the minimum is the least disturbed measurement.
+    best = benchmark.stats.stats.min
+    _results.setdefault(structure, {})[mode] = nq / best
+
+
+@pytest.mark.benchmark(group="engine-throughput")
+@pytest.mark.parametrize("structure", list(STRUCTURES))
+def test_loop_batch1_baseline(benchmark, executor, queries, structure):
+    qs = queries[structure][:N_SMALL]
+    ref = executor.scores(qs)
+    with torch.inference_mode():
+        got = torch.cat([loop_eval(executor, q) for q in qs])
+    torch.testing.assert_close(got, ref)  # the baseline computes the same thing
+
+    def run():
+        with torch.inference_mode():
+            for q in qs:
+                loop_eval(executor, q)
+
+    benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+    _record(structure, "loop", benchmark, len(qs))
+
+
+@pytest.mark.benchmark(group="engine-throughput")
+@pytest.mark.parametrize("structure", list(STRUCTURES))
+def test_engine_batch1(benchmark, executor, queries, structure):
+    qs = queries[structure][:N_SMALL]
+
+    def run():
+        for q in qs:
+            executor.scores([q], batch_size=1)
+
+    benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+    _record(structure, "b1", benchmark, len(qs))
+
+
+@pytest.mark.benchmark(group="engine-throughput")
+@pytest.mark.parametrize("structure", list(STRUCTURES))
+def test_engine_batch1024(benchmark, executor, queries, structure):
+    qs = queries[structure]
+    benchmark.pedantic(lambda: executor.scores(qs, batch_size=B_LARGE), rounds=3, iterations=1, warmup_rounds=1)
+    _record(structure, "b1024", benchmark, len(qs))
+
+
+def test_write_report(executor):
+    """Runs last (file order): writes the ratios table."""
+    if not _results:
+        pytest.skip("no measurements in this run")
+    lines = [
+        "# Engine throughput (queries per second)",
+        "",
+        "Command: `" + (f"ENGINE_BENCH_THREADS={os.environ['ENGINE_BENCH_THREADS']} " if os.environ.get("ENGINE_BENCH_THREADS") else "")
+        + "python -m pytest benchmarks/test_engine_throughput.py`",
+        f"Machine: {machine_description()}",
+        f"Data: {_info.get('data')}; ops backend: {_info.get('backend')}; t-norm {TNORM}, neg_scale {NEG_SCALE}, "
+        f"QTO negation; {N_SMALL} queries one by one (loop, b1), {B_LARGE} per batch (b1024); best of 3 rounds.",
+        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        "",
+        "`loop` = one query at a time through the same `ops` operators (the reference QTO way);"
+        " `b1`/`b1024` = `Executor.scores` with batch size 1/1024.",
+        "",
+        "| structure | loop q/s | b1 q/s | b1024 q/s | b1 / loop | b1024 / loop |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in STRUCTURES:
+        r = _results.get(name, {})
+        loop, b1, b1024 = r.get("loop"), r.get("b1"), r.get("b1024")
+        fmt = lambda v: f"{v:,.0f}" if v else "–"  # noqa: E731
+        ratio = lambda a, b: f"{a / b:.2f}×" if a and b else "–"  # noqa: E731
+        lines.append(f"| {name} | {fmt(loop)} | {fmt(b1)} | {fmt(b1024)} | {ratio(b1, loop)} | {ratio(b1024, loop)} |")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = f"_threads{torch.get_num_threads()}" if os.environ.get("ENGINE_BENCH_THREADS") else ""
+    out = Path(RESULTS) / f"engine_throughput{suffix}.md"
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))

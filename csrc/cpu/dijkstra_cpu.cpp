@@ -1,0 +1,461 @@
+// CPU kernel of kgreason::dijkstra (schema and argument contract: csrc/dijkstra.cpp).
+//
+// One independent search per source, sources spread over threads with
+// at::parallel_for; each thread pulls sources from a shared atomic counter so
+// that cheap (early-exit) and expensive searches balance out.
+//
+// Design choices:
+//  * Parallel edges are collapsed once per call to the cheapest edge (lowest
+//    relation id on ties), so a search never scans an edge that cannot win;
+//    FB15k-237 has 544k directed edges but only 423k distinct (head, tail) pairs.
+//    The collapsed adjacency packs (tail, weight) per edge for locality; the
+//    relation id is read only when a label improves.
+//  * Priority queue: a d-ary heap (default 4) with lazy deletion. An entry is a
+//    (float key, uint32 state) pair of 8 bytes, so the 4 children of a node sit
+//    in 32 contiguous bytes (one cache line) and the heap is half as deep as a
+//    binary heap; push stays O(log_4 n). The heap only ever holds improved labels,
+//    and stale entries are skipped when popped. heap_arity=2 gives the textbook
+//    binary heap (benchmarks/test_paths_bench.py measures both).
+//  * A*: the key is g + h(v). Entries are re-opened when their g improves, so an
+//    admissible but inconsistent heuristic still gives exact target distances.
+//  * Hop-bounded search: the state is (v, k) = v reached with exactly k edges.
+//    A state is dominated (skipped) when a state (v, k') with k' <= k and no larger
+//    cost is already settled; `best[k][v]` keeps the cheapest settled cost over
+//    hop counts <= k. Each node is settled at most H+1 times.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace kgreason {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+struct HeapEntry {
+  float key;
+  uint32_t state;
+};
+
+inline bool entry_less(const HeapEntry& a, const HeapEntry& b) {
+  return a.key < b.key || (a.key == b.key && a.state < b.state);
+}
+
+// Min-heap with D children per node.
+template <int D>
+class DaryHeap {
+ public:
+  void clear() { v_.clear(); }
+  bool empty() const { return v_.empty(); }
+
+  void push(float key, uint32_t state) {
+    HeapEntry e{key, state};
+    size_t i = v_.size();
+    v_.push_back(e);
+    while (i > 0) {
+      size_t p = (i - 1) / D;
+      if (!entry_less(e, v_[p])) break;
+      v_[i] = v_[p];
+      i = p;
+    }
+    v_[i] = e;
+  }
+
+  HeapEntry pop() {
+    HeapEntry top = v_[0];
+    HeapEntry last = v_.back();
+    v_.pop_back();
+    const size_t n = v_.size();
+    if (n > 0) {
+      size_t i = 0;
+      while (true) {
+        size_t c = D * i + 1;
+        if (c >= n) break;
+        size_t best = c;
+        const size_t end = std::min(c + D, n);
+        for (size_t j = c + 1; j < end; ++j)
+          if (entry_less(v_[j], v_[best])) best = j;
+        if (!entry_less(v_[best], last)) break;
+        v_[i] = v_[best];
+        i = best;
+      }
+      v_[i] = last;
+    }
+    return top;
+  }
+
+ private:
+  std::vector<HeapEntry> v_;
+};
+
+struct PackedEdge {
+  int32_t tail;
+  float weight;
+};
+
+struct Adjacency {
+  std::vector<int64_t> indptr;
+  std::vector<PackedEdge> edges;
+  std::vector<int32_t> rel;
+};
+
+// Collapse runs of equal tails to the cheapest edge and drop unusable (inf) edges.
+Adjacency collapse(const int64_t* indptr, const int32_t* tails, const int32_t* rels, const float* costs,
+                   int64_t n) {
+  Adjacency adj;
+  adj.indptr.assign(n + 1, 0);
+  auto scan = [&](int64_t u, auto&& emit) {
+    int64_t e = indptr[u];
+    const int64_t end = indptr[u + 1];
+    while (e < end) {
+      const int32_t t = tails[e];
+      float w = costs[rels[e]];
+      int32_t r = rels[e];
+      int64_t f = e + 1;
+      for (; f < end && tails[f] == t; ++f) {
+        const float wf = costs[rels[f]];
+        if (wf < w || (wf == w && rels[f] < r)) {
+          w = wf;
+          r = rels[f];
+        }
+      }
+      if (w < kInf) emit(t, w, r);
+      e = f;
+    }
+  };
+  at::parallel_for(0, n, 2048, [&](int64_t b, int64_t en) {
+    for (int64_t u = b; u < en; ++u) {
+      int64_t c = 0;
+      scan(u, [&](int32_t, float, int32_t) { ++c; });
+      adj.indptr[u + 1] = c;
+    }
+  });
+  for (int64_t u = 0; u < n; ++u) adj.indptr[u + 1] += adj.indptr[u];
+  adj.edges.resize(adj.indptr[n]);
+  adj.rel.resize(adj.indptr[n]);
+  at::parallel_for(0, n, 2048, [&](int64_t b, int64_t en) {
+    for (int64_t u = b; u < en; ++u) {
+      int64_t pos = adj.indptr[u];
+      scan(u, [&](int32_t t, float w, int32_t r) {
+        adj.edges[pos] = PackedEdge{t, w};
+        adj.rel[pos] = r;
+        ++pos;
+      });
+    }
+  });
+  return adj;
+}
+
+struct Problem {
+  const Adjacency* adj;
+  int64_t n;
+  int64_t hops;  // -1 unbounded
+  const int64_t* sources;
+  const int64_t* targets;  // nullptr: none
+  int64_t num_targets;     // per source
+  bool targets_shared;
+  const float* heuristic;  // nullptr: none
+  bool heuristic_shared;
+  float* dist;       // (S, N)
+  int32_t* pred_e;   // (S, [H+1,] N) or nullptr
+  int32_t* pred_r;
+  int32_t* hop_out;  // (S, N) or nullptr
+};
+
+// Per-thread scratch, reused across the sources a thread handles.
+template <int D>
+struct Workspace {
+  DaryHeap<D> heap;
+  std::vector<uint8_t> target_mark;  // N, 1 = unsettled target of the current source
+  std::vector<float> g;              // (H+1)*N, hop-bounded only
+  std::vector<float> best;           // (H+1)*N, hop-bounded only
+  std::vector<uint8_t> touched_flag; // N, hop-bounded only
+  std::vector<int32_t> touched;
+
+  Workspace(const Problem& p) : target_mark(p.targets ? p.n : 0, 0) {
+    if (p.hops >= 0) {
+      g.assign((p.hops + 1) * p.n, kInf);
+      best.assign((p.hops + 1) * p.n, kInf);
+      touched_flag.assign(p.n, 0);
+    }
+  }
+};
+
+// Marks the targets of source s; returns how many distinct ones there are.
+int64_t mark_targets(const Problem& p, int64_t s, std::vector<uint8_t>& mark) {
+  if (!p.targets) return 0;
+  const int64_t* t = p.targets + (p.targets_shared ? 0 : s * p.num_targets);
+  int64_t count = 0;
+  for (int64_t i = 0; i < p.num_targets; ++i) {
+    if (t[i] < 0) continue;
+    if (!mark[t[i]]) {
+      mark[t[i]] = 1;
+      ++count;
+    }
+  }
+  return count;
+}
+
+void unmark_targets(const Problem& p, int64_t s, std::vector<uint8_t>& mark) {
+  if (!p.targets) return;
+  const int64_t* t = p.targets + (p.targets_shared ? 0 : s * p.num_targets);
+  for (int64_t i = 0; i < p.num_targets; ++i)
+    if (t[i] >= 0) mark[t[i]] = 0;
+}
+
+template <int D>
+void search_unbounded(const Problem& p, int64_t s, Workspace<D>& ws) {
+  const int64_t n = p.n;
+  const Adjacency& adj = *p.adj;
+  float* dist = p.dist + s * n;
+  int32_t* pe = p.pred_e ? p.pred_e + s * n : nullptr;
+  int32_t* pr = p.pred_r ? p.pred_r + s * n : nullptr;
+  const float* h = p.heuristic ? p.heuristic + (p.heuristic_shared ? 0 : s * n) : nullptr;
+  int64_t remaining = mark_targets(p, s, ws.target_mark);
+  const bool has_targets = remaining > 0;
+  auto& heap = ws.heap;
+  heap.clear();
+
+  const int64_t src = p.sources[s];
+  dist[src] = 0.f;
+  const float hs = h ? h[src] : 0.f;
+  if (hs < kInf) heap.push(hs, static_cast<uint32_t>(src));
+  while (!heap.empty()) {
+    const HeapEntry e = heap.pop();
+    const int64_t v = e.state;
+    const float gv = dist[v];
+    if (e.key > gv + (h ? h[v] : 0.f)) continue;  // stale: v improved after this push
+    if (has_targets && ws.target_mark[v]) {
+      ws.target_mark[v] = 0;
+      if (--remaining == 0) break;
+    }
+    for (int64_t i = adj.indptr[v], end = adj.indptr[v + 1]; i < end; ++i) {
+      const PackedEdge ed = adj.edges[i];
+      const float ng = gv + ed.weight;
+      if (ng < dist[ed.tail]) {
+        dist[ed.tail] = ng;
+        if (pe) {
+          pe[ed.tail] = static_cast<int32_t>(v);
+          pr[ed.tail] = adj.rel[i];
+        }
+        const float key = h ? ng + h[ed.tail] : ng;
+        if (key < kInf) heap.push(key, static_cast<uint32_t>(ed.tail));
+      }
+    }
+  }
+  unmark_targets(p, s, ws.target_mark);
+}
+
+template <int D>
+void search_hop_bounded(const Problem& p, int64_t s, Workspace<D>& ws) {
+  const int64_t n = p.n;
+  const int64_t H = p.hops;
+  const Adjacency& adj = *p.adj;
+  float* dist = p.dist + s * n;
+  int32_t* hop_out = p.hop_out + s * n;
+  int32_t* pe = p.pred_e ? p.pred_e + s * (H + 1) * n : nullptr;
+  int32_t* pr = p.pred_r ? p.pred_r + s * (H + 1) * n : nullptr;
+  const float* h = p.heuristic ? p.heuristic + (p.heuristic_shared ? 0 : s * n) : nullptr;
+  int64_t remaining = mark_targets(p, s, ws.target_mark);
+  const bool has_targets = remaining > 0;
+  float* g = ws.g.data();
+  float* best = ws.best.data();
+  auto touch = [&](int64_t v) {
+    if (!ws.touched_flag[v]) {
+      ws.touched_flag[v] = 1;
+      ws.touched.push_back(static_cast<int32_t>(v));
+    }
+  };
+  auto& heap = ws.heap;
+  heap.clear();
+
+  const int64_t src = p.sources[s];
+  g[src] = 0.f;
+  touch(src);
+  const float hs = h ? h[src] : 0.f;
+  if (hs < kInf) heap.push(hs, static_cast<uint32_t>(src));
+  while (!heap.empty()) {
+    const HeapEntry e = heap.pop();
+    const int64_t st = e.state;
+    const int64_t v = st % n;
+    const int64_t k = st / n;
+    const float gs = g[st];
+    const float hv = h ? h[v] : 0.f;
+    if (e.key > gs + hv) continue;  // stale
+    if (best[st] <= gs) continue;   // dominated by a settled (v, k' <= k)
+    for (int64_t kk = k; kk <= H; ++kk) {
+      float& b = best[kk * n + v];
+      if (gs < b) b = gs;
+    }
+    if (gs < dist[v]) {
+      dist[v] = gs;
+      hop_out[v] = static_cast<int32_t>(k);
+    }
+    if (has_targets && ws.target_mark[v]) {
+      ws.target_mark[v] = 0;
+      if (--remaining == 0) break;
+    }
+    if (k == H) continue;
+    const int64_t base = (k + 1) * n;
+    for (int64_t i = adj.indptr[v], end = adj.indptr[v + 1]; i < end; ++i) {
+      const PackedEdge ed = adj.edges[i];
+      const float ng = gs + ed.weight;
+      const int64_t s2 = base + ed.tail;
+      if (ng < g[s2] && ng < best[s2]) {
+        touch(ed.tail);
+        g[s2] = ng;
+        if (pe) {
+          pe[s2] = static_cast<int32_t>(v);
+          pr[s2] = adj.rel[i];
+        }
+        const float key = h ? ng + h[ed.tail] : ng;
+        if (key < kInf) heap.push(key, static_cast<uint32_t>(s2));
+      }
+    }
+  }
+  for (int32_t v : ws.touched) {
+    for (int64_t kk = 0; kk <= H; ++kk) {
+      g[kk * n + v] = kInf;
+      best[kk * n + v] = kInf;
+    }
+    ws.touched_flag[v] = 0;
+  }
+  ws.touched.clear();
+  unmark_targets(p, s, ws.target_mark);
+}
+
+template <int D>
+void run_all(const Problem& p, int64_t num_sources) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_sources));
+  at::parallel_for(0, workers, 1, [&](int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w) {
+      Workspace<D> ws(p);
+      for (int64_t s = next.fetch_add(1); s < num_sources; s = next.fetch_add(1)) {
+        if (p.hops >= 0)
+          search_hop_bounded<D>(p, s, ws);
+        else
+          search_unbounded<D>(p, s, ws);
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dijkstra_cpu(
+    const at::Tensor& indptr_in, const at::Tensor& tails_in, const at::Tensor& rels_in,
+    const at::Tensor& costs_in, const at::Tensor& sources_in, const at::Tensor& targets_in,
+    const at::Tensor& heuristic_in, int64_t max_hops, bool return_predecessors, int64_t heap_arity) {
+  TORCH_CHECK(indptr_in.dim() == 1 && indptr_in.numel() >= 1, "dijkstra: indptr must be 1-D (N+1,)");
+  TORCH_CHECK(tails_in.dim() == 1 && rels_in.dim() == 1 && tails_in.numel() == rels_in.numel(),
+              "dijkstra: tails and rels must be 1-D of equal length");
+  TORCH_CHECK(costs_in.dim() == 1, "dijkstra: relation_costs must be 1-D (R,)");
+  TORCH_CHECK(sources_in.dim() == 1, "dijkstra: sources must be 1-D (S,)");
+  TORCH_CHECK(heap_arity == 2 || heap_arity == 4, "dijkstra: heap_arity must be 2 or 4, got ", heap_arity);
+  TORCH_CHECK(max_hops >= -1, "dijkstra: max_hops must be >= 0 or -1 (unbounded), got ", max_hops);
+
+  const at::Tensor indptr = indptr_in.to(at::kLong).contiguous();
+  const at::Tensor tails = tails_in.to(at::kInt).contiguous();
+  const at::Tensor rels = rels_in.to(at::kInt).contiguous();
+  const at::Tensor costs = costs_in.to(at::kFloat).contiguous();
+  const at::Tensor sources = sources_in.to(at::kLong).contiguous();
+  const int64_t n = indptr.numel() - 1;
+  const int64_t num_edges = tails.numel();
+  const int64_t num_rel = costs.numel();
+  const int64_t num_sources = sources.numel();
+  const int64_t layers = max_hops >= 0 ? max_hops + 1 : 1;
+  TORCH_CHECK(layers * n < (int64_t(1) << 32), "dijkstra: (max_hops+1) * N must be < 2^32");
+
+  const int64_t* ip = indptr.data_ptr<int64_t>();
+  TORCH_CHECK(ip[0] == 0 && ip[n] == num_edges, "dijkstra: indptr must start at 0 and end at E=", num_edges);
+  for (int64_t u = 0; u < n; ++u) TORCH_CHECK(ip[u] <= ip[u + 1], "dijkstra: indptr must be non-decreasing");
+  {
+    const int32_t* t = tails.data_ptr<int32_t>();
+    const int32_t* r = rels.data_ptr<int32_t>();
+    for (int64_t e = 0; e < num_edges; ++e) {
+      TORCH_CHECK(t[e] >= 0 && t[e] < n, "dijkstra: tail ", t[e], " of edge ", e, " out of range [0, ", n, ")");
+      TORCH_CHECK(r[e] >= 0 && r[e] < num_rel, "dijkstra: relation ", r[e], " of edge ", e, " out of range [0, ",
+                  num_rel, ")");
+    }
+    const float* c = costs.data_ptr<float>();
+    for (int64_t i = 0; i < num_rel; ++i)
+      TORCH_CHECK(c[i] >= 0.f, "dijkstra: cost of relation ", i, " is ", c[i], " (must be non-negative, not NaN)");
+    const int64_t* sp = sources.data_ptr<int64_t>();
+    for (int64_t i = 0; i < num_sources; ++i)
+      TORCH_CHECK(sp[i] >= 0 && sp[i] < n, "dijkstra: source ", sp[i], " out of range [0, ", n, ")");
+  }
+
+  at::Tensor targets;
+  bool targets_shared = true;
+  int64_t num_targets = 0;
+  if (targets_in.numel() > 0) {
+    targets = targets_in.to(at::kLong).contiguous();
+    TORCH_CHECK(targets.dim() == 1 || (targets.dim() == 2 && targets.size(0) == num_sources),
+                "dijkstra: targets must be (T,) or (S, T)");
+    targets_shared = targets.dim() == 1;
+    num_targets = targets.size(-1);
+    const int64_t* tp = targets.data_ptr<int64_t>();
+    for (int64_t i = 0; i < targets.numel(); ++i)
+      TORCH_CHECK(tp[i] >= -1 && tp[i] < n, "dijkstra: target ", tp[i], " out of range [0, ", n, ") (-1 = padding)");
+  }
+  at::Tensor heuristic;
+  bool heuristic_shared = true;
+  if (heuristic_in.numel() > 0) {
+    heuristic = heuristic_in.to(at::kFloat).contiguous();
+    TORCH_CHECK((heuristic.dim() == 1 && heuristic.size(0) == n) ||
+                    (heuristic.dim() == 2 && heuristic.size(0) == num_sources && heuristic.size(1) == n),
+                "dijkstra: heuristic must be (N,) or (S, N)");
+    heuristic_shared = heuristic.dim() == 1;
+    const float* hp = heuristic.data_ptr<float>();
+    for (int64_t i = 0; i < heuristic.numel(); ++i)
+      TORCH_CHECK(hp[i] >= 0.f, "dijkstra: heuristic entry ", i, " is ", hp[i], " (must be non-negative, not NaN)");
+  }
+
+  const Adjacency adj = collapse(ip, tails.data_ptr<int32_t>(), rels.data_ptr<int32_t>(), costs.data_ptr<float>(), n);
+
+  auto fopt = at::TensorOptions().dtype(at::kFloat);
+  auto iopt = at::TensorOptions().dtype(at::kInt);
+  at::Tensor dist = at::full({num_sources, n}, kInf, fopt);
+  at::Tensor pred_e = at::empty({0}, iopt), pred_r = at::empty({0}, iopt), hops = at::empty({0}, iopt);
+  if (return_predecessors) {
+    std::vector<int64_t> shape = max_hops >= 0 ? std::vector<int64_t>{num_sources, layers, n}
+                                               : std::vector<int64_t>{num_sources, n};
+    pred_e = at::full(shape, -1, iopt);
+    pred_r = at::full(shape, -1, iopt);
+  }
+  if (max_hops >= 0) hops = at::full({num_sources, n}, -1, iopt);
+
+  Problem p;
+  p.adj = &adj;
+  p.n = n;
+  p.hops = max_hops;
+  p.sources = sources.data_ptr<int64_t>();
+  p.targets = num_targets > 0 ? targets.data_ptr<int64_t>() : nullptr;
+  p.num_targets = num_targets;
+  p.targets_shared = targets_shared;
+  p.heuristic = heuristic.defined() ? heuristic.data_ptr<float>() : nullptr;
+  p.heuristic_shared = heuristic_shared;
+  p.dist = dist.data_ptr<float>();
+  p.pred_e = return_predecessors ? pred_e.data_ptr<int32_t>() : nullptr;
+  p.pred_r = return_predecessors ? pred_r.data_ptr<int32_t>() : nullptr;
+  p.hop_out = max_hops >= 0 ? hops.data_ptr<int32_t>() : nullptr;
+
+  if (num_sources > 0 && n > 0) {
+    if (heap_arity == 2)
+      run_all<2>(p, num_sources);
+    else
+      run_all<4>(p, num_sources);
+  }
+  return {dist, pred_e, pred_r, hops};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(kgreason, CPU, m) { m.impl("dijkstra", &dijkstra_cpu); }
+
+}  // namespace kgreason

@@ -1,0 +1,13 @@
+// Schema and CPU registration of kgreason::csr_transpose (CSR -> CSC, used by
+// ops.prepare).  Kernel: cpu/csr_transpose_cpu.cpp.  On CUDA, ops.prepare
+// transposes with torch ops instead (a stable argsort), which is fast there.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "cpu/fuzzy_cpu.h"
+
+TORCH_LIBRARY_FRAGMENT(kgreason, m) {
+  m.def("csr_transpose(Tensor crow, Tensor col, Tensor val, int n) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(kgreason, CPU, m) { m.impl("csr_transpose", &kgreason::cpu::csr_transpose_cpu); }

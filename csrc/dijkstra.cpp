@@ -1,0 +1,33 @@
+// Schema of the batched shortest-path op (KARPA retrieval, issue 5).
+// The CPU kernel lives in csrc/cpu/dijkstra_cpu.cpp; Python wrapper:
+// engine/paths/graph.py (engine.paths.shortest_paths / engine.paths.dijkstra).
+#include <torch/library.h>
+
+TORCH_LIBRARY_FRAGMENT(kgreason, m) {
+  // Batched single-source shortest paths over a relation multigraph.
+  //
+  //   indptr (N+1,) int64, tails (E,) int32, rels (E,) int32: CSR adjacency,
+  //       edges of a node sorted by (tail, relation) (parallel edges are
+  //       collapsed to the cheapest one inside the kernel);
+  //   relation_costs (R,) float32, non-negative (inf = edge unusable);
+  //   sources (S,) int64;
+  //   targets: (0,) none, (T,) shared by every source, or (S, T) per source,
+  //       int64, -1 = padding; the search of a source stops once all its
+  //       targets are settled;
+  //   heuristic: (0,) none, (N,) shared or (S, N) per source, float32,
+  //       admissible lower bound of the remaining cost to the targets (A*);
+  //   max_hops: -1 unbounded, else shortest path among paths with <= max_hops edges;
+  //   return_predecessors: fill the predecessor outputs;
+  //   heap_arity: 2 (binary heap) or 4.
+  //
+  // Returns (dist (S, N) float32 [inf unreachable],
+  //          pred_entity, pred_relation int32: (S, N) unbounded, (S, H+1, N)
+  //              hop-bounded (state (v, k) = v reached with k edges), -1 none;
+  //              shape (0,) when return_predecessors is false,
+  //          hops (S, N) int32: edges of the reported path, -1 unreachable;
+  //              hop-bounded only, else shape (0,)).
+  m.def(
+      "dijkstra(Tensor indptr, Tensor tails, Tensor rels, Tensor relation_costs, Tensor sources, "
+      "Tensor targets, Tensor heuristic, int max_hops, bool return_predecessors, int heap_arity) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
+}

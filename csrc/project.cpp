@@ -1,0 +1,21 @@
+// Schema and CPU registration of kgreason::project (max-times projection) and
+// kgreason::project_strategy (which strategy "auto" picks; for diagnostics).
+// Kernels: cpu/project_cpu.cpp, cuda/project_cuda.cu.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "cpu/fuzzy_cpu.h"
+
+TORCH_LIBRARY_FRAGMENT(kgreason, m) {
+  // x (B,N) float32; (crow, col, val) CSR and (ccol, row, tval) CSC of M (N,N), int32 or int64 indices;
+  // strategy 0 auto, 1 push, 2 pull.  Returns (Y (B,N) float32, argmax (B,N) int32 or empty).
+  m.def(
+      "project(Tensor x, Tensor crow, Tensor col, Tensor val, Tensor ccol, Tensor row, Tensor tval, "
+      "int strategy, bool want_argmax) -> (Tensor, Tensor)");
+  m.def("project_strategy(Tensor x, Tensor crow, int nnz) -> int");
+}
+
+TORCH_LIBRARY_IMPL(kgreason, CPU, m) {
+  m.impl("project", &kgreason::cpu::project_cpu);
+  m.impl("project_strategy", &kgreason::cpu::project_strategy_cpu);
+}

@@ -1,0 +1,174 @@
+"""Answer logical queries from the command line, with explanations.
+
+Examples::
+
+    python -m engine.answer --query pin                     # default KG (UMLS), a seeded pin query with answers
+    python -m engine.answer --artifact artifacts/FB15k-237 --query 2p \\
+        --anchors "Tom Hanks" --relations "/film/actor/film./film/performance/film" "/film/film/directed_by"
+    python -m engine.answer --expr '(i (p r1 A) (np r2 B))' --json
+    python -m engine.answer --queries queries.txt --top-k 5 --no-explain
+
+One query per line in ``--queries`` files (blank lines are skipped); errors
+name ``file:line:column``.  ``--json`` prints one JSON object per query, in
+order: ``{"query": expr, "answers": [{"entity", "id", "score", "explanation"}]}``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from kge.errors import UserError, cli_main
+
+__all__ = ["AnswerConfig", "main", "run"]
+
+_ID = re.compile(r"#(\d+)")
+
+
+@dataclass(frozen=True)
+class AnswerConfig:
+    """Everything ``engine.answer`` was asked to do (see ``--help``)."""
+
+    artifact: str | None = None
+    query: str | None = None
+    anchors: tuple[str, ...] | None = None
+    relations: tuple[str, ...] | None = None
+    expr: str | None = None
+    queries: str | None = None
+    top_k: int = 10
+    explain: bool = True
+    tnorm: str = "product"
+    neg_scale: float = 3.0
+    negation: str = "qto"
+    device: str = "cpu"
+    seed: int = 0
+    json: bool = False
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports mistakes as :class:`UserError` (one line, exit status 2 via ``cli_main``)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UserError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m engine.answer", description="Answer first-order logical queries over a knowledge graph "
+                "(QTO: exact max-product over calibrated relation matrices) and explain each answer.")
+    src = p.add_argument_group("what to ask (exactly one of --query, --expr, --queries)")
+    src.add_argument("--query", metavar="STRUCTURE",
+                     help="a BetaE structure (1p 2p 3p 2i 3i ip pi 2in 3in inp pin pni 2u up); without --anchors/"
+                          "--relations a seeded example query with answers is picked from the KG")
+    src.add_argument("--anchors", nargs="+", metavar="A", help="anchor entities for --query (names; #12 = id 12)")
+    src.add_argument("--relations", nargs="+", metavar="R", help="relations for --query, in BetaE binding order")
+    src.add_argument("--expr", help="a query expression, e.g. '(i (p r1 A) (np r2 B))'")
+    src.add_argument("--queries", metavar="FILE", help="a file with one query expression per line")
+    p.add_argument("--artifact", metavar="DIR", help="artifact folder (default: the bundled UMLS KG, built on first use)")
+    p.add_argument("--top-k", type=int, default=10, help="answers per query (default 10)")
+    p.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
+                   help="print why each answer holds (default on)")
+    p.add_argument("--tnorm", choices=("product", "godel"), default="product", help="intersection t-norm (default product)")
+    p.add_argument("--neg-scale", type=float, default=3.0, help="s in QTO's negation 1-min(1, s*M) (default 3.0)")
+    p.add_argument("--negation", choices=("qto", "complement"), default="qto",
+                   help="how --query structures negate: QTO's negated edge or the complement 1-x (default qto)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the example query for --query alone (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per query (JSON lines)")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
+    ns = _parser().parse_args(argv)
+    given = [name for name in ("query", "expr", "queries") if getattr(ns, name) is not None]
+    if len(given) != 1:
+        raise UserError("give exactly one of --query, --expr, --queries" + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
+    if (ns.anchors or ns.relations) and ns.query is None:
+        raise UserError("--anchors/--relations go with --query STRUCTURE")
+    if ns.query is not None and bool(ns.anchors) != bool(ns.relations):
+        raise UserError(f"--query {ns.query}: give both --anchors and --relations, or neither (for an example query)")
+    if ns.top_k < 1:
+        raise UserError(f"--top-k must be >= 1, got {ns.top_k}")
+    return AnswerConfig(
+        artifact=ns.artifact, query=ns.query, anchors=tuple(ns.anchors) if ns.anchors else None,
+        relations=tuple(ns.relations) if ns.relations else None, expr=ns.expr, queries=ns.queries,
+        top_k=ns.top_k, explain=ns.explain, tnorm=ns.tnorm, neg_scale=ns.neg_scale, negation=ns.negation,
+        device=ns.device, seed=ns.seed, json=ns.json,
+    )
+
+
+def _token(value: str) -> str | int:
+    """A command-line name: ``#12`` is id 12, anything else a name (as in the query language)."""
+    m = _ID.fullmatch(value)
+    return int(m.group(1)) if m else value
+
+
+def read_queries(path: str) -> list[tuple[str, str]]:
+    """``(where, text)`` for each non-blank line of ``path`` (``where`` = ``path:line``)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UserError(f"--queries: file {path!r} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--queries: {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    out = [(f"{path}:{k}", line) for k, line in enumerate(lines, 1) if line.strip()]
+    if not out:
+        raise UserError(f"--queries: {path} has no queries")
+    return out
+
+
+def run(cfg: AnswerConfig, out=None) -> int:
+    """Answer the queries ``cfg`` describes and print them (text or JSON lines) to ``out`` (default stdout)."""
+    out = sys.stdout if out is None else out
+    from .api import Engine
+    from .query import describe, named, parse, resolve, to_sexpr
+    from .structures import get_structure
+
+    engine = Engine.load(cfg.artifact, negation=cfg.negation, tnorm=cfg.tnorm, neg_scale=cfg.neg_scale,
+                         device=cfg.device)
+    art = engine.artifact
+    if cfg.query is not None:
+        structure = get_structure(cfg.query)
+        if cfg.anchors is None:
+            nodes = [engine.example(structure.name, seed=cfg.seed)]
+        else:
+            node = structure.build([_token(a) for a in cfg.anchors], [_token(r) for r in cfg.relations or ()],
+                                   negation=cfg.negation)
+            nodes = [resolve(node, art, where=f"--query {structure.name}")]
+    elif cfg.expr is not None:
+        nodes = [resolve(parse(cfg.expr, where="--expr"), art, where="--expr")]
+    else:
+        nodes = []
+        for where, text in read_queries(cfg.queries):
+            nodes.append(resolve(parse(text, where=where), art, where=where))
+    results = engine.executor.answer(nodes, k=cfg.top_k, explain=cfg.explain)
+    for node, res in zip(nodes, results):
+        if cfg.json:
+            out.write(json.dumps(res.to_json(), ensure_ascii=False) + "\n")
+            continue
+        out.write(f"query: {to_sexpr(named(node, art))}\n")
+        out.write(f"  in words: {describe(node, art)}\n")
+        if not res.answers:
+            out.write("  no answers (every entity scores 0)\n\n")
+            continue
+        width = max(len(a.entity) for a in res.answers)
+        for rank, a in enumerate(res.answers, 1):
+            out.write(f"  {rank:>3}. {a.score:.4f}  {a.entity:<{width}}  (id {a.id})\n")
+            if a.explanation is not None:
+                for line in a.explanation.lines():
+                    out.write(f"         {line}\n")
+        out.write("\n")
+    out.flush()
+    return 0
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""The Python API: load a knowledge graph once, answer queries given in any form::
+
+    from engine import Engine
+    eng = Engine.load("artifacts/umls")          # a folder, an Artifact, or None for the default KG
+    res = eng.answer("(i (p affects acquired_abnormality) (p affects anatomical_abnormality))", k=5)
+    best = res[0].answers[0]
+    print(best.entity, best.score)
+    print(best.explanation.text())
+    eng.answer(("pin", ["A", "B"], ["r1", "r2", "r3"]))   # a BetaE structure with its bindings
+    scores = eng.scores(["(p r e)", "(p r2 e)"])            # (2, N) float32, for other code
+
+Queries can be S-expression strings, :class:`~engine.query.Node` ASTs (names or
+ids), or ``(structure, anchors, relations)`` tuples; a single query or a list.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import torch
+
+from kge.artifact import Artifact
+from kge.errors import UserError
+
+from .executor import Executor, QueryResult
+from .query import Node, describe, parse, resolve
+from .structures import NEGATION_MODES, get_structure
+
+__all__ = ["Engine", "QueryLike", "to_node"]
+
+QueryLike = Any  # str | Node | tuple[str, Sequence[str | int], Sequence[str | int]]
+
+
+def _is_structure_tuple(q: Any) -> bool:
+    return (isinstance(q, tuple) and len(q) == 3 and isinstance(q[0], str)
+            and isinstance(q[1], (list, tuple)) and isinstance(q[2], (list, tuple)))
+
+
+def to_node(query: QueryLike, *, negation: str = "qto", where: str = "") -> Node:
+    """Coerce one query (expression string, AST, or ``(structure, anchors, relations)``) to an AST."""
+    if isinstance(query, Node):
+        return query
+    if isinstance(query, str):
+        return parse(query, where=where)
+    if _is_structure_tuple(query):
+        name, anchors, relations = query
+        try:
+            return get_structure(name).build(anchors, relations, negation=negation)
+        except UserError as exc:
+            raise UserError(f"{where}: {exc}" if where else str(exc)) from None
+    raise UserError(f"{where + ': ' if where else ''}expected a query expression (str), a query AST or a "
+                    f"(structure, anchors, relations) tuple, got {type(query).__name__}")
+
+
+def _as_list(queries: QueryLike | Sequence[QueryLike]) -> list[QueryLike]:
+    if isinstance(queries, (str, Node)) or _is_structure_tuple(queries):
+        return [queries]
+    return list(queries)
+
+
+class Engine:
+    """A loaded knowledge graph plus an :class:`~engine.executor.Executor` over it."""
+
+    def __init__(self, artifact: Artifact, executor: Executor, *, negation: str = "qto") -> None:
+        if negation not in NEGATION_MODES:
+            raise UserError(f"unknown negation mode {negation!r}; expected one of {', '.join(NEGATION_MODES)}")
+        self.artifact = artifact
+        self.executor = executor
+        self.negation = negation
+
+    @classmethod
+    def load(cls, artifact: "str | os.PathLike | Artifact | None" = None, *, negation: str = "qto",
+             verify: bool = True, **executor_kwargs: Any) -> "Engine":
+        """Open an artifact folder (or use an :class:`Artifact`; ``None`` = the default UMLS KG).
+
+        ``executor_kwargs`` go to :class:`~engine.executor.Executor` (``tnorm``,
+        ``neg_scale``, ``device``, ``backend``); ``negation`` is how BetaE
+        structures given as tuples treat ``'n'`` (``"qto"`` or ``"complement"``).
+        """
+        if artifact is None:
+            from .defaults import default_artifact
+
+            art = default_artifact(verify=verify)
+        elif isinstance(artifact, Artifact):
+            art = artifact
+        else:
+            art = Artifact.load(artifact, verify=verify, load_embeddings=False)
+        return cls(art, Executor(art, **executor_kwargs), negation=negation)
+
+    def queries(self, queries: QueryLike | Sequence[QueryLike]) -> list[Node]:
+        """The queries as resolved ASTs (ids), validated against this KG."""
+        items = _as_list(queries)
+        out = []
+        for k, q in enumerate(items):
+            where = f"query {k + 1}" if len(items) > 1 else ""
+            out.append(resolve(to_node(q, negation=self.negation, where=where), self.artifact, where=where))
+        return out
+
+    def answer(self, queries: QueryLike | Sequence[QueryLike], k: int = 10, explain: bool = True) -> list[QueryResult]:
+        """Top-``k`` answers (with explanations) of each query, in input order."""
+        return self.executor.answer(self.queries(queries), k=k, explain=explain)
+
+    def scores(self, queries: QueryLike | Sequence[QueryLike], *, batch_size: int = 1024,
+               progress: bool = False) -> torch.Tensor:
+        """Scores of all entities, float32 (len(queries), N) on the executor's device."""
+        return self.executor.scores(self.queries(queries), batch_size=batch_size, progress=progress)
+
+    def describe(self, query: QueryLike) -> str:
+        """The query in words."""
+        return describe(self.queries(query)[0], self.artifact)
+
+    def example(self, structure: str, *, seed: int = 0) -> Node:
+        """A seeded example query of ``structure`` that has answers on this KG (ids)."""
+        from .examples import example_query
+
+        return example_query(self.artifact, structure, seed=seed, negation=self.negation, executor=self.executor)

@@ -1,0 +1,222 @@
+"""CLI: evaluate an artifact on complex queries with the BetaE protocol (filtered MRR, Hits@1/3/10).
+
+    python -m engine.evaluate --artifact artifacts/FB15k-237 --queries queries.jsonl --json results.json
+    python -m engine.evaluate --artifact artifacts/NELL --betae-queries ../shared/data/betae/NELL-betae/test-queries.pkl \\
+        --betae-folder ../shared/data/betae/NELL-betae
+
+Prints a per-structure table (percent, 1 decimal) and optionally writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from kge.errors import UserError, cli_main, unknown_name
+
+__all__ = ["EvaluateArgs", "parse_args", "main", "convert_negation", "check_betae_ids"]
+
+
+@dataclass(frozen=True)
+class EvaluateArgs:
+    artifact: Path
+    queries: Path | None
+    betae_queries: Path | None
+    betae_folder: Path | None
+    structures: tuple[str, ...] | None
+    negation: str | None
+    tnorm: str
+    neg_scale: float
+    batch_size: int
+    limit: int | None
+    ties: str
+    json: Path | None
+    device: str
+    progress: bool
+
+
+def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
+    from .evaluation import TIES
+    from .executor import TNORMS
+    from .structures import NEGATION_MODES
+
+    p = argparse.ArgumentParser(prog="python -m engine.evaluate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--artifact", required=True, type=Path, help="artifact folder")
+    p.add_argument("--queries", type=Path, help="JSON Lines file written by `python -m engine.sample`")
+    p.add_argument("--betae-queries", type=Path, help="BetaE query pickle (e.g. test-queries.pkl)")
+    p.add_argument("--betae-folder", type=Path, help="BetaE folder whose triples define easy/hard answers")
+    p.add_argument("--structures", nargs="+", metavar="NAME", help="evaluate only these structures")
+    p.add_argument("--negation", choices=NEGATION_MODES,
+                   help="write negations as QTO's negated projection (qto) or a complement (complement); "
+                        "default: as in the JSONL file, qto for BetaE pickles")
+    p.add_argument("--tnorm", choices=TNORMS, default="product", help="t-norm (default product)")
+    p.add_argument("--neg-scale", type=float, default=3.0, help="QTO negation scale s (default 3)")
+    p.add_argument("--batch-size", type=int, default=1024, help="queries per batch (default 1024)")
+    p.add_argument("--limit", type=int, help="evaluate at most N queries per structure (the first N)")
+    p.add_argument("--ties", choices=TIES, default="average",
+                   help="tie rule of the printed table (all three go to the JSON; default average)")
+    p.add_argument("--json", type=Path, help="write the results as JSON here")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    a = p.parse_args(argv)
+    if (a.queries is None) == (a.betae_queries is None):
+        raise UserError("give exactly one of --queries FILE.jsonl or --betae-queries PKL (with --betae-folder DIR)")
+    if a.betae_queries is not None and a.betae_folder is None:
+        raise UserError("--betae-queries needs --betae-folder DIR (the triples that define easy/hard answers)")
+    if a.betae_folder is not None and a.betae_queries is None:
+        raise UserError("--betae-folder is only used with --betae-queries")
+    if a.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {a.batch_size}")
+    if a.limit is not None and a.limit < 1:
+        raise UserError(f"--limit must be >= 1, got {a.limit}")
+    if a.neg_scale <= 0:
+        raise UserError(f"--neg-scale must be > 0, got {a.neg_scale}")
+    if a.json is not None and not a.json.parent.is_dir():
+        raise UserError(f"--json: folder {str(a.json.parent)!r} does not exist")
+    return EvaluateArgs(
+        a.artifact, a.queries, a.betae_queries, a.betae_folder,
+        tuple(dict.fromkeys(a.structures)) if a.structures else None,
+        a.negation, a.tnorm, a.neg_scale, a.batch_size, a.limit, a.ties, a.json, a.device, not a.no_progress,
+    )
+
+
+def convert_negation(node, mode: str | None):
+    """``node`` with every negated projection written in ``mode``.
+
+    ``"qto"``: ``(n (p r q))`` -> ``(np r q)``; ``"complement"``: ``(np r q)`` -> ``(n (p r q))``;
+    ``None``: unchanged.  Other complements are kept.
+    """
+    from .query import Anchor, Complement, Intersection, NegatedProjection, Projection, Union
+
+    if mode is None:
+        return node
+
+    def walk(n):
+        if isinstance(n, Anchor):
+            return n
+        if isinstance(n, NegatedProjection):
+            arg = walk(n.arg)
+            return Complement(Projection(n.relation, arg)) if mode == "complement" else NegatedProjection(n.relation, arg)
+        if isinstance(n, Complement):
+            if mode == "qto" and isinstance(n.arg, Projection):
+                return NegatedProjection(n.arg.relation, walk(n.arg.arg))
+            return Complement(walk(n.arg))
+        if isinstance(n, Projection):
+            return Projection(n.relation, walk(n.arg))
+        if isinstance(n, (Intersection, Union)):
+            return type(n)(tuple(walk(a) for a in n.args))
+        raise TypeError(f"not a query node: {n!r}")
+
+    return walk(node)
+
+
+def check_betae_ids(artifact, folder) -> float:
+    """Check that the artifact's ids are the BetaE folder's ids; returns the fraction of observed triples found.
+
+    Counts must match and (since a permutation of ids would keep the counts) at
+    least 99% of the artifact's observed triples must be triples of the folder.
+    """
+    if artifact.num_entities != folder.num_entities or artifact.num_relations != folder.num_relations:
+        raise UserError(
+            f"artifact {artifact.path} has {artifact.num_entities} entities / {artifact.num_relations} relations but "
+            f"BetaE folder {folder.path} has {folder.num_entities} / {folder.num_relations}: the query ids would not "
+            "refer to the same entities (build the artifact from that folder)"
+        )
+    n, r = folder.num_entities, folder.num_relations
+
+    def keys(t: np.ndarray) -> np.ndarray:
+        return (t[:, 0] * r + t[:, 1]) * n + t[:, 2]
+
+    obs = artifact.observed
+    if len(obs) == 0:
+        return 1.0
+    sample = obs[np.random.default_rng(0).choice(len(obs), size=min(len(obs), 20000), replace=False)]
+    known = keys(np.concatenate([folder.train, folder.valid, folder.test]))
+    frac = float(np.isin(keys(sample), known).mean())
+    if frac < 0.99:
+        raise UserError(
+            f"artifact {artifact.path}: only {100 * frac:.1f}% of its observed triples are triples of BetaE folder "
+            f"{folder.path}: its entity/relation ids are not the folder's ids"
+        )
+    return frac
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    from kge.artifact import Artifact
+
+    from .evaluation import evaluate_queries, format_table, load_jsonl_queries, results_to_json
+    from .executor import Executor
+    from .structures import BETAE_NAMES, STRUCTURES
+
+    args = parse_args(argv)
+    known = list(STRUCTURES) + sorted(set(BETAE_NAMES.values()) - set(STRUCTURES))
+    for s in args.structures or ():
+        if s not in known:
+            raise unknown_name("query structure", s, known, "--structures")
+    t0 = time.perf_counter()
+    artifact = Artifact.load(args.artifact, verify=False, load_embeddings=False)
+    info: dict = {}
+    if args.queries is not None:
+        queries = load_jsonl_queries(args.queries, artifact, structures=args.structures)
+        source = str(args.queries)
+    else:
+        from .betae import load_betae_queries, read_betae_folder
+
+        folder = read_betae_folder(args.betae_folder)
+        info["observed_triples_in_folder"] = check_betae_ids(artifact, folder)
+        timings: dict = {}
+        queries = load_betae_queries(
+            args.betae_queries, folder, structures=args.structures, negation=args.negation or "qto",
+            progress=args.progress, timings=timings,
+        )
+        info["betae_timings_s"] = timings
+        source = str(args.betae_queries)
+    if args.negation is not None:
+        from .evaluation import EvalQuery
+
+        queries = [EvalQuery(q.structure, convert_negation(q.node, args.negation), q.easy, q.hard) for q in queries]
+    if args.limit is not None:
+        kept, per = [], {}
+        for q in queries:
+            if per.get(q.structure, 0) < args.limit:
+                per[q.structure] = per.get(q.structure, 0) + 1
+                kept.append(q)
+        queries = kept
+    if not queries:
+        raise UserError(f"{source}: no queries to evaluate")
+    no_hard = sum(1 for q in queries if len(q.hard) == 0)
+    if no_hard:
+        print(f"note: {no_hard} of {len(queries)} queries have no hard answer and are not ranked", file=sys.stderr)
+    t1 = time.perf_counter()
+    executor = Executor(artifact, tnorm=args.tnorm, neg_scale=args.neg_scale, device=args.device)
+    results = evaluate_queries(executor, queries, batch_size=args.batch_size, progress=args.progress)
+    t2 = time.perf_counter()
+    if not results:
+        raise UserError(f"{source}: no query has a hard answer: nothing to rank")
+    print(format_table(results, ties=args.ties))
+    print(f"({sum(r.num_queries for r in results)} queries, ties={args.ties}, tnorm={args.tnorm}, "
+          f"negation={args.negation or 'as written'}; load {t1 - t0:.1f} s, evaluate {t2 - t1:.1f} s)")
+    if args.json is not None:
+        record = {
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
+            "command": "python -m engine.evaluate " + " ".join(sys.argv[1:] if argv is None else argv),
+            "ties_headline": args.ties,
+            "results": results_to_json(results),
+            "load_s": t1 - t0,
+            "evaluate_s": t2 - t1,
+            **info,
+        }
+        args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

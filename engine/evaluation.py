@@ -1,0 +1,278 @@
+"""BetaE-protocol evaluation of complex queries: filtered ranks, MRR and Hits@k per structure.
+
+Protocol (Ren et al., BetaE, NeurIPS 2020; also QTO, FIT, GNN-QE):
+
+* every query has *easy* answers (reachable on the observed graph) and *hard*
+  answers (reachable only once the missing edges are added);
+* each hard answer ``a`` is ranked among the *non-answers* only ("filtered"
+  setting: every other easy and hard answer is removed from the ranking);
+* ``rank(a) = 1 + #{e not an answer : s_e > s_a} (+ ties, see below)``;
+* per query: MRR = mean over its hard answers of ``1/rank``, Hits@k = mean of
+  ``rank <= k``; per structure: mean over its queries (each query weighs the
+  same, whatever its number of hard answers).
+
+Ties.  BetaE's code ranks by ``argsort`` position, so a non-answer with exactly
+the answer's score lands before or after it arbitrarily.  We make it explicit
+with ``ties``:
+
+* ``"optimistic"``  -- only strictly greater non-answers count (``1 + #>``);
+* ``"pessimistic"`` -- every tied non-answer counts (``1 + #>=``);
+* ``"average"`` (default) -- ``1 + #> + #= / 2``, the expected rank under a
+  random tie-break, i.e. what BetaE's argsort gives on average.
+
+With sparse scores (QTO) many non-answers share a score of exactly 0, so the
+three can differ for hard answers the model scores 0; all three are computed
+and stored, ``ties`` picks the headline one.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from kge.errors import UserError
+
+__all__ = [
+    "TIES",
+    "HITS",
+    "EvalQuery",
+    "filtered_ranks",
+    "query_metrics",
+    "StructureResult",
+    "evaluate_queries",
+    "format_table",
+    "load_jsonl_queries",
+]
+
+TIES = ("optimistic", "average", "pessimistic")
+HITS = (1, 3, 10)
+
+
+@dataclass(frozen=True)
+class EvalQuery:
+    """One query to evaluate: its structure name, id-resolved AST, easy and hard answer ids."""
+
+    structure: str
+    node: object
+    easy: np.ndarray
+    hard: np.ndarray
+
+
+def filtered_ranks(
+    scores: torch.Tensor,
+    answer_mask: torch.Tensor,
+    hard: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Filtered ranks of padded hard answers under each tie rule.
+
+    Shapes: ``scores`` (B, N) float; ``answer_mask`` (B, N) bool, True for every
+    easy or hard answer of the row's query (all are removed from the ranking);
+    ``hard`` (B, K) int64 hard-answer ids, padded with -1.
+
+    Returns ``{"optimistic", "average", "pessimistic"}`` -> (B, K) float64 ranks
+    (NaN at padding).  One sort per row plus a ``searchsorted``: no loop over
+    answers.
+    """
+    if scores.dim() != 2 or answer_mask.shape != scores.shape or hard.dim() != 2 or hard.shape[0] != scores.shape[0]:
+        raise ValueError(
+            f"shapes: scores {tuple(scores.shape)}, answer_mask {tuple(answer_mask.shape)}, hard {tuple(hard.shape)}"
+        )
+    s = scores.detach()
+    if not s.is_floating_point():
+        s = s.to(torch.float32)
+    if torch.isnan(s).any():
+        raise ValueError("scores contain NaN")
+    n = s.shape[1]
+    valid = hard >= 0
+    hard_scores = s.gather(1, hard.clamp(min=0))
+    non_answer = s.masked_fill(answer_mask, -math.inf)
+    ordered = non_answer.sort(dim=1).values.contiguous()
+    hard_scores_c = hard_scores.contiguous()
+    at_most = torch.searchsorted(ordered, hard_scores_c, right=True)  # #entries <= s_a
+    below = torch.searchsorted(ordered, hard_scores_c, right=False)  # #entries < s_a
+    greater = (n - at_most).to(torch.float64)
+    greater_equal = (n - below).to(torch.float64)
+    # Masked answers sit at -inf; they tie only with an answer scored -inf.
+    masked = answer_mask.sum(dim=1, keepdim=True).to(torch.float64)
+    greater_equal = torch.where(hard_scores == -math.inf, greater_equal - masked, greater_equal)
+    nan = torch.tensor(math.nan, dtype=torch.float64)
+    opt = torch.where(valid, 1.0 + greater, nan)
+    pes = torch.where(valid, 1.0 + greater_equal, nan)
+    avg = torch.where(valid, 1.0 + greater + (greater_equal - greater) / 2.0, nan)
+    return {"optimistic": opt, "average": avg, "pessimistic": pes}
+
+
+def query_metrics(ranks: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-query MRR and Hits@k from (B, K) ranks with NaN padding -> each (B,) float64.
+
+    A row without any hard answer gives NaN.
+    """
+    valid = ~torch.isnan(ranks)
+    count = valid.sum(dim=1).to(torch.float64)
+    safe = torch.where(valid, ranks, torch.ones_like(ranks))
+    out = {"mrr": torch.where(valid, 1.0 / safe, torch.zeros_like(safe)).sum(dim=1) / count}
+    for k in HITS:
+        out[f"hits@{k}"] = (valid & (safe <= k)).sum(dim=1).to(torch.float64) / count
+    return out
+
+
+@dataclass
+class StructureResult:
+    """Averages over the queries of one structure (fractions in [0, 1])."""
+
+    structure: str
+    num_queries: int
+    num_hard: int
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # tie rule -> metric -> value
+
+
+def _pad(rows: Sequence[np.ndarray], fill: int = -1) -> torch.Tensor:
+    k = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), max(k, 1)), fill, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return torch.from_numpy(out)
+
+
+def rank_batch(scores: torch.Tensor, queries: Sequence[EvalQuery]) -> dict[str, dict[str, torch.Tensor]]:
+    """Per-query metrics of one scored batch: tie rule -> metric -> (B,) float64."""
+    b, n = scores.shape
+    if b != len(queries):
+        raise ValueError(f"{b} score rows for {len(queries)} queries")
+    rows, cols = [], []
+    for i, q in enumerate(queries):
+        ids = np.concatenate([q.easy, q.hard]).astype(np.int64)
+        rows.append(np.full(len(ids), i, dtype=np.int64))
+        cols.append(ids)
+    mask = torch.zeros((b, n), dtype=torch.bool)
+    if rows:
+        mask[torch.from_numpy(np.concatenate(rows)), torch.from_numpy(np.concatenate(cols))] = True
+    ranks = filtered_ranks(scores.cpu(), mask, _pad([q.hard for q in queries]))
+    return {tie: query_metrics(r) for tie, r in ranks.items()}
+
+
+def evaluate_queries(
+    executor,
+    queries: Sequence[EvalQuery],
+    *,
+    batch_size: int = 1024,
+    progress: bool = True,
+) -> list[StructureResult]:
+    """Score every query with ``executor.scores`` and average the filtered metrics per structure.
+
+    Queries without hard answers are not ranked (the caller reports them).
+    Structures keep their first-appearance order.
+    """
+    by_structure: dict[str, list[EvalQuery]] = {}
+    for q in queries:
+        if len(q.hard):
+            by_structure.setdefault(q.structure, []).append(q)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(len(v) for v in by_structure.values()), desc="evaluate", unit="q", file=sys.stderr)
+    results = []
+    for name, group in by_structure.items():
+        sums: dict[str, dict[str, float]] = {t: {} for t in TIES}
+        for lo in range(0, len(group), batch_size):
+            chunk = group[lo : lo + batch_size]
+            scores = executor.scores([q.node for q in chunk], batch_size=batch_size)
+            if not isinstance(scores, torch.Tensor):
+                scores = torch.as_tensor(scores)
+            per_query = rank_batch(scores, chunk)
+            for tie, metrics in per_query.items():
+                for m, v in metrics.items():
+                    sums[tie][m] = sums[tie].get(m, 0.0) + float(v.sum())
+            if bar is not None:
+                bar.update(len(chunk))
+                bar.set_postfix_str(name)
+        num = len(group)
+        results.append(
+            StructureResult(
+                structure=name,
+                num_queries=num,
+                num_hard=int(sum(len(q.hard) for q in group)),
+                metrics={t: {m: v / num for m, v in ms.items()} for t, ms in sums.items()},
+            )
+        )
+    if bar is not None:
+        bar.close()
+    return results
+
+
+def format_table(results: Sequence[StructureResult], *, ties: str = "average") -> str:
+    """Markdown table of the per-structure metrics in percent (1 decimal), plus an average row."""
+    names = ["mrr"] + [f"hits@{k}" for k in HITS]
+    head = "| structure | queries | " + " | ".join(n.upper() if n == "mrr" else n for n in names) + " |"
+    lines = [head, "|" + "---|" * (len(names) + 2)]
+    for r in results:
+        vals = " | ".join(f"{100 * r.metrics[ties][n]:.1f}" for n in names)
+        lines.append(f"| {r.structure} | {r.num_queries} | {vals} |")
+    if len(results) > 1:
+        vals = " | ".join(f"{100 * np.mean([r.metrics[ties][n] for r in results]):.1f}" for n in names)
+        lines.append(f"| mean | {sum(r.num_queries for r in results)} | {vals} |")
+    return "\n".join(lines)
+
+
+def results_to_json(results: Sequence[StructureResult]) -> list[dict]:
+    return [
+        {"structure": r.structure, "num_queries": r.num_queries, "num_hard_answers": r.num_hard, "metrics": r.metrics}
+        for r in results
+    ]
+
+
+def load_jsonl_queries(path: str | Path, artifact, *, structures: Iterable[str] | None = None) -> list[EvalQuery]:
+    """Read a sampler JSONL file and resolve each ``expr`` against ``artifact``.
+
+    Every line: ``{"structure": str, "expr": str, "easy": [ids], "hard": [ids]}``.
+    Errors name ``file:line``.
+    """
+    from .query import parse, resolve
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"query file {str(path)!r} does not exist")
+    keep = set(structures) if structures else None
+    n = artifact.num_entities
+    out: list[EvalQuery] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{where}: invalid JSON ({exc.msg})") from None
+            if not isinstance(rec, dict):
+                raise UserError(f"{where}: expected a JSON object")
+            for key in ("structure", "expr", "easy", "hard"):
+                if key not in rec:
+                    raise UserError(f"{where}: missing key {key!r}")
+            if keep is not None and rec["structure"] not in keep:
+                continue
+            if not isinstance(rec["expr"], str):
+                raise UserError(f"{where}: 'expr' must be a string")
+            ids = {}
+            for key in ("easy", "hard"):
+                v = rec[key]
+                if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                    raise UserError(f"{where}: {key!r} must be a list of entity ids")
+                a = np.asarray(v, dtype=np.int64)
+                if len(a) and (a.min() < 0 or a.max() >= n):
+                    raise UserError(f"{where}: {key!r} has an entity id outside [0, {n})")
+                ids[key] = a
+            try:
+                node = resolve(parse(rec["expr"]), artifact)
+            except UserError as exc:
+                raise UserError(f"{where}: {exc}") from None
+            out.append(EvalQuery(str(rec["structure"]), node, ids["easy"], ids["hard"]))
+    return out

@@ -1,0 +1,114 @@
+"""Seeded example queries that have answers, grounded in an artifact's observed graph.
+
+Used by ``python -m engine.answer --query STRUCTURE`` when no anchors or
+relations are given.  Grounding walks the structure from a random answer
+entity ``y`` backwards along observed edges: a projection ``(p r q)`` at ``y``
+picks an observed edge ``(x, r, y)`` and grounds ``q`` at ``x``; a negated
+projection picks an anchor and relation whose edge to ``y`` is *not* observed.
+Each candidate is executed and kept only if it has at least one answer.
+"""
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kge.errors import UserError
+
+from .query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union
+from .structures import get_structure
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kge.artifact import Artifact
+
+    from .executor import Executor
+
+__all__ = ["example_query"]
+
+
+class _Graph:
+    """Observed edges indexed by tail (in-edges) and by head (out-edges)."""
+
+    def __init__(self, artifact: "Artifact") -> None:
+        obs = artifact.observed
+        if len(obs) == 0:
+            raise UserError("the artifact has no observed edges to ground an example query in; give --anchors/--relations or --expr")
+        self.n = artifact.num_entities
+        self.edges = obs
+        self._in = self._index(obs[:, 2])
+        self._out = self._index(obs[:, 0])
+        self.observed = set(map(tuple, obs.tolist()))
+
+    def _index(self, key: np.ndarray):
+        order = np.argsort(key, kind="stable")
+        starts = np.searchsorted(key[order], np.arange(self.n + 1))
+        return order, starts
+
+    def in_edges(self, y: int) -> np.ndarray:
+        order, starts = self._in
+        return self.edges[order[starts[y] : starts[y + 1]]]
+
+    def out_edges(self, x: int) -> np.ndarray:
+        order, starts = self._out
+        return self.edges[order[starts[x] : starts[x + 1]]]
+
+
+def _ground(node: Node, y: int, g: _Graph, rng: random.Random) -> Node | None:
+    if isinstance(node, Anchor):
+        return Anchor(y)
+    if isinstance(node, Projection):
+        cands = g.in_edges(y)
+        if len(cands) == 0:
+            return None
+        h, r, _ = cands[rng.randrange(len(cands))].tolist()
+        arg = _ground(node.arg, h, g, rng)
+        return None if arg is None else Projection(r, arg)
+    if isinstance(node, NegatedProjection):
+        for _ in range(20):
+            x = rng.randrange(g.n)
+            out = g.out_edges(x)
+            if len(out) == 0:
+                continue
+            r = int(out[rng.randrange(len(out)), 1])
+            if (x, r, y) in g.observed:
+                continue
+            arg = _ground(node.arg, x, g, rng)
+            if arg is not None:
+                return NegatedProjection(r, arg)
+        return None
+    if isinstance(node, (Intersection, Union)):
+        args = []
+        for a in node.args:
+            ga = _ground(a, y, g, rng)
+            if ga is None:
+                return None
+            args.append(ga)
+        return type(node)(tuple(args))
+    if isinstance(node, Complement):
+        arg = _ground(node.arg, rng.randrange(g.n), g, rng)
+        return None if arg is None else Complement(arg)
+    raise TypeError(f"not a query node: {node!r}")
+
+
+def example_query(artifact: "Artifact", structure: str, *, seed: int = 0, negation: str = "qto",
+                  executor: "Executor | None" = None, tries: int = 200) -> Node:
+    """A query of ``structure`` (with entity/relation ids) that has at least one answer on ``artifact``."""
+    s = get_structure(structure)
+    template = s.build(list(range(s.num_anchors)), list(range(s.num_relations)), negation=negation)
+    g = _Graph(artifact)
+    rng = random.Random(f"{structure}/{negation}/{seed}")
+    if executor is None:
+        from .executor import Executor
+
+        executor = Executor(artifact)
+    # Answer entities with in-edges are the only ones a grounding can end at.
+    targets = np.unique(g.edges[:, 2])
+    for _ in range(tries):
+        y = int(targets[rng.randrange(len(targets))])
+        q = _ground(template, y, g, rng)
+        if q is None:
+            continue
+        if executor.answer([q], k=1, explain=False)[0].answers:
+            return q
+    raise UserError(f"found no {structure} query with answers on this knowledge graph after {tries} tries (seed {seed})")

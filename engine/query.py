@@ -1,0 +1,525 @@
+"""The query language: a typed AST of first-order logical queries and its S-expression syntax.
+
+Grammar (whitespace separates tokens; ``;`` has no special meaning)::
+
+    query := ENTITY
+           | (p  REL query)          projection:          {y : exists x in query, r(x, y)}
+           | (np REL query)          negated projection:  QTO's "not r" edge, 1 - min(1, s * M_r[x, y])
+           | (i  query query ...)    intersection (2 or more)
+           | (u  query query ...)    union (2 or more)
+           | (n  query)              complement (1 - value)
+
+``ENTITY`` and ``REL`` are names.  A name is either a *bare* token (any run of
+characters other than whitespace, ``(``, ``)`` and ``"``) or a *quoted* string
+``"..."`` in which ``\\"``, ``\\\\``, ``\\n``, ``\\t`` and ``\\r`` are escapes.  The
+inverse of relation ``X`` is the relation named ``X^-1`` (``"has part^-1"`` when
+quoted: the suffix belongs to the name).
+
+Ids: a bare token ``#123`` means the entity (or relation) with id 123; every
+other token, including integer-looking ones such as ``42``, is a *name*
+(resolved by name only; quote ``"#123"`` for a name that starts with ``#``).
+This keeps names that look like numbers (FB15k-237 has some) unambiguous.
+
+The AST nodes are frozen dataclasses; :data:`NODE_TYPES` maps each
+S-expression head (``p``, ``np``, ``i``, ``u``, ``n``) to its class.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Iterator
+
+from kge.errors import UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kge.artifact import Artifact
+
+__all__ = [
+    "Node",
+    "Anchor",
+    "Projection",
+    "NegatedProjection",
+    "Intersection",
+    "Union",
+    "Complement",
+    "NODE_TYPES",
+    "parse",
+    "to_sexpr",
+    "resolve",
+    "named",
+    "shape_key",
+    "describe",
+    "iter_nodes",
+    "anchors_of",
+    "relations_of",
+]
+
+Name = "str | int"
+
+
+class Node:
+    """Base class of query AST nodes (all frozen dataclasses).
+
+    ``head`` is the S-expression head (``None`` for an anchor); ``children()``
+    the sub-queries in order.
+    """
+
+    head: ClassVar[str | None] = None
+
+    def children(self) -> tuple["Node", ...]:
+        return ()
+
+    def __str__(self) -> str:
+        return to_sexpr(self)
+
+
+NODE_TYPES: dict[str, type[Node]] = {}
+
+
+def _register(cls):
+    NODE_TYPES[cls.head] = cls
+    return cls
+
+
+def _check_name(value, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        # numpy integers are accepted and normalised by the caller
+        raise TypeError(f"{what} must be a str (name) or int (id), got {type(value).__name__}")
+    if isinstance(value, int) and value < 0:
+        raise UserError(f"{what} id must be >= 0, got {value}")
+
+
+def _norm_name(value):
+    """numpy integers -> int; everything else unchanged."""
+    if not isinstance(value, (str, int)) and hasattr(value, "__index__"):
+        return int(value)
+    return value
+
+
+@dataclass(frozen=True)
+class Anchor(Node):
+    """A constant: one entity, by name (``str``) or id (``int``)."""
+
+    entity: str | int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entity", _norm_name(self.entity))
+        _check_name(self.entity, "anchor entity")
+
+
+@_register
+@dataclass(frozen=True)
+class Projection(Node):
+    """``(p REL arg)``: entities ``y`` with ``r(x, y)`` for some ``x`` in ``arg`` (max-product)."""
+
+    head: ClassVar[str] = "p"
+    relation: str | int
+    arg: Node
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "relation", _norm_name(self.relation))
+        _check_name(self.relation, "relation")
+        if not isinstance(self.arg, Node):
+            raise TypeError(f"projection argument must be a Node, got {type(self.arg).__name__}")
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.arg,)
+
+
+@_register
+@dataclass(frozen=True)
+class NegatedProjection(Node):
+    """``(np REL arg)``: QTO's negated edge, value ``max_x arg(x) * (1 - min(1, s * M_r[x, y]))``."""
+
+    head: ClassVar[str] = "np"
+    relation: str | int
+    arg: Node
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "relation", _norm_name(self.relation))
+        _check_name(self.relation, "relation")
+        if not isinstance(self.arg, Node):
+            raise TypeError(f"projection argument must be a Node, got {type(self.arg).__name__}")
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.arg,)
+
+
+def _check_args(self, what: str) -> None:
+    args = tuple(self.args)
+    object.__setattr__(self, "args", args)
+    if len(args) < 2:
+        raise UserError(f"{what} needs at least 2 sub-queries, got {len(args)}")
+    for a in args:
+        if not isinstance(a, Node):
+            raise TypeError(f"{what} arguments must be Nodes, got {type(a).__name__}")
+
+
+@_register
+@dataclass(frozen=True)
+class Intersection(Node):
+    """``(i q1 q2 ...)``: conjunction of the sub-queries (t-norm of their values)."""
+
+    head: ClassVar[str] = "i"
+    args: tuple[Node, ...]
+
+    def __post_init__(self) -> None:
+        _check_args(self, "intersection")
+
+    def children(self) -> tuple[Node, ...]:
+        return self.args
+
+
+@_register
+@dataclass(frozen=True)
+class Union(Node):
+    """``(u q1 q2 ...)``: disjunction of the sub-queries (t-conorm of their values)."""
+
+    head: ClassVar[str] = "u"
+    args: tuple[Node, ...]
+
+    def __post_init__(self) -> None:
+        _check_args(self, "union")
+
+    def children(self) -> tuple[Node, ...]:
+        return self.args
+
+
+@_register
+@dataclass(frozen=True)
+class Complement(Node):
+    """``(n arg)``: ``1 - arg`` (every entity not in the sub-query)."""
+
+    head: ClassVar[str] = "n"
+    arg: Node
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.arg, Node):
+            raise TypeError(f"complement argument must be a Node, got {type(self.arg).__name__}")
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.arg,)
+
+
+# ---------------------------------------------------------------------------------------- printing
+_BARE_OK = re.compile(r'[^\s()"\\]+')
+_ID_TOKEN = re.compile(r"#(\d+)")
+_ESCAPES_OUT = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_ESCAPES_IN = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "r": "\r"}
+
+
+def format_name(value: str | int) -> str:
+    """The token for a name (bare when safe, quoted otherwise) or an id (``#123``)."""
+    if isinstance(value, int):
+        return f"#{value}"
+    if _BARE_OK.fullmatch(value) and not value.startswith("#"):
+        return value
+    return '"' + "".join(_ESCAPES_OUT.get(c, c) for c in value) + '"'
+
+
+def to_sexpr(node: Node) -> str:
+    """The S-expression of ``node``; ``parse(to_sexpr(node)) == node``."""
+    if isinstance(node, Anchor):
+        return format_name(node.entity)
+    if isinstance(node, (Projection, NegatedProjection)):
+        return f"({node.head} {format_name(node.relation)} {to_sexpr(node.arg)})"
+    if isinstance(node, (Intersection, Union)):
+        return f"({node.head} " + " ".join(to_sexpr(a) for a in node.args) + ")"
+    if isinstance(node, Complement):
+        return f"(n {to_sexpr(node.arg)})"
+    raise TypeError(f"not a query node: {node!r}")
+
+
+# ----------------------------------------------------------------------------------------- parsing
+@dataclass(frozen=True)
+class _Tok:
+    kind: str  # "(", ")", "name", "id", "end"
+    value: str | int | None
+    pos: int  # 0-based offset in the text
+    quoted: bool = False
+
+
+def _error(text: str, pos: int, message: str, where: str) -> UserError:
+    """A parse error with ``where:line:column`` (1-based), the offending line and a caret."""
+    line_start = text.rfind("\n", 0, pos) + 1
+    line_end = text.find("\n", pos)
+    if line_end < 0:
+        line_end = len(text)
+    line_no = text.count("\n", 0, pos) + 1
+    col = pos - line_start + 1
+    line = text[line_start:line_end]
+    if where:
+        loc = f"{where}:{col}" if "\n" not in text else f"{where}:{line_no}:{col}"
+    else:
+        loc = f"column {col}" if "\n" not in text else f"line {line_no}, column {col}"
+    # Tabs would misalign the caret; show them as spaces in the echoed line.
+    shown = line.replace("\t", " ")
+    return UserError(f"{loc}: {message}\n  {shown}\n  {' ' * (col - 1)}^")
+
+
+def _describe_tok(tok: _Tok) -> str:
+    if tok.kind == "end":
+        return "end of input"
+    if tok.kind in "()":
+        return repr(tok.kind)
+    return format_name(tok.value) if tok.kind == "name" else f"#{tok.value}"
+
+
+def _tokenize(text: str, where: str) -> list[_Tok]:
+    toks: list[_Tok] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c.isspace():
+            i += 1
+        elif c in "()":
+            toks.append(_Tok(c, None, i))
+            i += 1
+        elif c == '"':
+            start = i
+            i += 1
+            buf: list[str] = []
+            while True:
+                if i >= n:
+                    raise _error(text, start, "unterminated quoted name (expected a closing '\"')", where)
+                c = text[i]
+                if c == '"':
+                    i += 1
+                    break
+                if c == "\\":
+                    if i + 1 >= n:
+                        raise _error(text, i, "unterminated escape at end of input", where)
+                    esc = text[i + 1]
+                    if esc not in _ESCAPES_IN:
+                        raise _error(text, i, f"unknown escape '\\{esc}' (expected one of \\\" \\\\ \\n \\t \\r)", where)
+                    buf.append(_ESCAPES_IN[esc])
+                    i += 2
+                else:
+                    buf.append(c)
+                    i += 1
+            if i < n and not (text[i].isspace() or text[i] in "()"):
+                raise _error(text, i, "expected whitespace or a parenthesis after a quoted name", where)
+            toks.append(_Tok("name", "".join(buf), start, quoted=True))
+        else:
+            m = _BARE_OK.match(text, i)
+            if m is None:  # a backslash outside quotes
+                raise _error(text, i, f"unexpected character {c!r} (quote names containing it)", where)
+            word = m.group(0)
+            idm = _ID_TOKEN.fullmatch(word)
+            if idm:
+                toks.append(_Tok("id", int(idm.group(1)), i))
+            else:
+                if word.startswith("#"):
+                    raise _error(text, i, f"expected an id like '#12' after '#', got {word!r} (quote names starting with '#')", where)
+                toks.append(_Tok("name", word, i))
+            i = m.end()
+            if i < n and text[i] == '"':
+                raise _error(text, i, "expected whitespace before a quoted name", where)
+    toks.append(_Tok("end", None, n))
+    return toks
+
+
+class _Parser:
+    def __init__(self, text: str, where: str) -> None:
+        self.text = text
+        self.where = where
+        self.toks = _tokenize(text, where)
+        self.k = 0
+
+    def peek(self) -> _Tok:
+        return self.toks[self.k]
+
+    def take(self) -> _Tok:
+        tok = self.toks[self.k]
+        self.k += 1
+        return tok
+
+    def fail(self, tok: _Tok, expected: str) -> UserError:
+        return _error(self.text, tok.pos, f"expected {expected}, got {_describe_tok(tok)}", self.where)
+
+    def query(self) -> Node:
+        tok = self.take()
+        if tok.kind in ("name", "id"):
+            return Anchor(tok.value)
+        if tok.kind != "(":
+            raise self.fail(tok, "a query (an entity name or '(')")
+        head = self.take()
+        heads = "'p', 'np', 'i', 'u' or 'n'"
+        if head.kind != "name" or head.quoted or head.value not in NODE_TYPES:
+            raise self.fail(head, f"an operator {heads}")
+        op = head.value
+        if op in ("p", "np"):
+            rel = self.take()
+            if rel.kind not in ("name", "id"):
+                raise self.fail(rel, f"a relation name after '{op}'")
+            arg = self.query()
+            node: Node = NODE_TYPES[op](rel.value, arg)
+        elif op == "n":
+            node = Complement(self.query())
+        else:
+            args = [self.query()]
+            while self.peek().kind != ")":
+                if self.peek().kind == "end":
+                    break
+                args.append(self.query())
+            if len(args) < 2:
+                raise self.fail(self.peek(), f"a second sub-query for '{op}' (it takes 2 or more)")
+            node = NODE_TYPES[op](tuple(args))
+        close = self.take()
+        if close.kind != ")":
+            if op in ("p", "np", "n"):
+                expected = f"')' closing '({op}'"
+            else:
+                expected = f"a sub-query or ')' closing '({op}'"
+            raise self.fail(close, expected)
+        return node
+
+
+def parse(text: str, *, where: str = "") -> Node:
+    """Parse one query expression.
+
+    ``where`` (e.g. ``"queries.txt:3"``) prefixes error locations, which end in
+    the 1-based column.  Raises :class:`UserError` with the column, the line and
+    a caret under the offending token, and what was expected there.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"parse() expects a str, got {type(text).__name__}")
+    p = _Parser(text, where)
+    if p.peek().kind == "end":
+        raise p.fail(p.peek(), "a query")
+    node = p.query()
+    if p.peek().kind != "end":
+        raise p.fail(p.peek(), "end of the query (one query per expression)")
+    return node
+
+
+# ------------------------------------------------------------------------------------- traversals
+def iter_nodes(node: Node) -> Iterator[Node]:
+    """Pre-order traversal."""
+    yield node
+    for c in node.children():
+        yield from iter_nodes(c)
+
+
+def anchors_of(node: Node) -> list[str | int]:
+    """Anchor entities in left-to-right order."""
+    return [n.entity for n in iter_nodes(node) if isinstance(n, Anchor)]
+
+
+def relations_of(node: Node) -> list[str | int]:
+    """Relations in pre-order (outermost first)."""
+    return [n.relation for n in iter_nodes(node) if isinstance(n, (Projection, NegatedProjection))]
+
+
+def shape_key(node: Node) -> tuple:
+    """The query's structure with anchors and relations abstracted (hashable; equal keys batch together).
+
+    E.g. ``(i (p r2 (p r1 e1)) (np r3 e2))`` -> ``("i", ("p", ("p", "e")), ("np", ("e",)))``-like nested tuples.
+    """
+    if isinstance(node, Anchor):
+        return ("e",)
+    return (node.head,) + tuple(shape_key(c) for c in node.children())
+
+
+def _map(node: Node, entity_fn, relation_fn) -> Node:
+    if isinstance(node, Anchor):
+        return Anchor(entity_fn(node.entity))
+    if isinstance(node, (Projection, NegatedProjection)):
+        return type(node)(relation_fn(node.relation), _map(node.arg, entity_fn, relation_fn))
+    if isinstance(node, (Intersection, Union)):
+        return type(node)(tuple(_map(a, entity_fn, relation_fn) for a in node.args))
+    if isinstance(node, Complement):
+        return Complement(_map(node.arg, entity_fn, relation_fn))
+    raise TypeError(f"not a query node: {node!r}")
+
+
+def resolve(node: Node, artifact: "Artifact", *, where: str = "") -> Node:
+    """The same query with every name replaced by its id in ``artifact``.
+
+    Names are looked up exactly; an unknown one raises :class:`UserError`
+    naming it and the closest known names.  Ids are range-checked.
+    """
+
+    def ent(x):
+        if isinstance(x, str) and x not in artifact._entity_index and _ID_TOKEN.fullmatch("#" + x) and len(x) < 10:
+            close = artifact.entities[int(x)] if int(x) < artifact.num_entities else None
+            hint = f" (bare numbers are names; write #{x} for the id{': ' + repr(close) if close else ''})"
+            try:
+                return artifact.entity_id(x, where)
+            except UserError as exc:
+                raise UserError(f"{exc}{hint}") from None
+        return artifact.entity_id(x, where)
+
+    def rel(x):
+        return artifact.relation_id(x, where)
+
+    return _map(node, ent, rel)
+
+
+def named(node: Node, artifact: "Artifact") -> Node:
+    """The same query with ids replaced by names (the inverse of :func:`resolve`)."""
+    return _map(
+        node,
+        lambda e: artifact.entities[e] if isinstance(e, int) else e,
+        lambda r: artifact.relations[r] if isinstance(r, int) else r,
+    )
+
+
+def describe(node: Node, artifact: "Artifact | None" = None) -> str:
+    """The query in words, with variables: e.g. ``?y such that Tom Hanks -starred_actors^-1-> ?x1 and ?x1 -directed_by-> ?y``.
+
+    Names come from ``artifact`` when given (ids are then shown as names).
+    """
+    counter = [0]
+
+    def ename(e) -> str:
+        if isinstance(e, int) and artifact is not None:
+            return artifact.entities[e]
+        return e if isinstance(e, str) else f"#{e}"
+
+    def rname(r) -> str:
+        if isinstance(r, int) and artifact is not None:
+            return artifact.relations[r]
+        return str(r) if isinstance(r, str) else f"#{r}"
+
+    def fresh() -> str:
+        counter[0] += 1
+        return f"?x{counter[0]}"
+
+    def about(n: Node, var: str) -> str:
+        """A sentence saying that ``var`` satisfies ``n``."""
+        if isinstance(n, Anchor):
+            return f"{var} is {ename(n.entity)}"
+        if isinstance(n, Projection) and _is_chain(n):
+            return _chain(n, var)
+        if isinstance(n, (Projection, NegatedProjection)):
+            arrow = f"—{rname(n.relation)}→" if isinstance(n, Projection) else f"not —{rname(n.relation)}→"
+            if isinstance(n.arg, Anchor):
+                return f"{ename(n.arg.entity)} {arrow} {var}"
+            x = fresh()
+            return f"some {x} with [{about(n.arg, x)}] has {x} {arrow} {var}"
+        if isinstance(n, Intersection):
+            return " and ".join(f"({about(a, var)})" for a in n.args)
+        if isinstance(n, Union):
+            return " or ".join(f"({about(a, var)})" for a in n.args)
+        if isinstance(n, Complement):
+            return f"not ({about(n.arg, var)})"
+        raise TypeError(f"not a query node: {n!r}")
+
+    def _is_chain(n: Node) -> bool:
+        while isinstance(n, Projection):
+            n = n.arg
+        return isinstance(n, Anchor)
+
+    def _chain(n: Node, var: str) -> str:
+        rels = []
+        while isinstance(n, Projection):
+            rels.append(rname(n.relation))
+            n = n.arg
+        parts = [ename(n.entity)]
+        for k, r in enumerate(reversed(rels)):
+            target = var if k == len(rels) - 1 else fresh()
+            parts.append(f"—{r}→ {target}")
+        return " ".join(parts)
+
+    return f"?y such that {about(node, '?y')}"

@@ -1,0 +1,216 @@
+"""Exact (set) semantics of a query AST on a triple set: the ground truth.
+
+A query is answered on a graph given as ``(E, 3)`` int64 ``(head, relation,
+tail)`` id triples.  Semantics (those of BetaE's answer sets):
+
+* ``Anchor(e)`` is ``{e}``;
+* ``Projection(r, q)`` is ``{t : (h, r, t) in G, h in q}``;
+* ``NegatedProjection(r, q)`` and ``Complement(Projection(r, q))`` are both the
+  set complement (w.r.t. all ``N`` entities) of the projection;
+* ``Intersection`` / ``Union`` are set intersection / union.
+
+Queries are evaluated in batches: every query in a batch has the same AST
+shape, so each AST position is one vectorised operation on a scipy CSR
+boolean "frontier" of shape ``(B, N)``.  A projection of a frontier ``F``
+with per-row relations ``r_b`` is a single sparse product ``G @ A`` where
+``A`` is the stacked ``(R*N, N)`` adjacency (row ``r*N + h`` holds the tails
+of ``(h, r)``) and ``G[b, r_b*N + h] = F[b, h]``.  A complement is kept
+lazily (``neg`` flag: the set is "everything except the stored rows") and
+only materialised when it is projected or returned, so ``a AND NOT b`` never
+builds an ``N``-wide row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from .query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union, shape_key
+
+__all__ = ["Graph", "answers", "answer_sets", "skeleton"]
+
+
+class Graph:
+    """Boolean adjacency of an id triple set, stacked per relation.
+
+    ``adjacency`` is a scipy CSR ``(R*N, N)`` float32 matrix of ones: row
+    ``r*N + h`` holds the tails ``t`` of the triples ``(h, r, t)``.
+    ``in_ptr``/``in_rel``/``in_head`` list the incoming edges of every entity
+    (sorted by tail, then relation, then head), for backward walks.
+    """
+
+    def __init__(self, triples: np.ndarray, num_entities: int, num_relations: int):
+        triples = np.asarray(triples, dtype=np.int64).reshape(-1, 3)
+        n, r = int(num_entities), int(num_relations)
+        if len(triples):
+            if triples[:, [0, 2]].min() < 0 or triples[:, [0, 2]].max() >= n:
+                raise ValueError(f"entity ids of the triples must lie in [0, {n})")
+            if triples[:, 1].min() < 0 or triples[:, 1].max() >= r:
+                raise ValueError(f"relation ids of the triples must lie in [0, {r})")
+        # Duplicates collapse to one edge (unique on the full triple).
+        triples = np.unique(triples, axis=0) if len(triples) else triples
+        self.triples = triples
+        self.num_entities, self.num_relations = n, r
+        rows = triples[:, 1] * n + triples[:, 0]
+        adj = sp.csr_matrix(
+            (np.ones(len(triples), dtype=np.float32), (rows, triples[:, 2])), shape=(r * n, n)
+        )
+        adj.sum_duplicates()
+        adj.sort_indices()
+        self.adjacency = adj
+        order = np.lexsort((triples[:, 0], triples[:, 1], triples[:, 2]))
+        self.in_head = triples[order, 0]
+        self.in_rel = triples[order, 1]
+        self.in_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(triples[:, 2], minlength=n), out=self.in_ptr[1:])
+
+    @classmethod
+    def from_triples(cls, *triple_sets: np.ndarray, num_entities: int, num_relations: int) -> "Graph":
+        """Union of several ``(E, 3)`` triple arrays."""
+        parts = [np.asarray(t, dtype=np.int64).reshape(-1, 3) for t in triple_sets]
+        return cls(np.concatenate(parts) if parts else np.zeros((0, 3), np.int64), num_entities, num_relations)
+
+    def __repr__(self) -> str:
+        return f"Graph(N={self.num_entities}, R={self.num_relations}, edges={len(self.triples)})"
+
+
+@dataclass
+class _Frontier:
+    """Rows of entity sets: ``mat`` (B, N) CSR of ones; the set is its complement when ``neg``."""
+
+    mat: sp.csr_matrix
+    neg: bool = False
+
+
+def _ones_like_pattern(m: sp.csr_matrix) -> sp.csr_matrix:
+    m = sp.csr_matrix(m)
+    m.eliminate_zeros()
+    m.data = np.ones_like(m.data, dtype=np.float32)
+    return m
+
+
+def _materialise(f: _Frontier) -> sp.csr_matrix:
+    if not f.neg:
+        return f.mat
+    b, n = f.mat.shape
+    step = max(1, (1 << 26) // max(n, 1))  # bound the dense mask to ~64 MB
+    parts = []
+    for lo in range(0, b, step):
+        block = f.mat[lo : lo + step].tocoo()
+        keep = np.ones((block.shape[0], n), dtype=bool)
+        keep[block.row, block.col] = False
+        parts.append(sp.csr_matrix(keep, dtype=np.float32))
+    return sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, n), dtype=np.float32)
+
+
+def _project(f: _Frontier, rels: np.ndarray, graph: Graph) -> _Frontier:
+    m = _materialise(f)
+    n, r = graph.num_entities, graph.num_relations
+    if len(rels) and (rels.min() < 0 or rels.max() >= r):
+        raise ValueError(f"relation id out of range [0, {r})")
+    counts = np.diff(m.indptr)
+    cols = m.indices.astype(np.int64) + np.repeat(rels.astype(np.int64) * n, counts)
+    g = sp.csr_matrix((np.ones(len(cols), np.float32), cols, m.indptr.astype(np.int64)), shape=(m.shape[0], r * n))
+    return _Frontier(_ones_like_pattern(g @ graph.adjacency), False)
+
+
+def _and(a: _Frontier, b: _Frontier) -> _Frontier:
+    if not a.neg and not b.neg:
+        return _Frontier(_ones_like_pattern(a.mat.multiply(b.mat)), False)
+    if a.neg and b.neg:  # not x and not y = not (x or y)
+        return _Frontier(_ones_like_pattern(a.mat + b.mat), True)
+    pos, neg = (b, a) if a.neg else (a, b)  # x and not y = x - (x * y)
+    return _Frontier(_ones_like_pattern(pos.mat - pos.mat.multiply(neg.mat)), False)
+
+
+def _or(a: _Frontier, b: _Frontier) -> _Frontier:
+    if not a.neg and not b.neg:
+        return _Frontier(_ones_like_pattern(a.mat + b.mat), False)
+    if a.neg and b.neg:  # not x or not y = not (x and y)
+        return _Frontier(_ones_like_pattern(a.mat.multiply(b.mat)), True)
+    pos, neg = (b, a) if a.neg else (a, b)  # x or not y = not (y - x)
+    return _Frontier(_ones_like_pattern(neg.mat - neg.mat.multiply(pos.mat)), True)
+
+
+def skeleton(node: Node) -> tuple:
+    """The AST shape without anchors and relations (queries with equal skeletons batch together)."""
+    return shape_key(node)
+
+
+def _int_id(value, kind: str) -> int:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    raise TypeError(f"{kind} {value!r} is not an id: resolve() the query against an artifact first")
+
+
+def _eval(nodes: Sequence[Node], graph: Graph) -> _Frontier:
+    head = nodes[0]
+    b, n = len(nodes), graph.num_entities
+    if isinstance(head, Anchor):
+        ids = np.fromiter((_int_id(x.entity, "entity") for x in nodes), dtype=np.int64, count=b)
+        if b and (ids.min() < 0 or ids.max() >= n):
+            raise ValueError(f"entity id out of range [0, {n})")
+        return _Frontier(sp.csr_matrix((np.ones(b, np.float32), ids, np.arange(b + 1)), shape=(b, n)))
+    if isinstance(head, (Projection, NegatedProjection)):
+        rels = np.fromiter((_int_id(x.relation, "relation") for x in nodes), dtype=np.int64, count=b)
+        out = _project(_eval([x.arg for x in nodes], graph), rels, graph)
+        if isinstance(head, NegatedProjection):
+            out.neg = True
+        return out
+    if isinstance(head, Complement):
+        inner = _eval([x.arg for x in nodes], graph)
+        return _Frontier(inner.mat, not inner.neg)
+    if isinstance(head, (Intersection, Union)):
+        op = _and if isinstance(head, Intersection) else _or
+        acc = None
+        for column in zip(*(x.args for x in nodes)):
+            f = _eval(column, graph)
+            acc = f if acc is None else op(acc, f)
+        return acc
+    raise TypeError(f"not a query node: {head!r}")
+
+
+def answer_sets(nodes: Sequence[Node], graph: Graph) -> sp.csr_matrix:
+    """Answers of queries that all share one :func:`skeleton`, as a ``(B, N)`` CSR of ones."""
+    if not nodes:
+        return sp.csr_matrix((0, graph.num_entities), dtype=np.float32)
+    m = _materialise(_eval(list(nodes), graph))
+    m.sort_indices()
+    return m
+
+
+def answers(
+    nodes: Iterable[Node],
+    graph: Graph,
+    *,
+    batch_size: int = 4096,
+    progress: bool = False,
+    desc: str = "answers",
+) -> list[np.ndarray]:
+    """Sorted int64 answer ids of each query (id-resolved ASTs), in input order.
+
+    Queries are grouped by :func:`skeleton` and evaluated ``batch_size`` at a time.
+    """
+    nodes = list(nodes)
+    out: list[np.ndarray | None] = [None] * len(nodes)
+    groups: dict[tuple, list[int]] = {}
+    for i, q in enumerate(nodes):
+        groups.setdefault(skeleton(q), []).append(i)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(nodes), desc=desc, unit="q")
+    for idx in groups.values():
+        for lo in range(0, len(idx), batch_size):
+            chunk = idx[lo : lo + batch_size]
+            m = answer_sets([nodes[i] for i in chunk], graph)
+            for row, i in enumerate(chunk):
+                out[i] = m.indices[m.indptr[row] : m.indptr[row + 1]].astype(np.int64)
+            if bar is not None:
+                bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+    return out  # type: ignore[return-value]

@@ -1,0 +1,164 @@
+"""Input validation and :class:`PreparedMatrix`, the cached form of a relation matrix.
+
+A relation matrix ``M`` (N x N) arrives as a torch sparse CSR tensor.  The
+kernels need both its rows (CSR: push projection walks the rows of the active
+entities) and its columns (CSC: pull projection and negated projection walk
+the support of each output column).  :func:`prepare` validates ``M`` once and
+builds both; the engine prepares each relation once and reuses it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kge.errors import UserError
+
+from ._backend import has_kernel
+
+__all__ = ["PreparedMatrix", "prepare", "check_fuzzy", "as_prepared"]
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedMatrix:
+    """A validated N x N relation matrix in CSR and CSC form (same index dtype, same device).
+
+    Attributes:
+        n: number of entities N.
+        crow, col, val: CSR, shapes (N+1,), (nnz,), (nnz,); row ``i`` holds M[i, :].
+        ccol, row, tval: CSC, shapes (N+1,), (nnz,), (nnz,); column ``j`` holds M[:, j]
+            with row indices ascending (the kernels' smallest-index tie rule relies on it).
+    """
+
+    n: int
+    crow: torch.Tensor
+    col: torch.Tensor
+    val: torch.Tensor
+    ccol: torch.Tensor
+    row: torch.Tensor
+    tval: torch.Tensor
+
+    @property
+    def nnz(self) -> int:
+        return int(self.val.numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self.val.device
+
+    @property
+    def index_dtype(self) -> torch.dtype:
+        return self.crow.dtype
+
+    def to(self, device: torch.device | str) -> "PreparedMatrix":
+        """The same matrix on ``device`` (``self`` when already there)."""
+        if torch.device(device) == self.device:
+            return self
+        return PreparedMatrix(
+            self.n, *(t.to(device) for t in (self.crow, self.col, self.val, self.ccol, self.row, self.tval))
+        )
+
+    def to_sparse_csr(self) -> torch.Tensor:
+        """``M`` as a torch sparse CSR tensor."""
+        return torch.sparse_csr_tensor(self.crow, self.col, self.val, size=(self.n, self.n))
+
+    def row_indices(self) -> torch.Tensor:
+        """COO row index of every CSR entry (int64, (nnz,))."""
+        return torch.repeat_interleave(
+            torch.arange(self.n, device=self.device), (self.crow[1:] - self.crow[:-1]).long(), output_size=self.nnz
+        )
+
+    def col_indices_csc(self) -> torch.Tensor:
+        """Column index of every CSC entry (int64, (nnz,))."""
+        return torch.repeat_interleave(
+            torch.arange(self.n, device=self.device), (self.ccol[1:] - self.ccol[:-1]).long(), output_size=self.nnz
+        )
+
+    def __repr__(self) -> str:
+        return f"PreparedMatrix(n={self.n}, nnz={self.nnz}, index_dtype={self.index_dtype}, device={self.device})"
+
+
+def check_fuzzy(x: object, name: str = "X", *, ndim: int = 2, check_values: bool = True) -> torch.Tensor:
+    """Validate a fuzzy batch: a float32 tensor of ``ndim`` dims with values in [0, 1]."""
+    if not isinstance(x, torch.Tensor):
+        raise UserError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided:
+        raise UserError(f"{name}: expected a dense (strided) tensor, got layout {x.layout}")
+    if x.dtype != torch.float32:
+        raise UserError(f"{name}: expected dtype torch.float32, got {x.dtype}")
+    if x.dim() != ndim:
+        hint = " (use X.unsqueeze(0) for a single query)" if ndim == 2 and x.dim() == 1 else ""
+        raise UserError(f"{name}: expected a {ndim}-D tensor (B, N), got shape {tuple(x.shape)}{hint}")
+    if check_values and x.numel():
+        lo, hi = torch.aminmax(x)
+        lo, hi = float(lo), float(hi)
+        if not (lo >= 0.0 and hi <= 1.0):  # also catches NaN
+            raise UserError(f"{name}: values must lie in [0, 1], got min {lo}, max {hi}")
+    return x
+
+
+def _check_csr(m: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not isinstance(m, torch.Tensor):
+        raise UserError(f"{name}: expected a torch sparse CSR tensor or PreparedMatrix, got {type(m).__name__}")
+    if m.layout != torch.sparse_csr:
+        raise UserError(f"{name}: expected layout torch.sparse_csr, got {m.layout} (use M.to_sparse_csr())")
+    if m.dim() != 2 or m.shape[0] != m.shape[1]:
+        raise UserError(f"{name}: expected a square N x N matrix, got shape {tuple(m.shape)}")
+    if m.dtype != torch.float32:
+        raise UserError(f"{name}: expected dtype torch.float32, got {m.dtype}")
+    crow, col, val = m.crow_indices(), m.col_indices(), m.values()
+    n = m.shape[0]
+    if crow.dtype not in _INDEX_DTYPES or col.dtype != crow.dtype:
+        raise UserError(f"{name}: expected int32 or int64 crow/col indices of one dtype, got {crow.dtype}/{col.dtype}")
+    nnz = val.numel()
+    if crow.numel() != n + 1:
+        raise UserError(f"{name}: crow_indices has {crow.numel()} entries, expected N+1 = {n + 1}")
+    if int(crow[0]) != 0 or int(crow[-1]) != nnz:
+        raise UserError(f"{name}: crow_indices must start at 0 and end at nnz={nnz}, got {int(crow[0])}..{int(crow[-1])}")
+    if n and bool((crow[1:] < crow[:-1]).any()):
+        raise UserError(f"{name}: crow_indices must be non-decreasing")
+    if nnz:
+        lo, hi = int(col.min()), int(col.max())
+        if lo < 0 or hi >= n:
+            raise UserError(f"{name}: column indices must lie in [0, {n}), got {lo}..{hi}")
+        vlo, vhi = torch.aminmax(val)
+        vlo, vhi = float(vlo), float(vhi)
+        if not (vlo >= 0.0 and vhi <= 1.0):
+            raise UserError(f"{name}: values must lie in [0, 1], got min {vlo}, max {vhi}")
+    return crow.contiguous(), col.contiguous(), val.contiguous()
+
+
+def _transpose_reference(n: int, crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor):
+    """CSR -> CSC with torch ops (a stable sort by column keeps rows ascending inside each column)."""
+    nnz = val.numel()
+    perm = torch.argsort(col, stable=True)
+    rows = torch.repeat_interleave(
+        torch.arange(n, device=col.device, dtype=crow.dtype), (crow[1:] - crow[:-1]).long(), output_size=nnz
+    )
+    counts = torch.bincount(col.long(), minlength=n)
+    ccol = torch.zeros(n + 1, dtype=crow.dtype, device=col.device)
+    ccol[1:] = torch.cumsum(counts, 0).to(crow.dtype)
+    return ccol, rows[perm].contiguous(), val[perm].contiguous()
+
+
+def prepare(m: torch.Tensor | PreparedMatrix, *, name: str = "M") -> PreparedMatrix:
+    """Validate a sparse CSR relation matrix (N x N, float32, values in [0, 1]) and cache its CSC form.
+
+    Returns ``m`` unchanged when it already is a :class:`PreparedMatrix`.
+    Raises :class:`ValueError` (``UserError``) naming ``name`` for a malformed matrix.
+    """
+    if isinstance(m, PreparedMatrix):
+        return m
+    crow, col, val = _check_csr(m, name)
+    n = int(m.shape[0])
+    if has_kernel("csr_transpose", val.device):
+        ccol, row, tval = torch.ops.kgreason.csr_transpose(crow, col, val, n)
+    else:
+        ccol, row, tval = _transpose_reference(n, crow, col, val)
+    return PreparedMatrix(n, crow, col, val, ccol, row, tval)
+
+
+def as_prepared(m: torch.Tensor | PreparedMatrix, name: str = "M") -> PreparedMatrix:
+    return m if isinstance(m, PreparedMatrix) else prepare(m, name=name)

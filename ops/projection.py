@@ -1,0 +1,111 @@
+"""Relation projection of fuzzy sets over the max-times semiring (plain and QTO-negated)."""
+from __future__ import annotations
+
+import torch
+
+from kge.errors import UserError
+
+from . import reference
+from ._backend import resolve_backend
+from .prepared import PreparedMatrix, as_prepared, check_fuzzy
+
+__all__ = ["project", "project_negated", "choose_strategy", "STRATEGIES"]
+
+STRATEGIES = {"auto": 0, "push": 1, "pull": 2}
+
+
+def _check_pair(x: torch.Tensor, m: PreparedMatrix, validate: bool) -> torch.Tensor:
+    check_fuzzy(x, "X", check_values=validate)
+    if x.shape[1] != m.n:
+        raise UserError(f"X: expected shape (B, N) with N = {m.n} (the matrix size), got {tuple(x.shape)}")
+    if x.device != m.device:
+        raise UserError(f"X: is on {x.device} but the matrix M is on {m.device}; move one of them")
+    return x.contiguous()
+
+
+def _strategy_code(strategy: str) -> int:
+    try:
+        return STRATEGIES[strategy]
+    except (KeyError, TypeError):
+        raise UserError(f"strategy: expected one of {tuple(STRATEGIES)}, got {strategy!r}") from None
+
+
+def project(
+    X: torch.Tensor,
+    M: torch.Tensor | PreparedMatrix,
+    *,
+    return_argmax: bool = False,
+    strategy: str = "auto",
+    backend: str | None = None,
+    validate: bool = True,
+):
+    """Project a fuzzy batch through a relation: ``Y[b, j] = max_i X[b, i] * M[i, j]``.
+
+    Args:
+        X: (B, N) float32 in [0, 1]; any strides.
+        M: (N, N) sparse CSR float32 in [0, 1] (int32 or int64 indices), or a
+            :class:`PreparedMatrix` from :func:`ops.prepare` (pass one when projecting
+            through the same relation repeatedly: a raw CSR is validated and
+            transposed on every call).
+        return_argmax: also return ``argmax`` (B, N) int32: the ``i`` reaching the
+            max (smallest ``i`` on ties), ``-1`` where ``Y`` is 0.
+        strategy: ``"push"`` (scatter from the active rows; best for sparse X),
+            ``"pull"`` (gather over columns; best for dense X) or ``"auto"`` (by the
+            estimated work).  Results are identical; only speed differs.
+        backend: ``"cpp"``, ``"reference"`` or None (module default, see :func:`ops.set_backend`).
+        validate: check that X's values lie in [0, 1] (one pass over X); shapes,
+            dtypes and devices are always checked.
+
+    Returns:
+        ``Y`` (B, N) float32, or ``(Y, argmax)``.
+    """
+    code = _strategy_code(strategy)
+    m = as_prepared(M)
+    x = _check_pair(X, m, validate)
+    if resolve_backend(backend, "project", x.device) == "reference":
+        return reference.project(x, m, return_argmax)
+    y, a = torch.ops.kgreason.project(x, m.crow, m.col, m.val, m.ccol, m.row, m.tval, code, return_argmax)
+    return (y, a) if return_argmax else y
+
+
+def project_negated(
+    X: torch.Tensor,
+    M: torch.Tensor | PreparedMatrix,
+    *,
+    neg_scale: float = 3.0,
+    return_argmax: bool = False,
+    strategy: str = "auto",
+    backend: str | None = None,
+    validate: bool = True,
+):
+    """Project through QTO's negated relation without materialising it.
+
+    ``Y[b, j] = max_i X[b, i] * (1 - min(1, neg_scale * M[i, j]))``: the factor is 1
+    for every ``i`` outside column ``j``'s support, so each column needs only its
+    support plus the few largest entries of each row of X.  Arguments and
+    returns as :func:`project`; ``strategy`` is accepted for symmetry, but there
+    is a single (column-parallel) kernel because ``Y`` is dense whatever X is.
+    """
+    _strategy_code(strategy)
+    try:
+        neg_scale = float(neg_scale)
+    except (TypeError, ValueError):
+        raise UserError(f"neg_scale: expected a number, got {neg_scale!r}") from None
+    if not neg_scale >= 0.0 or neg_scale == float("inf"):
+        raise UserError(f"neg_scale: expected a finite number >= 0, got {neg_scale}")
+    m = as_prepared(M)
+    x = _check_pair(X, m, validate)
+    if resolve_backend(backend, "project_negated", x.device) == "reference":
+        return reference.project_negated(x, m, neg_scale, return_argmax)
+    y, a = torch.ops.kgreason.project_negated(x, m.ccol, m.row, m.tval, neg_scale, return_argmax)
+    return (y, a) if return_argmax else y
+
+
+def choose_strategy(X: torch.Tensor, M: torch.Tensor | PreparedMatrix) -> str:
+    """The strategy ``strategy="auto"`` picks for this input on the compiled CPU backend ("push"/"pull")."""
+    m = as_prepared(M)
+    x = _check_pair(X, m, False)
+    if resolve_backend(None, "project_strategy", x.device) == "reference":
+        return "pull"
+    code = int(torch.ops.kgreason.project_strategy(x, m.crow, m.nnz))
+    return {1: "push", 2: "pull"}[code]
