@@ -18,7 +18,7 @@ TORCH_LIBRARY_FRAGMENT(kgreason, m) {
   //       admissible lower bound of the remaining cost to the targets (A*);
   //   max_hops: -1 unbounded, else shortest path among paths with <= max_hops edges;
   //   return_predecessors: fill the predecessor outputs;
-  //   heap_arity: 2 (binary heap) or 4.
+  //   heap: priority queue, 0 radix heap (A* falls back to 4), 2 binary heap, 4 4-ary heap.
   //
   // Returns (dist (S, N) float32 [inf unreachable],
   //          pred_entity, pred_relation int32: (S, N) unbounded, (S, H+1, N)
@@ -28,6 +28,6 @@ TORCH_LIBRARY_FRAGMENT(kgreason, m) {
   //              hop-bounded only, else shape (0,)).
   m.def(
       "dijkstra(Tensor indptr, Tensor tails, Tensor rels, Tensor relation_costs, Tensor sources, "
-      "Tensor targets, Tensor heuristic, int max_hops, bool return_predecessors, int heap_arity) "
+      "Tensor targets, Tensor heuristic, int max_hops, bool return_predecessors, int heap) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
 }

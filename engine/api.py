@@ -80,7 +80,7 @@ class Engine:
         if artifact is None:
             from .defaults import default_artifact
 
-            art = default_artifact(verify=verify)
+            art = default_artifact(verify=verify, load_embeddings=False)
         elif isinstance(artifact, Artifact):
             art = artifact
         else:

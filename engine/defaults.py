@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from kge.artifact import Artifact
+from kge.errors import UserError
 
 __all__ = ["kgreason_home", "default_artifact_path", "default_artifact", "DEFAULT_KG"]
 
@@ -33,12 +34,14 @@ def default_artifact_path() -> Path:
 
 def _build(out: Path) -> None:
     """Build the default KG's artifact into ``out`` (imports pykeen: only on the first run)."""
-    from kge import build
-
+    try:
+        from kge import build
+    except ImportError as exc:
+        raise UserError(f"cannot build the default knowledge graph ({exc}); pass --artifact DIR instead") from None
     build.build_artifact(build.BuildConfig(kg=DEFAULT_KG, out=str(out)))
 
 
-def default_artifact(*, verify: bool = True, builder=None) -> Artifact:
+def default_artifact(*, verify: bool = True, load_embeddings: bool = True, builder=None) -> Artifact:
     """The default KG's artifact, building and caching it on first use.
 
     ``builder(out_dir)`` replaces the real build (tests use it); it must write a
@@ -46,7 +49,7 @@ def default_artifact(*, verify: bool = True, builder=None) -> Artifact:
     """
     path = default_artifact_path()
     if (path / "meta.json").is_file():
-        return Artifact.load(path, verify=verify)
+        return Artifact.load(path, verify=verify, load_embeddings=load_embeddings)
     path.parent.mkdir(parents=True, exist_ok=True)
     print(f"building the default knowledge graph ({DEFAULT_KG}) into {path} (first run only)", file=sys.stderr)
     tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_KG}.building-", dir=path.parent))
@@ -65,4 +68,4 @@ def default_artifact(*, verify: bool = True, builder=None) -> Artifact:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return Artifact.load(path, verify=verify)
+    return Artifact.load(path, verify=verify, load_embeddings=load_embeddings)

@@ -270,9 +270,6 @@ def load_jsonl_queries(path: str | Path, artifact, *, structures: Iterable[str] 
                 if len(a) and (a.min() < 0 or a.max() >= n):
                     raise UserError(f"{where}: {key!r} has an entity id outside [0, {n})")
                 ids[key] = a
-            try:
-                node = resolve(parse(rec["expr"]), artifact)
-            except UserError as exc:
-                raise UserError(f"{where}: {exc}") from None
+            node = resolve(parse(rec["expr"], where=f"{where}: expr"), artifact, where=where)
             out.append(EvalQuery(str(rec["structure"]), node, ids["easy"], ids["hard"]))
     return out

@@ -41,6 +41,7 @@ from .query import (
     Projection,
     Union,
     named,
+    relations_of,
     resolve,
     shape_key,
     to_sexpr,
@@ -280,6 +281,7 @@ class Executor:
         self.neg_scale = float(neg_scale)
         self.ops = _Ops(backend)
         self._prepared: dict[int, Any] = {}
+        self._stacked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def num_entities(self) -> int:
@@ -312,6 +314,9 @@ class Executor:
             by_shape[shape_key(q)].append(k)
         chunks = []
         for idx in by_shape.values():
+            # Sorting a shape's queries by their relations (innermost first) makes rows that share
+            # a relation adjacent, so most projections need no gather/scatter of rows.
+            idx = sorted(idx, key=lambda k: tuple(reversed(relations_of(resolved[k]))))
             for lo in range(0, len(idx), batch_size):
                 chunks.append(idx[lo : lo + batch_size])
         return chunks
@@ -327,6 +332,17 @@ class Executor:
         first = rels[0]
         if all(r == first for r in rels):
             return call(x, first) if want_arg else (call(x, first), None)
+        if all(a <= b for a, b in zip(rels, rels[1:])):
+            # Already grouped (the batch is sorted by relations): contiguous slices, no row gather.
+            ys, args = [], []
+            lo = 0
+            for hi in [k for k in range(1, len(rels)) if rels[k] != rels[k - 1]] + [len(rels)]:
+                out = call(x[lo:hi], rels[lo])
+                ys.append(out[0] if want_arg else out)
+                if want_arg:
+                    args.append(out[1])
+                lo = hi
+            return torch.cat(ys), (torch.cat(args) if want_arg else None)
         rel_t = torch.tensor(rels, dtype=torch.int64)
         order = torch.argsort(rel_t, stable=True)
         uniq, counts = torch.unique_consecutive(rel_t[order], return_counts=True)
@@ -346,6 +362,48 @@ class Executor:
             lo += c
         return y, a
 
+    def _stacked_csr(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The artifact's stacked (R*N, N) CSR on this device: crow int64, col int64, val float32."""
+        if self._stacked is None:
+            m = self.artifact.matrices
+            self._stacked = (
+                torch.from_numpy(np.asarray(m.indptr, dtype=np.int64)).to(self.device),
+                torch.from_numpy(np.asarray(m.indices, dtype=np.int64)).to(self.device),
+                torch.from_numpy(np.asarray(m.data, dtype=np.float32)).to(self.device),
+            )
+        return self._stacked
+
+    def _project_anchors(self, ents: list[int], rels: list[int], negated: bool, want_arg: bool):
+        """Projection of one-hot anchors: row ``e`` of ``M_r`` for each row, for any mix of relations.
+
+        ``max_i onehot_e[i] * M[i, j] = M[e, j]`` exactly (and ``1 - min(1, s * M[e, j])``
+        for a negated edge, the same float32 formula as ``ops``), so the first hop of
+        every chain is one vectorised gather of CSR rows instead of one call per relation.
+        """
+        crow, col, val = self._stacked_csr()
+        b, n = len(ents), self.num_entities
+        dev = self.device
+        e = torch.tensor(ents, dtype=torch.int64, device=dev)
+        rows = torch.tensor(rels, dtype=torch.int64, device=dev) * n + e
+        starts = crow[rows]
+        counts = crow[rows + 1] - starts
+        total = int(counts.sum())
+        which = torch.repeat_interleave(torch.arange(b, device=dev), counts, output_size=total)
+        first = torch.cumsum(counts, 0) - counts
+        offs = torch.arange(total, device=dev) - first[which] + starts[which]
+        cols, vals = col[offs], val[offs]
+        if negated:
+            s = torch.tensor(self.neg_scale, dtype=torch.float32, device=dev)
+            y = torch.ones(b, n, dtype=torch.float32, device=dev)
+            y[which, cols] = 1.0 - torch.clamp(vals * s, max=1.0)
+        else:
+            y = torch.zeros(b, n, dtype=torch.float32, device=dev)
+            y[which, cols] = vals
+        if not want_arg:
+            return y, None
+        arg = torch.where(y > 0, e[:, None].to(torch.int32), torch.full((), -1, dtype=torch.int32, device=dev))
+        return y, arg
+
     def _forward(self, nodes: list[Node], record: _Record | None, path: tuple[int, ...] = ()) -> torch.Tensor:
         """Evaluate same-shaped resolved queries ``nodes`` as one (B, N) batch."""
         t = nodes[0]
@@ -355,6 +413,16 @@ class Executor:
             y = torch.zeros(b, n, dtype=torch.float32, device=self.device)
             ids = torch.tensor([q.entity for q in nodes], dtype=torch.int64, device=self.device)
             y[torch.arange(b, device=self.device), ids] = 1.0
+        elif (isinstance(t, (Projection, NegatedProjection)) and isinstance(t.arg, Anchor)
+              and any(q.relation != t.relation for q in nodes)):
+            # First hop with several relations: one gather instead of a call per relation.
+            ents = [q.arg.entity for q in nodes]
+            y, arg = self._project_anchors(ents, [q.relation for q in nodes], isinstance(t, NegatedProjection),
+                                           record is not None)
+            if record is not None:
+                x = torch.zeros(b, n, dtype=torch.float32, device=self.device)
+                x[torch.arange(b, device=self.device), torch.tensor(ents, device=self.device)] = 1.0
+                record[path + (0,)] = (x, None)
         elif isinstance(t, (Projection, NegatedProjection)):
             x = self._forward([q.arg for q in nodes], record, path + (0,))
             y, arg = self._project_rows(x, [q.relation for q in nodes], isinstance(t, NegatedProjection),
@@ -378,14 +446,17 @@ class Executor:
         queries run in batches of up to ``batch_size`` rows.
         """
         resolved = self._resolve_all(queries)
-        out = torch.zeros(len(resolved), self.num_entities, dtype=torch.float32, device=self.device)
         chunks = self._groups(resolved, batch_size)
+        if len(chunks) == 1 and chunks[0] == list(range(len(resolved))):
+            with torch.no_grad():  # one batch in input order: its result is the answer
+                return self._forward(resolved, None)
+        out = torch.zeros(len(resolved), self.num_entities, dtype=torch.float32, device=self.device)
         it = chunks
         if progress:
             from tqdm.auto import tqdm
 
             it = tqdm(chunks, desc="queries", unit="batch")
-        with torch.inference_mode():
+        with torch.no_grad():
             for idx in it:
                 y = self._forward([resolved[k] for k in idx], None)
                 out[torch.tensor(idx, device=self.device)] = y
@@ -403,7 +474,7 @@ class Executor:
         resolved = self._resolve_all(queries)
         results: list[QueryResult | None] = [None] * len(resolved)
         names = self.artifact.entities
-        with torch.inference_mode():
+        with torch.no_grad():
             for idx in self._groups(resolved, batch_size):
                 batch = [resolved[j] for j in idx]
                 record: _Record | None = {} if explain else None

@@ -54,7 +54,6 @@ __all__ = [
     "relations_of",
 ]
 
-Name = "str | int"
 
 
 class Node:

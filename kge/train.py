@@ -26,12 +26,42 @@ from .graph import KnowledgeGraph
 __all__ = ["TrainConfig", "TrainResult", "train_complex", "default_train_config", "complex_scores"]
 
 
+def _n3_class():
+    """pykeen regulariser class for N3 (Lacroix et al. 2018), built lazily to keep pykeen imports out of module load."""
+    global _N3
+    if _N3 is not None:
+        return _N3
+    from pykeen.regularizers import Regularizer
+
+    class N3Regularizer(Regularizer):
+        """N3: mean over the batch's vectors of ``sum_i |x_i|^3`` (complex modulus).
+
+        pykeen's ``LpRegularizer(p=3)`` computes the same cubes through
+        ``linalg.vector_norm`` on complex tensors, whose backward is ~50x
+        slower on CPU than these real-valued ops (measured: 3.9 s vs 0.08 s per
+        UMLS epoch).
+        """
+
+        def forward(self, x):  # noqa: D102
+            if x.is_complex():
+                sq = x.real.square() + x.imag.square()
+            else:
+                sq = x.square()
+            return sq.pow(1.5).sum(dim=-1).mean()
+
+    _N3 = N3Regularizer
+    return _N3
+
+
+_N3 = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Hyper-parameters of one ComplEx training run (defaults: see :func:`default_train_config`).
 
     ``rank`` is the complex dimension (``2*rank`` real numbers per vector).
-    ``regularizer_weight`` weighs pykeen's N3 term (``LpRegularizer(p=3)``).
+    ``regularizer_weight`` weighs the N3 term (mean over the batch's vectors of ``sum |x_i|^3``).
     ``eval_max_triples`` subsamples held-out edges for the MRR (0 = skip the
     evaluation, None = all of them).
     """
@@ -43,6 +73,7 @@ class TrainConfig:
     num_negatives: int = 32
     regularizer_weight: float = 1e-3
     loss: str = "crossentropy"
+    training_loop: str = "slcwa"
     optimizer: str = "adam"
     seed: int = 0
     device: str = "auto"
@@ -56,6 +87,8 @@ class TrainConfig:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
             raise UserError(f"lr must be > 0, got {self.lr}")
+        if self.training_loop not in ("slcwa", "lcwa"):
+            raise UserError(f"training loop must be 'slcwa' or 'lcwa', got {self.training_loop!r}")
         if self.regularizer_weight < 0:
             raise UserError(f"regularizer weight must be >= 0, got {self.regularizer_weight}")
 
@@ -65,8 +98,12 @@ class TrainConfig:
 SIZE_PRESETS: dict[str, dict[str, Any]] = {
     # N < 2,000 entities (UMLS, Nations, Kinships, Countries)
     "small": dict(rank=128, epochs=150, lr=0.01, batch_size=512, num_negatives=32, regularizer_weight=1e-3),
-    # larger graphs (FB15k-237: 14,505 entities, 544k training edges with inverses)
-    "large": dict(rank=100, epochs=10, lr=0.005, batch_size=2048, num_negatives=64, regularizer_weight=1e-3),
+    # larger graphs (FB15k-237: 14,505 entities, 544k training edges with inverses).
+    # 1-N scoring (LCWA) here: with pykeen on 2 CPU cores one LCWA epoch (147
+    # batches of 1024 (h, r) pairs) took ~250 s against ~300 s for one sLCWA epoch
+    # (4096 x 16 negatives), and its softmax cross-entropy over all tails is the
+    # very softmax the calibration applies.
+    "large": dict(rank=100, epochs=2, lr=0.01, batch_size=1024, training_loop="lcwa", regularizer_weight=1e-3),
 }
 
 
@@ -148,6 +185,11 @@ def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = T
     eval_triples = _subsample(held_out, config.eval_max_triples, config.seed) if do_eval else kg.train[:1]
     known = np.concatenate([kg.train, held_out])
     loss_kwargs: dict[str, Any] = {}
+    if config.training_loop == "slcwa":
+        loop_kwargs: dict[str, Any] = dict(training_loop="sLCWA", negative_sampler="basic",
+                                           negative_sampler_kwargs=dict(num_negs_per_pos=config.num_negatives))
+    else:
+        loop_kwargs = dict(training_loop="LCWA")
     t0 = time.perf_counter()
     result = pipeline(
         training=factory(kg.train),
@@ -155,16 +197,14 @@ def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = T
         model="ComplEx",
         model_kwargs=dict(
             embedding_dim=config.rank,
-            regularizer="lp",
-            regularizer_kwargs=dict(p=3.0, weight=config.regularizer_weight, normalize=False),
+            regularizer=_n3_class(),
+            regularizer_kwargs=dict(weight=config.regularizer_weight),
         ),
         loss=config.loss,
         loss_kwargs=loss_kwargs,
         optimizer=config.optimizer,
         optimizer_kwargs=dict(lr=config.lr),
-        training_loop="sLCWA",
-        negative_sampler="basic",
-        negative_sampler_kwargs=dict(num_negs_per_pos=config.num_negatives),
+        **loop_kwargs,
         training_kwargs=dict(
             num_epochs=config.epochs,
             batch_size=config.batch_size,

@@ -275,3 +275,17 @@ def test_from_betae_query_tuples():
     with pytest.raises(UserError, match="unknown BetaE structure"):
         structure_of(("e", ("x",)))
     assert set(BETAE_NAMES.values()) >= set(STRUCTURES)
+
+
+@pytest.mark.parametrize("negation", ["qto", "complement"])
+def test_describe_every_structure(negation):
+    art = small_artifact()
+    for name, s in STRUCTURES.items():
+        node = resolve(s.build(list(range(s.num_anchors)), list(range(s.num_relations)), negation=negation), art)
+        words = describe(node, art)
+        assert words.startswith("?y such that ")
+        for e in anchors_of(node):
+            assert art.entities[e] in words
+        for r in relations_of(node):
+            assert art.relations[r] in words
+        assert ("not" in words) == s.has_negation

@@ -10,12 +10,13 @@
 //    FB15k-237 has 544k directed edges but only 423k distinct (head, tail) pairs.
 //    The collapsed adjacency packs (tail, weight) per edge for locality; the
 //    relation id is read only when a label improves.
-//  * Priority queue: a d-ary heap (default 4) with lazy deletion. An entry is a
-//    (float key, uint32 state) pair of 8 bytes, so the 4 children of a node sit
-//    in 32 contiguous bytes (one cache line) and the heap is half as deep as a
-//    binary heap; push stays O(log_4 n). The heap only ever holds improved labels,
-//    and stale entries are skipped when popped. heap_arity=2 gives the textbook
-//    binary heap (benchmarks/test_paths_bench.py measures both).
+//  * Priority queue, lazy deletion (only improved labels are pushed; stale
+//    entries are skipped when popped), three choices (`heap` argument):
+//    0 = radix heap (default for plain Dijkstra: keys are monotone, see
+//    RadixHeap), 2 = textbook binary heap, 4 = 4-ary heap (used for A*, whose
+//    keys need not be monotone: an 8-byte (float key, uint32 state) entry puts
+//    the 4 children of a node in 32 contiguous bytes, and the tree is half as
+//    deep as a binary one). benchmarks/test_paths_bench.py measures all three.
 //  * A*: the key is g + h(v). Entries are re-opened when their g improves, so an
 //    admissible but inconsistent heuristic still gives exact target distances.
 //  * Hop-bounded search: the state is (v, k) = v reached with exactly k edges.
@@ -27,9 +28,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -92,6 +95,65 @@ class DaryHeap {
 
  private:
   std::vector<HeapEntry> v_;
+};
+
+// Monotone priority queue (radix heap, Ahuja et al. 1990) keyed by the bit
+// pattern of a non-negative float, which orders like the float itself. Valid
+// for Dijkstra without a heuristic: a pushed key g(v) + w >= the last popped
+// key, because weights are non-negative (float addition of a non-negative
+// number never decreases). Push is O(1); an entry moves down at most 32 buckets
+// in its lifetime, so pops are amortised O(32) cheap sequential moves instead of
+// a sift-down with unpredictable branches.
+class RadixHeap {
+ public:
+  void clear() {
+    for (auto& b : buckets_) b.clear();
+    size_ = 0;
+    last_ = 0;
+  }
+  bool empty() const { return size_ == 0; }
+
+  void push(float key, uint32_t state) {
+    uint32_t k = bits(key);
+    if (k < last_) k = last_;  // cannot happen for monotone keys; keeps the structure valid
+    buckets_[index(k)].push_back(Item{k, state});
+    ++size_;
+  }
+
+  HeapEntry pop() {
+    if (buckets_[0].empty()) {
+      size_t i = 1;
+      while (buckets_[i].empty()) ++i;
+      auto& b = buckets_[i];
+      uint32_t mn = b[0].key;
+      for (const Item& it : b) mn = std::min(mn, it.key);
+      last_ = mn;
+      for (const Item& it : b) buckets_[index(it.key)].push_back(it);
+      b.clear();
+    }
+    const Item it = buckets_[0].back();
+    buckets_[0].pop_back();
+    --size_;
+    float f;
+    std::memcpy(&f, &it.key, sizeof f);
+    return HeapEntry{f, it.state};
+  }
+
+ private:
+  struct Item {
+    uint32_t key;
+    uint32_t state;
+  };
+  static uint32_t bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  }
+  size_t index(uint32_t k) const { return k == last_ ? 0 : 32 - __builtin_clz(k ^ last_); }
+
+  std::array<std::vector<Item>, 33> buckets_;
+  size_t size_ = 0;
+  uint32_t last_ = 0;
 };
 
 struct PackedEdge {
@@ -169,9 +231,9 @@ struct Problem {
 };
 
 // Per-thread scratch, reused across the sources a thread handles.
-template <int D>
+template <class Heap>
 struct Workspace {
-  DaryHeap<D> heap;
+  Heap heap;
   std::vector<uint8_t> target_mark;  // N, 1 = unsettled target of the current source
   std::vector<float> g;              // (H+1)*N, hop-bounded only
   std::vector<float> best;           // (H+1)*N, hop-bounded only
@@ -209,8 +271,8 @@ void unmark_targets(const Problem& p, int64_t s, std::vector<uint8_t>& mark) {
     if (t[i] >= 0) mark[t[i]] = 0;
 }
 
-template <int D>
-void search_unbounded(const Problem& p, int64_t s, Workspace<D>& ws) {
+template <class Heap>
+void search_unbounded(const Problem& p, int64_t s, Workspace<Heap>& ws) {
   const int64_t n = p.n;
   const Adjacency& adj = *p.adj;
   float* dist = p.dist + s * n;
@@ -252,8 +314,8 @@ void search_unbounded(const Problem& p, int64_t s, Workspace<D>& ws) {
   unmark_targets(p, s, ws.target_mark);
 }
 
-template <int D>
-void search_hop_bounded(const Problem& p, int64_t s, Workspace<D>& ws) {
+template <class Heap>
+void search_hop_bounded(const Problem& p, int64_t s, Workspace<Heap>& ws) {
   const int64_t n = p.n;
   const int64_t H = p.hops;
   const Adjacency& adj = *p.adj;
@@ -293,7 +355,8 @@ void search_hop_bounded(const Problem& p, int64_t s, Workspace<D>& ws) {
       float& b = best[kk * n + v];
       if (gs < b) b = gs;
     }
-    if (gs < dist[v]) {
+    // Equal costs: report the fewest hops (the radix heap pops ties in any order).
+    if (gs < dist[v] || (gs == dist[v] && k < hop_out[v])) {
       dist[v] = gs;
       hop_out[v] = static_cast<int32_t>(k);
     }
@@ -330,18 +393,18 @@ void search_hop_bounded(const Problem& p, int64_t s, Workspace<D>& ws) {
   unmark_targets(p, s, ws.target_mark);
 }
 
-template <int D>
+template <class Heap>
 void run_all(const Problem& p, int64_t num_sources) {
   std::atomic<int64_t> next{0};
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_sources));
   at::parallel_for(0, workers, 1, [&](int64_t b, int64_t e) {
     for (int64_t w = b; w < e; ++w) {
-      Workspace<D> ws(p);
+      Workspace<Heap> ws(p);
       for (int64_t s = next.fetch_add(1); s < num_sources; s = next.fetch_add(1)) {
         if (p.hops >= 0)
-          search_hop_bounded<D>(p, s, ws);
+          search_hop_bounded<Heap>(p, s, ws);
         else
-          search_unbounded<D>(p, s, ws);
+          search_unbounded<Heap>(p, s, ws);
       }
     }
   });
@@ -350,13 +413,13 @@ void run_all(const Problem& p, int64_t num_sources) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dijkstra_cpu(
     const at::Tensor& indptr_in, const at::Tensor& tails_in, const at::Tensor& rels_in,
     const at::Tensor& costs_in, const at::Tensor& sources_in, const at::Tensor& targets_in,
-    const at::Tensor& heuristic_in, int64_t max_hops, bool return_predecessors, int64_t heap_arity) {
+    const at::Tensor& heuristic_in, int64_t max_hops, bool return_predecessors, int64_t heap) {
   TORCH_CHECK(indptr_in.dim() == 1 && indptr_in.numel() >= 1, "dijkstra: indptr must be 1-D (N+1,)");
   TORCH_CHECK(tails_in.dim() == 1 && rels_in.dim() == 1 && tails_in.numel() == rels_in.numel(),
               "dijkstra: tails and rels must be 1-D of equal length");
   TORCH_CHECK(costs_in.dim() == 1, "dijkstra: relation_costs must be 1-D (R,)");
   TORCH_CHECK(sources_in.dim() == 1, "dijkstra: sources must be 1-D (S,)");
-  TORCH_CHECK(heap_arity == 2 || heap_arity == 4, "dijkstra: heap_arity must be 2 or 4, got ", heap_arity);
+  TORCH_CHECK(heap == 0 || heap == 2 || heap == 4, "dijkstra: heap must be 0 (radix), 2 or 4, got ", heap);
   TORCH_CHECK(max_hops >= -1, "dijkstra: max_hops must be >= 0 or -1 (unbounded), got ", max_hops);
 
   const at::Tensor indptr = indptr_in.to(at::kLong).contiguous();
@@ -446,10 +509,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dijkstra_cpu(
   p.hop_out = max_hops >= 0 ? hops.data_ptr<int32_t>() : nullptr;
 
   if (num_sources > 0 && n > 0) {
-    if (heap_arity == 2)
-      run_all<2>(p, num_sources);
+    // The radix heap needs monotone keys: not guaranteed with a heuristic (A* keys
+    // g + h are monotone only for consistent h), so A* always uses the 4-ary heap.
+    if (heap == 0 && !p.heuristic)
+      run_all<RadixHeap>(p, num_sources);
+    else if (heap == 2)
+      run_all<DaryHeap<2>>(p, num_sources);
     else
-      run_all<4>(p, num_sources);
+      run_all<DaryHeap<4>>(p, num_sources);
   }
   return {dist, pred_e, pred_r, hops};
 }

@@ -66,28 +66,50 @@ std::vector<int64_t> balanced_column_split(const idx_t* ptr, int64_t n, int64_t 
   return bounds;
 }
 
-// Copy rows b0..b0+nb of X (B x N, row-major) into a column-of-queries tile
-// xt (N x T, zero-padded when nb < T): xt[i*T + t] = X[b0+t, i].  Gathering T
-// queries of one entity into one 64-byte line (T = 16) is what lets the pull
-// loop read each source entity once per tile and update T accumulators with
-// one vector multiply and one vector max.
+// Transposed, tiled copy of X (B x N, row-major): tile q holds queries
+// qT..qT+T-1 as an N x T block, xt[(q*N + i)*T + t] = X[q*T + t, i] (zero for
+// the padding queries of the last tile).  Gathering T queries of one entity
+// into one 64-byte line (T = 16) is what lets the pull loops read a source
+// entity once per tile and update T accumulators with one vector multiply and
+// one vector max.  The whole of X is transposed up front so that the kernels
+// need a single parallel region: on a machine shared with other jobs every
+// extra fork/join waits for the slowest, possibly descheduled, thread.
 template <int T>
-void transpose_tile(const float* X, int64_t N, int64_t b0, int64_t nb, float* xt) {
-  at::parallel_for(0, N, 4096, [&](int64_t i0, int64_t i1) {
+void transpose_tiles(const float* X, int64_t B, int64_t N, float* xt) {
+  const int64_t ntiles = (B + T - 1) / T;
+  at::parallel_for(0, N, 2048, [&](int64_t i0, int64_t i1) {
     constexpr int64_t kBlock = 256;
-    for (int64_t ib = i0; ib < i1; ib += kBlock) {
-      const int64_t ie = std::min(i1, ib + kBlock);
-      for (int64_t t = 0; t < T; ++t) {
-        if (t < nb) {
-          const float* src = X + (b0 + t) * N;
-          for (int64_t i = ib; i < ie; ++i) xt[i * T + t] = src[i];
-        } else {
-          for (int64_t i = ib; i < ie; ++i) xt[i * T + t] = 0.f;
+    for (int64_t q = 0; q < ntiles; ++q) {
+      for (int64_t ib = i0; ib < i1; ib += kBlock) {
+        const int64_t ie = std::min(i1, ib + kBlock);
+        float* dst = xt + q * N * T;
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t b = q * T + t;
+          if (b < B) {
+            const float* src = X + b * N;
+            for (int64_t i = ib; i < ie; ++i) dst[i * T + t] = src[i];
+          } else {
+            for (int64_t i = ib; i < ie; ++i) dst[i * T + t] = 0.f;
+          }
         }
       }
     }
   });
 }
+
+// A float buffer whose data() is 64-byte aligned (one tile row per cache line).
+class AlignedFloats {
+ public:
+  explicit AlignedFloats(size_t n) : store_(n + 16) {
+    ptr_ = store_.data();
+    while (reinterpret_cast<uintptr_t>(ptr_) % 64 != 0) ++ptr_;
+  }
+  float* data() { return ptr_; }
+
+ private:
+  std::vector<float> store_;
+  float* ptr_;
+};
 
 // Tile width for a batch of B queries: a full 16-float (64-byte, one AVX-512
 // register / one cache line) tile once there are enough queries, narrower

@@ -100,20 +100,21 @@ void push(const float* X, int64_t B, int64_t N, const idx_t* crow, const idx_t* 
 template <typename idx_t, int T, bool ARG>
 void pull(const float* X, int64_t B, int64_t N, const idx_t* ccol, const idx_t* row, const float* tval, float* Y,
           int32_t* A) {
+  const int64_t ntiles = (B + T - 1) / T;
   const int64_t tasks = std::max<int64_t>(1, at::get_num_threads()) * 4;
   const std::vector<int64_t> bounds = detail::balanced_column_split(ccol, N, tasks);
-  std::vector<float> xt_store(static_cast<size_t>(N) * T + 16);
-  // 64-byte align the tile so each entity's T = 16 queries are one cache line
-  float* xt = xt_store.data();
-  while (reinterpret_cast<uintptr_t>(xt) % 64 != 0 && xt < xt_store.data() + 16) ++xt;
+  detail::AlignedFloats xt_all(static_cast<size_t>(ntiles * N * T));
+  detail::transpose_tiles<T>(X, B, N, xt_all.data());
 
-  for (int64_t b0 = 0; b0 < B; b0 += T) {
-    const int64_t nb = std::min<int64_t>(T, B - b0);
-    detail::transpose_tile<T>(X, N, b0, nb, xt);
-    at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-      alignas(64) float ybuf[kColBlock * T];
-      alignas(64) int32_t abuf[ARG ? kColBlock * T : 1];
-      for (int64_t task = t0; task < t1; ++task) {
+  // One parallel region; each thread walks its column range once per tile, so
+  // the tile (N x T floats) stays in its L2 while the range's supports stream.
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    alignas(64) float ybuf[kColBlock * T];
+    alignas(64) int32_t abuf[ARG ? kColBlock * T : 1];
+    for (int64_t task = t0; task < t1; ++task) {
+      for (int64_t q = 0; q < ntiles; ++q) {
+        const float* xt = xt_all.data() + q * N * T;
+        const int64_t b0 = q * T, nb = std::min<int64_t>(T, B - b0);
         for (int64_t jb = bounds[task]; jb < bounds[task + 1]; jb += kColBlock) {
           const int64_t je = std::min(bounds[task + 1], jb + kColBlock);
           for (int64_t j = jb; j < je; ++j) {
@@ -147,8 +148,8 @@ void pull(const float* X, int64_t B, int64_t N, const idx_t* ccol, const idx_t* 
           }
         }
       }
-    });
-  }
+    }
+  });
 }
 
 template <typename idx_t>

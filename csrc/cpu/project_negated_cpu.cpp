@@ -90,18 +90,18 @@ void negated(const float* X, int64_t B, int64_t N, const idx_t* ccol, const idx_
   const int64_t K = tl.K;
   const int64_t tasks = std::max<int64_t>(1, at::get_num_threads()) * 4;
   const std::vector<int64_t> bounds = detail::balanced_column_split(ccol, N, tasks);
-  std::vector<float> xt_store(static_cast<size_t>(N) * T + 16);
-  float* xt = xt_store.data();
-  while (reinterpret_cast<uintptr_t>(xt) % 64 != 0 && xt < xt_store.data() + 16) ++xt;
+  const int64_t ntiles = (B + T - 1) / T;
+  detail::AlignedFloats xt_all(static_cast<size_t>(ntiles * N * T));
+  detail::transpose_tiles<T>(X, B, N, xt_all.data());
 
-  for (int64_t b0 = 0; b0 < B; b0 += T) {
-    const int64_t nb = std::min<int64_t>(T, B - b0);
-    detail::transpose_tile<T>(X, N, b0, nb, xt);
-    at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<int32_t> mark(N, -1);  // mark[i] == j: i is in column j's support
-      alignas(64) float ybuf[kColBlock * T];
-      alignas(64) int32_t abuf[kColBlock * T];
-      for (int64_t task = t0; task < t1; ++task) {
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<int32_t> mark(N, -1);  // mark[i] == j: i is in column j's support
+    alignas(64) float ybuf[kColBlock * T];
+    alignas(64) int32_t abuf[kColBlock * T];
+    for (int64_t task = t0; task < t1; ++task) {
+      for (int64_t q = 0; q < ntiles; ++q) {
+        const float* xt = xt_all.data() + q * N * T;
+        const int64_t b0 = q * T, nb = std::min<int64_t>(T, B - b0);
         for (int64_t jb = bounds[task]; jb < bounds[task + 1]; jb += kColBlock) {
           const int64_t je = std::min(bounds[task + 1], jb + kColBlock);
           for (int64_t j = jb; j < je; ++j) {
@@ -166,8 +166,8 @@ void negated(const float* X, int64_t B, int64_t N, const idx_t* ccol, const idx_
           }
         }
       }
-    });
-  }
+    }
+  });
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kge.errors import UserError
+from kge.errors import UserError, unknown_name
 
 __all__ = ["PathGraph", "ShortestPaths", "shortest_paths", "dijkstra", "check_relation_costs"]
 
@@ -223,7 +223,7 @@ def shortest_paths(
     heuristic=None,
     return_predecessors: bool = True,
     backend: str = "cpp",
-    heap_arity: int = 4,
+    heap: str = "radix",
 ) -> ShortestPaths:
     """Shortest paths from every source (see the module docstring for semantics).
 
@@ -236,7 +236,8 @@ def shortest_paths(
         heuristic: ``None``, (N,) shared or (S, N) per source, non-negative admissible bound.
         return_predecessors: also return the predecessor arrays.
         backend: ``"cpp"`` (the torch op) or ``"python"`` (pure-Python heapq reference).
-        heap_arity: 2 or 4 (cpp backend).
+        heap: cpp backend's priority queue: ``"radix"`` (default; monotone keys, so A*
+            searches fall back to ``"4-ary"``), ``"binary"`` or ``"4-ary"``.
     """
     n = graph.num_entities
     src = _as_index_array(sources, "sources", n).reshape(-1)
@@ -257,6 +258,9 @@ def shortest_paths(
             raise UserError(f"heuristic must have shape (N={n},) or (S={len(src)}, N), got {heur.shape}")
         if not np.all(heur >= 0):
             raise UserError("heuristic must be non-negative and not NaN")
+    heaps = {"radix": 0, "binary": 2, "4-ary": 4}
+    if heap not in heaps:
+        raise unknown_name("heap", heap, list(heaps))
     if backend == "python":
         from .reference import shortest_paths_python
 
@@ -280,7 +284,7 @@ def shortest_paths(
         torch.from_numpy(heur) if heur is not None else torch.empty(0, dtype=torch.float32),
         -1 if max_hops is None else max_hops,
         bool(return_predecessors),
-        int(heap_arity),
+        heaps[heap],
     )
     return ShortestPaths(
         sources=src,

@@ -237,13 +237,15 @@ class PathRetriever:
     def resolve_relation(self, phrase: "str | int", where: str = "") -> int | None:
         """Relation id of a plan phrase, or None for free text.
 
-        Rules: (1) an exact relation name; (2) otherwise the trailing ``/``- (or
+        Rules: (0) an integer (or a string of digits) is a relation id; (1) an exact relation name; (2) otherwise the trailing ``/``- (or
         ``.``-) separated segments of exactly one relation name, with ``^-1`` for
         the inverse (``directed_by``, ``film/directed_by^-1``); several matches are
         an error listing them; (3) otherwise a phrase containing whitespace is free
         text; a single token is an unknown relation (error with the closest names).
         """
         names = self.graph.relation_names
+        if isinstance(phrase, str) and phrase.strip().isdigit() and phrase.strip() not in self._relation_index:
+            phrase = int(phrase.strip())
         if isinstance(phrase, (int, np.integer)):
             if not 0 <= int(phrase) < len(names):
                 raise UserError(f"{where + ': ' if where else ''}relation id {phrase} out of range [0, {len(names)})")

@@ -41,9 +41,9 @@ def _search(adj, costs, n, source, max_hops, targets, h):
     hops = [-1] * n
     remaining = set(int(t) for t in targets) if targets is not None else set()
     use_targets = bool(remaining)
-    heap = [(h[source], 0.0, source, 0)]
+    heap = [(h[source], 0, source, 0.0)]  # ties: fewer hops first, like the kernel
     while heap:
-        key, gs, v, k = heapq.heappop(heap)
+        key, k, v, gs = heapq.heappop(heap)
         if gs > g[(v, k)]:
             continue
         kk = 0 if max_hops is None else k
@@ -68,7 +68,7 @@ def _search(adj, costs, n, source, max_hops, targets, h):
                 g[(w, nk)] = ng
                 pred[(w, nk)] = (v, r)
                 if not math.isinf(h[w]):
-                    heapq.heappush(heap, (ng + h[w], ng, w, nk))
+                    heapq.heappush(heap, (ng + h[w], nk, w, ng))
     if max_hops is None:
         # Unbounded: no re-expansion of settled nodes happens without a heuristic;
         # with one, report the best label found, as the kernel does.

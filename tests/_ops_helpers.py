@@ -1,0 +1,69 @@
+"""Random inputs for the ops tests (fresh seeds; every test prints its seed)."""
+from __future__ import annotations
+
+import random
+
+import torch
+
+
+def fresh_seed() -> int:
+    seed = random.SystemRandom().randrange(2**31)
+    print(f"seed={seed}")  # shown by pytest on failure
+    return seed
+
+
+def random_matrix(n: int, density: float, gen: torch.Generator, *, index_dtype=torch.int32, ties: bool = False,
+                  empty_rows: int = 0, empty_cols: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sparse CSR M, dense D) with values in (0, 1]; ``ties`` draws values from {0.25, 0.5, 1}."""
+    mask = torch.rand(n, n, generator=gen) < density
+    if ties:
+        vals = torch.tensor([0.25, 0.5, 1.0])[torch.randint(0, 3, (n, n), generator=gen)]
+    else:
+        vals = torch.rand(n, n, generator=gen).clamp_min(1e-3)
+    d = torch.where(mask, vals, torch.zeros(()))
+    if empty_rows:
+        d[torch.randperm(n, generator=gen)[:empty_rows]] = 0
+    if empty_cols:
+        d[:, torch.randperm(n, generator=gen)[:empty_cols]] = 0
+    m = d.to_sparse_csr()
+    m = torch.sparse_csr_tensor(m.crow_indices().to(index_dtype), m.col_indices().to(index_dtype), m.values(),
+                                size=(n, n))
+    return m, d
+
+
+def random_batch(b: int, n: int, kind: str, gen: torch.Generator, *, ties: bool = False) -> torch.Tensor:
+    """A (b, n) fuzzy batch: 'onehot', 'sparse' (~2% active), 'dense', 'zeros' or 'ones'."""
+    if kind == "zeros":
+        return torch.zeros(b, n)
+    if kind == "ones":
+        return torch.ones(b, n)
+    if kind == "onehot":
+        x = torch.zeros(b, n)
+        if n:
+            x[torch.arange(b), torch.randint(0, n, (b,), generator=gen)] = 1.0
+        return x
+    if ties:
+        vals = torch.tensor([0.0, 0.5, 1.0])[torch.randint(0, 3, (b, n), generator=gen)]
+    else:
+        vals = torch.rand(b, n, generator=gen)
+    if kind == "sparse":
+        vals = vals * (torch.rand(b, n, generator=gen) < 0.02)
+    return vals
+
+
+def dense_project(x: torch.Tensor, d: torch.Tensor):
+    """Brute force max-times product with argmax (smallest index on ties, -1 where 0)."""
+    prod = x[:, :, None] * d[None]  # (B, N, N)
+    y = prod.amax(dim=1) if x.shape[1] else torch.zeros(x.shape[0], 0)
+    n = x.shape[1]
+    hit = (prod == y[:, None, :]) & (prod > 0)
+    idx = torch.where(hit, torch.arange(n)[None, :, None], torch.full((), n))
+    a = idx.amin(dim=1) if n else torch.zeros(x.shape[0], 0, dtype=torch.long)
+    a = torch.where(y > 0, a, torch.full((), -1)).to(torch.int32)
+    return y, a
+
+
+def dense_negation_factor(d: torch.Tensor, neg_scale: float) -> torch.Tensor:
+    """1 - min(1, s * M) on the support, 1 elsewhere (float32, as the kernels compute it)."""
+    s = torch.tensor(neg_scale, dtype=torch.float32)
+    return torch.where(d > 0, 1.0 - torch.clamp(d * s, max=1.0), torch.ones(()))
