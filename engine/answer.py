@@ -109,7 +109,7 @@ def _token(value: str) -> str | int:
 def read_queries(path: str) -> list[tuple[str, str]]:
     """``(where, text)`` for each non-blank line of ``path`` (``where`` = ``path:line``)."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()  # -sig: tolerate a BOM
     except FileNotFoundError:
         raise UserError(f"--queries: file {path!r} does not exist") from None
     except UnicodeDecodeError as exc:

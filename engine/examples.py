@@ -13,6 +13,7 @@ import random
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from kge.errors import UserError
 
@@ -91,9 +92,31 @@ def _ground(node: Node, y: int, g: _Graph, rng: random.Random) -> Node | None:
     raise TypeError(f"not a query node: {node!r}")
 
 
+def _without_negation(node: Node) -> Node | None:
+    """The query's positive part: negated branches of intersections dropped (None if nothing is left)."""
+    if isinstance(node, (NegatedProjection, Complement)):
+        return None
+    if isinstance(node, Anchor):
+        return node
+    if isinstance(node, Projection):
+        arg = _without_negation(node.arg)
+        return None if arg is None else Projection(node.relation, arg)
+    args = [a for a in (_without_negation(c) for c in node.args) if a is not None]
+    if not args:
+        return None
+    if len(args) == 1:
+        return args[0]
+    return type(node)(tuple(args))
+
+
 def example_query(artifact: "Artifact", structure: str, *, seed: int = 0, negation: str = "qto",
-                  executor: "Executor | None" = None, tries: int = 200) -> Node:
-    """A query of ``structure`` (with entity/relation ids) that has at least one answer on ``artifact``."""
+                  executor: "Executor | None" = None, tries: int = 200, k: int = 10) -> Node:
+    """A query of ``structure`` (with entity/relation ids) that has at least one answer on ``artifact``.
+
+    For structures with a negation, a query whose negation changes the top-``k``
+    (it lowers an entity the positive part alone would return) is preferred, so
+    the example shows the negation at work; otherwise the first query with answers.
+    """
     s = get_structure(structure)
     template = s.build(list(range(s.num_anchors)), list(range(s.num_relations)), negation=negation)
     g = _Graph(artifact)
@@ -104,11 +127,28 @@ def example_query(artifact: "Artifact", structure: str, *, seed: int = 0, negati
         executor = Executor(artifact)
     # Answer entities with in-edges are the only ones a grounding can end at.
     targets = np.unique(g.edges[:, 2])
+    fallback: Node | None = None
     for _ in range(tries):
         y = int(targets[rng.randrange(len(targets))])
         q = _ground(template, y, g, rng)
         if q is None:
             continue
-        if executor.answer([q], k=1, explain=False)[0].answers:
+        full = executor.scores([q])[0]
+        if not bool((full > 0).any()):
+            continue
+        if not s.has_negation:
             return q
+        fallback = fallback or q
+        pos = _without_negation(q)
+        if pos is None:
+            continue
+        pos_scores = executor.scores([pos])[0]
+        top = torch.sort(pos_scores, descending=True, stable=True).indices[:k]
+        top = top[pos_scores[top] > 0]
+        if bool((full[top] < pos_scores[top]).any()):
+            return q
+        if _ >= tries // 4 and fallback is not None:
+            break
+    if fallback is not None:
+        return fallback
     raise UserError(f"found no {structure} query with answers on this knowledge graph after {tries} tries (seed {seed})")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -262,10 +262,16 @@ class Executor:
         neg_scale: ``s`` in QTO's negated edge ``1 - min(1, s * M)`` (default 3.0).
         device: where the matrices and the (B, N) batches live (default ``"cpu"``).
         backend: ``ops`` backend (``None`` = automatic, ``"cpp"``, ``"reference"``).
+        pass_rows: most rows one forward pass holds (``None`` = automatic: on CPU,
+            enough rows for a 4 MiB (rows, N) float32 tensor, at least 16; on CUDA,
+            no limit).  A batch larger than this runs as several passes: small
+            intermediates stay in cache and in the allocator's reuse range, which on
+            CPU is faster than one huge pass (see ``docs/readme/engine.md``).
     """
 
     def __init__(self, artifact: "Artifact", *, tnorm: str = "product", neg_scale: float = 3.0,
-                 device: str | torch.device = "cpu", backend: str | None = None) -> None:
+                 device: str | torch.device = "cpu", backend: str | None = None,
+                 pass_rows: int | None = None) -> None:
         if tnorm not in TNORMS:
             raise UserError(f"unknown t-norm {tnorm!r}; expected one of {', '.join(TNORMS)}")
         if not (neg_scale > 0 and np.isfinite(neg_scale)):
@@ -280,6 +286,11 @@ class Executor:
         self.tnorm = tnorm
         self.neg_scale = float(neg_scale)
         self.ops = _Ops(backend)
+        if pass_rows is not None and pass_rows < 1:
+            raise UserError(f"pass_rows must be >= 1, got {pass_rows}")
+        if pass_rows is None and self.device.type == "cpu":
+            pass_rows = max(16, (1 << 20) // max(1, artifact.num_entities))
+        self.pass_rows = pass_rows
         self._prepared: dict[int, Any] = {}
         self._stacked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
@@ -304,19 +315,21 @@ class Executor:
             out.append(resolve(q, self.artifact, where=f"query {k + 1}" if len(queries) > 1 else ""))
         return out
 
-    @staticmethod
-    def _groups(resolved: Sequence[Node], batch_size: int) -> list[list[int]]:
-        """Indices of queries grouped by shape, in chunks of at most ``batch_size``."""
+    def _groups(self, resolved: Sequence[Node], batch_size: int) -> list[list[int]]:
+        """Indices of queries grouped by shape, in chunks of at most ``batch_size`` (and ``pass_rows``)."""
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
+        if self.pass_rows is not None:
+            batch_size = min(batch_size, self.pass_rows)
         by_shape: dict[tuple, list[int]] = defaultdict(list)
         for k, q in enumerate(resolved):
             by_shape[shape_key(q)].append(k)
         chunks = []
         for idx in by_shape.values():
-            # Sorting a shape's queries by their relations (innermost first) makes rows that share
-            # a relation adjacent, so most projections need no gather/scatter of rows.
-            idx = sorted(idx, key=lambda k: tuple(reversed(relations_of(resolved[k]))))
+            # Sorting a shape's queries by their relations (outermost first) makes the rows that
+            # share the outermost relation adjacent, so that projection needs no row gather/scatter
+            # (first hops from anchors are a single gather whatever the order).
+            idx = sorted(idx, key=lambda k: tuple(relations_of(resolved[k])))
             for lo in range(0, len(idx), batch_size):
                 chunks.append(idx[lo : lo + batch_size])
         return chunks
@@ -363,12 +376,15 @@ class Executor:
         return y, a
 
     def _stacked_csr(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The artifact's stacked (R*N, N) CSR on this device: crow int64, col int64, val float32."""
+        """The artifact's stacked (R*N, N) CSR on this device: crow int64, col int32, val float32.
+
+        On CPU these share memory with the artifact's scipy arrays (no copy).
+        """
         if self._stacked is None:
             m = self.artifact.matrices
             self._stacked = (
                 torch.from_numpy(np.asarray(m.indptr, dtype=np.int64)).to(self.device),
-                torch.from_numpy(np.asarray(m.indices, dtype=np.int64)).to(self.device),
+                torch.from_numpy(np.asarray(m.indices, dtype=np.int32)).to(self.device),
                 torch.from_numpy(np.asarray(m.data, dtype=np.float32)).to(self.device),
             )
         return self._stacked
@@ -391,7 +407,7 @@ class Executor:
         which = torch.repeat_interleave(torch.arange(b, device=dev), counts, output_size=total)
         first = torch.cumsum(counts, 0) - counts
         offs = torch.arange(total, device=dev) - first[which] + starts[which]
-        cols, vals = col[offs], val[offs]
+        cols, vals = col[offs].long(), val[offs]
         if negated:
             s = torch.tensor(self.neg_scale, dtype=torch.float32, device=dev)
             y = torch.ones(b, n, dtype=torch.float32, device=dev)
@@ -439,27 +455,41 @@ class Executor:
         return y
 
     # ---------------------------------------------------------------------------- public API
+    def iter_scores(self, queries: Sequence[Node], *, batch_size: int = 1024,
+                    progress: bool = False) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """Yield ``(indices, scores)`` per executed batch: ``scores[k]`` (float32, N) belongs to ``queries[indices[k]]``.
+
+        The memory-friendly form of :meth:`scores`: rank or reduce each batch and
+        drop it, without holding a (len(queries), N) tensor.
+        """
+        resolved = self._resolve_all(queries)
+        chunks = self._groups(resolved, batch_size)
+        it = chunks
+        if progress:
+            from tqdm.auto import tqdm
+
+            it = tqdm(chunks, desc="query batches", unit="batch")
+        for idx in it:
+            with torch.no_grad():
+                y = self._forward([resolved[k] for k in idx], None)
+            yield idx, y
+
     def scores(self, queries: Sequence[Node], *, batch_size: int = 1024, progress: bool = False) -> torch.Tensor:
         """Scores of every entity for every query: float32 (len(queries), N) on this device, in input order.
 
         Queries may use names or ids (they are resolved here); same-shaped
         queries run in batches of up to ``batch_size`` rows.
         """
-        resolved = self._resolve_all(queries)
-        chunks = self._groups(resolved, batch_size)
-        if len(chunks) == 1 and chunks[0] == list(range(len(resolved))):
-            with torch.no_grad():  # one batch in input order: its result is the answer
-                return self._forward(resolved, None)
-        out = torch.zeros(len(resolved), self.num_entities, dtype=torch.float32, device=self.device)
-        it = chunks
-        if progress:
-            from tqdm.auto import tqdm
-
-            it = tqdm(chunks, desc="queries", unit="batch")
-        with torch.no_grad():
-            for idx in it:
-                y = self._forward([resolved[k] for k in idx], None)
-                out[torch.tensor(idx, device=self.device)] = y
+        n_q = len(queries)
+        out = None
+        for idx, y in self.iter_scores(queries, batch_size=batch_size, progress=progress):
+            if out is None and len(idx) == n_q and idx == list(range(n_q)):
+                return y  # one batch in input order: its result is the answer
+            if out is None:
+                out = torch.zeros(n_q, self.num_entities, dtype=torch.float32, device=self.device)
+            out[torch.tensor(idx, device=self.device)] = y
+        if out is None:
+            out = torch.zeros(n_q, self.num_entities, dtype=torch.float32, device=self.device)
         return out
 
     def answer(self, queries: Sequence[Node], *, k: int = 10, explain: bool = True,

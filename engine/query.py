@@ -386,7 +386,11 @@ def parse(text: str, *, where: str = "") -> Node:
     p = _Parser(text, where)
     if p.peek().kind == "end":
         raise p.fail(p.peek(), "a query")
-    node = p.query()
+    try:
+        node = p.query()
+    except RecursionError:
+        tok = p.toks[min(p.k, len(p.toks) - 1)]
+        raise _error(text, tok.pos, "query nested too deeply", where) from None
     if p.peek().kind != "end":
         raise p.fail(p.peek(), "end of the query (one query per expression)")
     return node
@@ -438,6 +442,19 @@ def resolve(node: Node, artifact: "Artifact", *, where: str = "") -> Node:
     Names are looked up exactly; an unknown one raises :class:`UserError`
     naming it and the closest known names.  Ids are range-checked.
     """
+
+    n_ent, n_rel = artifact.num_entities, artifact.num_relations
+
+    def fast(n: Node) -> bool:
+        """True when ``n`` already holds only in-range ids (then it is returned as is, no copy)."""
+        if isinstance(n, Anchor):
+            return type(n.entity) is int and n.entity < n_ent
+        if isinstance(n, (Projection, NegatedProjection)):
+            return type(n.relation) is int and n.relation < n_rel and fast(n.arg)
+        return all(fast(c) for c in n.children())
+
+    if fast(node):
+        return node
 
     def ent(x):
         if isinstance(x, str) and x not in artifact._entity_index and _ID_TOKEN.fullmatch("#" + x) and len(x) < 10:

@@ -12,6 +12,7 @@ tensors, so ``score(h, r, t) = Re(sum(e_h * w_r * conj(e_t)))`` reproduces
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -75,6 +76,7 @@ class TrainConfig:
     loss: str = "crossentropy"
     training_loop: str = "slcwa"
     optimizer: str = "adam"
+    init_std: float = 0.1
     seed: int = 0
     device: str = "auto"
     eval_max_triples: int | None = 5000
@@ -85,6 +87,8 @@ class TrainConfig:
         for name in ("rank", "epochs", "batch_size", "num_negatives", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.init_std > 0:
+            raise UserError(f"init_std must be > 0, got {self.init_std}")
         if not self.lr > 0:
             raise UserError(f"lr must be > 0, got {self.lr}")
         if self.training_loop not in ("slcwa", "lcwa"):
@@ -97,7 +101,8 @@ class TrainConfig:
 #: trains in ~10 minutes on 2 CPU cores; see docs/readme/kge.md for measurements).
 SIZE_PRESETS: dict[str, dict[str, Any]] = {
     # N < 2,000 entities (UMLS, Nations, Kinships, Countries)
-    "small": dict(rank=128, epochs=150, lr=0.01, batch_size=512, num_negatives=32, regularizer_weight=1e-3),
+    # (UMLS, 20 LCWA epochs: filtered MRR ~0.83 in ~40 s on a busy 2-core machine)
+    "small": dict(rank=128, epochs=20, lr=0.01, batch_size=256, training_loop="lcwa", regularizer_weight=1e-3),
     # larger graphs (FB15k-237: 14,505 entities, 544k training edges with inverses).
     # 1-N scoring (LCWA) here: with pykeen on 2 CPU cores one LCWA epoch (147
     # batches of 1024 (h, r) pairs) took ~250 s against ~300 s for one sLCWA epoch
@@ -197,6 +202,10 @@ def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = T
         model="ComplEx",
         model_kwargs=dict(
             embedding_dim=config.rank,
+            # pykeen's default N(0, 1) init gives scores of size ~sqrt(rank): the softmax
+            # saturates and training crawls (UMLS MRR 0.06 after 20 epochs vs 0.83 with std 0.1).
+            entity_initializer=functools.partial(torch.nn.init.normal_, std=config.init_std),
+            relation_initializer=functools.partial(torch.nn.init.normal_, std=config.init_std),
             regularizer=_n3_class(),
             regularizer_kwargs=dict(weight=config.regularizer_weight),
         ),

@@ -217,3 +217,20 @@ def test_cli_module_runs_without_heavy_imports(art_dir):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr
     assert "HEAVY []" in p.stdout
+
+
+def test_example_negation_is_visible(art_dir):
+    """Examples of negated structures prefer a negation that lowers an answer of the positive part."""
+    from engine.examples import _without_negation
+    from engine.executor import Executor
+
+    art = Artifact.load(art_dir)
+    ex = Executor(art)
+    for structure in ("2in", "pin", "inp"):
+        effects = 0
+        for seed in range(3):
+            q = example_query(art, structure, seed=seed, executor=ex)
+            full, pos = ex.scores([q])[0], ex.scores([_without_negation(q)])[0]
+            assert bool((full <= pos + 1e-7).all())  # negation only ever lowers scores
+            effects += bool((full < pos).any())
+        assert effects >= 1, structure

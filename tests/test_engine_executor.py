@@ -236,6 +236,15 @@ def test_mixed_relations_in_one_batch_are_grouped_correctly(backend):
     batched = ex.scores(queries, batch_size=1024)
     single = torch.cat([ex.scores([q], batch_size=1) for q in queries])
     assert torch.equal(batched, single)
+    # Passes of at most 7 rows give the same bits; iter_scores covers every query once.
+    small = Executor(art, backend=backend, pass_rows=7)
+    assert torch.equal(small.scores(queries), batched)
+    seen = []
+    for idx, y in small.iter_scores(queries, batch_size=1024):
+        assert y.shape == (len(idx), 12) and len(idx) <= 7
+        assert torch.equal(y, batched[idx])
+        seen += idx
+    assert sorted(seen) == list(range(len(queries)))
 
 
 def test_names_and_ids_give_the_same_scores():
@@ -287,7 +296,7 @@ def test_combine_scores_matches_ops():
 def loop_eval(ex: Executor, node: Node) -> torch.Tensor:
     """One query at a time, straight through the ops operators on a (1, N) vector."""
     if isinstance(node, Anchor):
-        x = torch.zeros(1, ex.num_entities)
+        x = torch.zeros(1, ex.num_entities, device=ex.device)
         x[0, node.entity] = 1.0
         return x
     if isinstance(node, Projection):
@@ -302,14 +311,17 @@ def loop_eval(ex: Executor, node: Node) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("tnorm", ["product", "godel"])
-def test_batched_equals_operator_loop_bitwise(tnorm):
+def test_batched_equals_operator_loop_bitwise(tnorm, device):
     """Batching (row grouping, the one-hot gather of first hops, sorting) changes no bit of the result."""
     art, _ = random_artifact(11, n=40, r=6, density=0.1)
     rng = random.Random(11)
     queries = [random_structure_query(rng, name, 40, 6, neg) for name in STRUCTURES for neg in ("qto", "complement")
                for _ in range(5)]
-    ex = Executor(art, tnorm=tnorm, neg_scale=2.0)
+    ex = Executor(art, tnorm=tnorm, neg_scale=2.0, device=device)
     expected = torch.cat([loop_eval(ex, q) for q in queries])
     got = ex.scores(queries, batch_size=1024)
+    assert got.device.type == device
     assert torch.equal(got, expected)
+    res = ex.answer(queries[:10], k=3)  # explanations work on the device too
+    assert all(a.explanation.recompute(tnorm) == pytest.approx(a.score, abs=1e-5) for r in res for a in r.answers)
     got[0, 0] = 0.5  # a normal tensor: callers may edit scores in place (e.g. to filter known answers)

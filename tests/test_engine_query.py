@@ -289,3 +289,8 @@ def test_describe_every_structure(negation):
         for r in relations_of(node):
             assert art.relations[r] in words
         assert ("not" in words) == s.has_negation
+
+
+def test_too_deep_nesting_is_a_user_error():
+    with pytest.raises(UserError, match="nested too deeply"):
+        parse("(n " * 5000 + "a" + ")" * 5000)

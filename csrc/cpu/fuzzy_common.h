@@ -111,19 +111,102 @@ class AlignedFloats {
   float* ptr_;
 };
 
-// Tile width for a batch of B queries: a full 16-float (64-byte, one AVX-512
-// register / one cache line) tile once there are enough queries, narrower
-// tiles for small batches so B = 1 does not pay 16x padding.
+// Tile width T (queries per tile) for a batch of B queries.  Measured
+// single-threaded on this machine (AMD EPYC, AVX-512; N = 14,505, 1.03M-nnz
+// power-law matrix; ns per support entry per tile): T = 16: 1.0, T = 32: 1.4,
+// T = 64: 2.6-3.7.  Wider tiles amortise the per-entry index and value loads
+// over more queries but no longer fit the tile in L2 (N x 64 floats = 3.7 MB),
+// so B = 256 takes 24.7 ms with T = 16 and 15.2 ms with T = 64.  B = 1 uses a
+// scalar gather (T = 1, 0.5 ns per entry).
+inline int tile_width(int64_t B) { return B <= 1 ? 1 : B <= 16 ? 16 : B <= 32 ? 32 : 64; }
+
 template <typename F>
 void dispatch_tile(int64_t B, F&& f) {
-  if (B >= 9) {
-    f(std::integral_constant<int, 16>{});
-  } else if (B >= 5) {
-    f(std::integral_constant<int, 8>{});
-  } else if (B >= 2) {
-    f(std::integral_constant<int, 4>{});
+  switch (tile_width(B)) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    case 32: f(std::integral_constant<int, 32>{}); break;
+    default: f(std::integral_constant<int, 64>{}); break;
+  }
+}
+
+// The widest float vector of the build target, as a GCC/Clang vector type.
+// The explicit vector loop below runs 3.8x faster than the same loop written
+// over float[16] arrays, which GCC 12 -O3 -march=native vectorises poorly
+// (3.82 ms vs 0.95-1.0 ms for B = 16 on the matrix above).  The width follows
+// the ISA (64 bytes with AVX-512, 32 with AVX, 16 otherwise) because a 64-byte
+// vector type compiled for AVX2 is lowered through memory and runs 16x slower.
+#if defined(__AVX512F__)
+constexpr int kVecFloats = 16;
+#elif defined(__AVX__)
+constexpr int kVecFloats = 8;
+#else
+constexpr int kVecFloats = 4;
+#endif
+typedef float vfloat __attribute__((vector_size(kVecFloats * sizeof(float))));
+typedef int32_t vint __attribute__((vector_size(kVecFloats * sizeof(int32_t))));
+
+// Max over the entries k0..k1 of one CSC column of  xt[row[k]*T + t] * factor(val[k])
+// for the T queries t of a tile, with argmax (smallest row on ties, as rows
+// ascend and only a strictly larger product replaces).  on_entry(i) is called
+// for every support row (the negated kernel marks the support with it).
+// Writes T values to out_v and, with ARG, T indices (-1 where the max is 0) to out_a.
+template <int T, bool ARG, typename idx_t, typename Factor, typename OnEntry>
+inline void column_max(const float* xt, const idx_t* row, const float* val, int64_t k0, int64_t k1, Factor factor,
+                       OnEntry on_entry, float* out_v, int32_t* out_a) {
+  if constexpr (T % kVecFloats == 0) {
+    constexpr int V = T / kVecFloats;
+    vfloat acc[V];
+    vint arg[V];
+    for (int w = 0; w < V; ++w) {
+      acc[w] = vfloat{};
+      arg[w] = vint{} - 1;
+    }
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t i = static_cast<int64_t>(row[k]);
+      on_entry(i);
+      const float f = factor(val[k]);
+      const float* xr = xt + i * T;
+      for (int w = 0; w < V; ++w) {
+        vfloat x;
+        std::memcpy(&x, xr + w * kVecFloats, sizeof(x));
+        const vfloat p = x * f;
+        if constexpr (ARG) {
+          const vint better = p > acc[w];
+          arg[w] = better ? (vint{} + static_cast<int32_t>(i)) : arg[w];
+          acc[w] = better ? p : acc[w];
+        } else {
+          acc[w] = p > acc[w] ? p : acc[w];
+        }
+      }
+    }
+    for (int w = 0; w < V; ++w) {
+      std::memcpy(out_v + w * kVecFloats, &acc[w], sizeof(acc[w]));
+      if constexpr (ARG) std::memcpy(out_a + w * kVecFloats, &arg[w], sizeof(arg[w]));
+    }
   } else {
-    f(std::integral_constant<int, 1>{});
+    float acc[T];
+    int32_t arg[T];
+    for (int t = 0; t < T; ++t) {
+      acc[t] = 0.f;
+      arg[t] = -1;
+    }
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t i = static_cast<int64_t>(row[k]);
+      on_entry(i);
+      const float f = factor(val[k]);
+      const float* xr = xt + i * T;
+      for (int t = 0; t < T; ++t) {
+        const float p = xr[t] * f;
+        if (p > acc[t]) {
+          acc[t] = p;
+          arg[t] = static_cast<int32_t>(i);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) out_v[t] = acc[t];
+    if constexpr (ARG)
+      for (int t = 0; t < T; ++t) out_a[t] = arg[t];
   }
 }
 

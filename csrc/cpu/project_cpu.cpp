@@ -37,14 +37,16 @@ using detail::any_nonzero;
 constexpr int64_t kScanBlock = 256;
 constexpr int64_t kColBlock = 64;  // columns per output block written to Y (T x 64 floats)
 
-// Relative cost of one push step (scalar scatter of one entry for one query)
-// and of one pull step (one support entry for one tile of up to 16 queries),
-// from timing both kernels on this machine: a pull step, a 64-byte load plus
-// two vector ops, costs about as much as 2.5 push steps.
-constexpr double kPushStepCost = 1.0;
-constexpr double kPullStepCost = 2.5;
-// Per query, push also scans X[b,:] and pull writes Y[b,:]: ~0.1 step per entity.
-constexpr double kScanCost = 0.1;
+// Costs in ns, single-threaded on this machine (AMD EPYC Zen 4, AVX-512;
+// N = 14,505, ~1M-nnz power-law matrix): a push step (one entry of an active
+// row, scalar scatter-max for one query) ~1.8 ns; a pull step (one support
+// entry for one tile of T queries) 0.5 ns (T = 1), 1.0 (T = 16), 1.4 (T = 32),
+// 2.6-3.7 (T = 64).  Push also scans X[b,:] (~0.1 ns per entity).  So for
+// B = 256 (four T = 64 tiles) push wins below ~3% active entries; a one-hot
+// anchor (1/14,505) is far below, a projected set usually far above.
+constexpr double kPushStepNs = 1.8;
+constexpr double kScanNs = 0.1;
+inline double pull_step_ns(int T) { return T == 1 ? 0.5 : T == 16 ? 1.0 : T == 32 ? 1.4 : 3.0; }
 
 template <typename idx_t>
 int64_t choose(const float* X, int64_t B, int64_t N, const idx_t* crow, int64_t nnz) {
@@ -58,13 +60,12 @@ int64_t choose(const float* X, int64_t B, int64_t N, const idx_t* crow, int64_t 
       const int64_t i1 = std::min(N, i0 + kScanBlock);
       if (!any_nonzero(x + i0, i1 - i0)) continue;
       for (int64_t i = i0; i < i1; ++i)
-        if (x[i] > 0.f) active_work += 1.0 + static_cast<double>(crow[i + 1] - crow[i]);
+        if (x[i] > 0.f) active_work += static_cast<double>(crow[i + 1] - crow[i]);
     }
   }
-  const int64_t T = B >= 9 ? 16 : B >= 5 ? 8 : B >= 2 ? 4 : 1;
-  const double push = kPushStepCost * active_work * (static_cast<double>(B) / S) + kScanCost * B * N;
-  const double pull = kPullStepCost * static_cast<double>((B + T - 1) / T) * static_cast<double>(nnz + N) +
-                      kScanCost * B * N;
+  const int T = detail::tile_width(B);
+  const double push = kPushStepNs * active_work * (static_cast<double>(B) / S) + kScanNs * B * N;
+  const double pull = pull_step_ns(T) * static_cast<double>((B + T - 1) / T) * static_cast<double>(nnz + N);
   return push <= pull ? kPush : kPull;
 }
 
@@ -117,27 +118,10 @@ void pull(const float* X, int64_t B, int64_t N, const idx_t* ccol, const idx_t* 
         const int64_t b0 = q * T, nb = std::min<int64_t>(T, B - b0);
         for (int64_t jb = bounds[task]; jb < bounds[task + 1]; jb += kColBlock) {
           const int64_t je = std::min(bounds[task + 1], jb + kColBlock);
-          for (int64_t j = jb; j < je; ++j) {
-            float acc[T];
-            int32_t arg[ARG ? T : 1];
-            for (int t = 0; t < T; ++t) acc[t] = 0.f;
-            if constexpr (ARG)
-              for (int t = 0; t < T; ++t) arg[t] = -1;
-            const int64_t e = static_cast<int64_t>(ccol[j + 1]);
-            for (int64_t k = static_cast<int64_t>(ccol[j]); k < e; ++k) {
-              const int64_t i = static_cast<int64_t>(row[k]);
-              const float v = tval[k];
-              const float* xr = xt + i * T;
-              for (int t = 0; t < T; ++t) {
-                const float p = xr[t] * v;
-                if constexpr (ARG) arg[t] = p > acc[t] ? static_cast<int32_t>(i) : arg[t];
-                acc[t] = p > acc[t] ? p : acc[t];
-              }
-            }
-            for (int t = 0; t < T; ++t) ybuf[(j - jb) * T + t] = acc[t];
-            if constexpr (ARG)
-              for (int t = 0; t < T; ++t) abuf[(j - jb) * T + t] = arg[t];
-          }
+          for (int64_t j = jb; j < je; ++j)
+            detail::column_max<T, ARG>(
+                xt, row, tval, static_cast<int64_t>(ccol[j]), static_cast<int64_t>(ccol[j + 1]),
+                [](float v) { return v; }, [](int64_t) {}, ybuf + (j - jb) * T, abuf + (ARG ? (j - jb) * T : 0));
           for (int64_t t = 0; t < nb; ++t) {
             float* y = Y + (b0 + t) * N;
             for (int64_t j = jb; j < je; ++j) y[j] = ybuf[(j - jb) * T + t];

@@ -105,24 +105,12 @@ void negated(const float* X, int64_t B, int64_t N, const idx_t* ccol, const idx_
         for (int64_t jb = bounds[task]; jb < bounds[task + 1]; jb += kColBlock) {
           const int64_t je = std::min(bounds[task + 1], jb + kColBlock);
           for (int64_t j = jb; j < je; ++j) {
-            float acc[T];
-            int32_t arg[T];
-            for (int t = 0; t < T; ++t) {
-              acc[t] = 0.f;
-              arg[t] = -1;
-            }
-            const int64_t e = static_cast<int64_t>(ccol[j + 1]);
-            for (int64_t k = static_cast<int64_t>(ccol[j]); k < e; ++k) {
-              const int64_t i = static_cast<int64_t>(row[k]);
-              mark[i] = static_cast<int32_t>(j);
-              const float f = 1.f - std::min(1.f, s * tval[k]);
-              const float* xr = xt + i * T;
-              for (int t = 0; t < T; ++t) {
-                const float p = xr[t] * f;
-                arg[t] = p > acc[t] ? static_cast<int32_t>(i) : arg[t];
-                acc[t] = p > acc[t] ? p : acc[t];
-              }
-            }
+            alignas(64) float acc[T];
+            alignas(64) int32_t arg[T];
+            detail::column_max<T, true>(
+                xt, row, tval, static_cast<int64_t>(ccol[j]), static_cast<int64_t>(ccol[j + 1]),
+                [s](float v) { return 1.f - std::min(1.f, s * v); },
+                [&mark, j](int64_t i) { mark[i] = static_cast<int32_t>(j); }, acc, arg);
             for (int64_t t = 0; t < nb; ++t) {
               const int64_t b = b0 + t;
               const float* tv = tl.val.data() + b * K;

@@ -1,0 +1,283 @@
+"""Projection throughput: our kernels vs baselines, measured side by side in one run.
+
+Run (one pytest-benchmark run; writes benchmarks/results/ops_projection.md)::
+
+    python -m pytest benchmarks/test_ops_bench.py -q
+
+Matrices: relations of the FB15k-237 artifact (the one with the most entries
+and the one at the median) when ``fb15k237_artifact`` is available, else a
+synthetic power-law matrix of the same size (N = 14,505, ~1.4M entries).
+Batches: B in {1, 16, 256, 1024}; X one-hot anchors (a 1p query's first hop)
+or dense uniform X (a later hop).  Methods:
+
+- ``ours``: ``ops.project`` (cpp backend, strategy auto, values only,
+  ``validate=False`` because no baseline validates its input); ``ours+argmax``
+  with the argmax the engine needs for explanations.
+- ``reference``: ``ops.project(..., backend="reference")`` (pure torch scatter).
+- ``sparse.mm``: ``torch.sparse.mm(Mt, X.T, reduce="amax").T``.  For a CSR
+  ``A`` it computes ``out[r, :] = max_k A[r, k] * D[k, :]`` over the stored
+  entries of row r (0 for an empty row), so with ``A = M^T`` (our CSC read as
+  CSR) and ``D = X^T`` it is exactly ``Y^T``; values are in [0, 1] so
+  "max over stored entries" and "max over all i" agree.
+- ``qto_loop``: QTO-style, one query at a time: densify the rows of M of the
+  query's active entities (chunks of 512 rows, scipy slicing) and take the max
+  of ``x_i * M[i, :]``.
+- ``torch_sparse`` / ``graphblas``: only when installed (skipped otherwise).
+
+Slow baselines are timed on the first ``SLICE`` queries of a batch and scaled
+by ``B / SLICE`` (marked ``*`` in the table); every other number is the median
+of several rounds of the whole batch.  The table reports each baseline's time
+divided by ours (> 1: ours is faster), and our effective memory bandwidth
+(X read + Y written + the matrix read once) next to a plain-copy bandwidth
+measured in the same run.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ops
+from conftest import RESULTS, machine_description
+
+BATCHES = (1, 16, 256, 1024)
+KINDS = ("onehot", "dense")
+N_SYNTH = 14_505
+NNZ_SYNTH = 1_400_000
+SLICE = {"reference": 16, "qto_loop": 2}  # queries actually timed for the slow baselines
+_RESULTS: dict[tuple[str, int, str, str], tuple[float, bool]] = {}  # (matrix, B, kind, method) -> (s, scaled)
+_INFO: dict[str, str] = {}
+
+try:
+    import torch_sparse  # noqa: F401
+
+    HAVE_TORCH_SPARSE = True
+except ImportError:
+    HAVE_TORCH_SPARSE = False
+try:
+    import graphblas  # noqa: F401
+
+    HAVE_GRAPHBLAS = True
+except ImportError:
+    HAVE_GRAPHBLAS = False
+
+
+def powerlaw_matrix(n: int = N_SYNTH, nnz: int = NNZ_SYNTH, alpha: float = 0.8, seed: int = 0):
+    """A random (n, n) scipy CSR with power-law row and column degrees, values in (0, 1]."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    w = 1.0 / np.arange(1, n + 1) ** alpha
+    w /= w.sum()
+    prow, pcol = rng.permutation(n), rng.permutation(n)
+    keys = np.zeros(0, dtype=np.int64)
+    while len(keys) < nnz:
+        r = prow[rng.choice(n, size=nnz, p=w)]
+        c = pcol[rng.choice(n, size=nnz, p=w)]
+        keys = np.unique(np.concatenate([keys, r.astype(np.int64) * n + c]))
+    keys = rng.permutation(keys)[:nnz]
+    vals = (rng.random(nnz) * 0.999 + 0.001).astype(np.float32)
+    m = sp.csr_matrix((vals, (keys // n, keys % n)), shape=(n, n))
+    m.sort_indices()
+    return m
+
+
+def _torch_csr(m):
+    return torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int32)), torch.from_numpy(m.indices.astype(np.int32)),
+                                   torch.from_numpy(m.data.astype(np.float32)), size=m.shape)
+
+
+class Case:
+    """One matrix with everything each method needs, built once."""
+
+    def __init__(self, name: str, scipy_csr):
+        self.name = name
+        self.sp = scipy_csr.tocsr()
+        self.n = self.sp.shape[0]
+        self.M = _torch_csr(self.sp)
+        self.P = ops.prepare(self.M)
+        self.Mt = torch.sparse_csr_tensor(self.P.ccol.long(), self.P.row.long(), self.P.tval, size=(self.n, self.n))
+        self.nnz = self.P.nnz
+        self.anchors = torch.from_numpy(np.flatnonzero(np.diff(self.sp.indptr) > 0))
+
+
+def _cases(artifact) -> list[Case]:
+    if artifact is None:
+        _INFO["data"] = (f"synthetic power-law matrix (no FB15k-237 artifact found): N = {N_SYNTH}, "
+                         f"{NNZ_SYNTH} entries, degrees ~ rank^-0.8")
+        return [Case("synthetic", powerlaw_matrix())]
+    nnz = artifact.nnz_per_relation()
+    order = np.argsort(nnz)
+    picks = {"largest": int(order[-1]), "median": int(order[len(order) // 2])}
+    _INFO["data"] = "FB15k-237 artifact relations: " + ", ".join(
+        f"{k} = {artifact.relations[r]!r} ({int(nnz[r])} entries)" for k, r in picks.items())
+    return [Case(f"{k}: {artifact.relations[r]}", artifact.relation_block(r)) for k, r in picks.items()]
+
+
+@pytest.fixture(scope="module")
+def cases(fb15k237_artifact):
+    return _cases(fb15k237_artifact)
+
+
+def make_x(case: Case, b: int, kind: str, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "onehot":
+        x = torch.zeros(b, case.n)
+        pick = case.anchors[torch.randint(0, len(case.anchors), (b,), generator=g)]
+        x[torch.arange(b), pick] = 1.0
+        return x
+    return torch.rand(b, case.n, generator=g)
+
+
+def qto_loop(case: Case, x: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(x)
+    for b in range(x.shape[0]):
+        active = torch.nonzero(x[b]).squeeze(1).numpy()
+        y = out[b]
+        for lo in range(0, len(active), 512):
+            rows = active[lo:lo + 512]
+            dense = torch.from_numpy(case.sp[rows].toarray())
+            torch.maximum(y, (x[b, torch.from_numpy(rows)][:, None] * dense).amax(dim=0), out=y)
+    return out
+
+
+def _method(case: Case, name: str):
+    if name == "ours":
+        return lambda x: ops.project(x, case.P, backend="cpp", validate=False)
+    if name == "ours+argmax":
+        return lambda x: ops.project(x, case.P, backend="cpp", validate=False, return_argmax=True)
+    if name == "reference":
+        return lambda x: ops.project(x, case.P, backend="reference", validate=False)
+    if name == "sparse.mm":
+        return lambda x: torch.sparse.mm(case.Mt, x.t().contiguous(), reduce="amax").t()
+    if name == "qto_loop":
+        return lambda x: qto_loop(case, x)
+    if name == "torch_sparse":
+        from torch_sparse import SparseTensor, matmul
+
+        st = SparseTensor(rowptr=case.P.ccol.long(), col=case.P.row.long(), value=case.P.tval,
+                          sparse_sizes=(case.n, case.n))
+        return lambda x: matmul(st, x.t().contiguous(), reduce="max").t()
+    if name == "graphblas":
+        import graphblas as gb
+
+        A = gb.Matrix.from_csr(case.sp.indptr, case.sp.indices, case.sp.data, ncols=case.n)
+
+        def run(x):
+            X = gb.Matrix.from_dense(x.numpy(), missing_value=0.0)
+            return X.mxm(A, gb.semiring.max_times).new().to_dense(fill_value=0.0)
+
+        return run
+    raise KeyError(name)
+
+
+METHODS = ["ours", "ours+argmax", "sparse.mm", "reference", "qto_loop", "torch_sparse", "graphblas"]
+
+
+@pytest.mark.benchmark
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("b", BATCHES)
+def test_projection(benchmark, cases, b, kind, method):
+    if method == "torch_sparse" and not HAVE_TORCH_SPARSE:
+        pytest.skip("torch_sparse not installed (optional; ~18 min to compile)")
+    if method == "graphblas" and not HAVE_GRAPHBLAS:
+        pytest.skip("python-graphblas not installed (optional)")
+    if method.startswith("ours") and not ops.has_kernel("project", "cpu"):
+        pytest.skip("compiled extension not available")
+    for case in cases:
+        x = make_x(case, b, kind)
+        fn = _method(case, method)
+        timed = min(b, SLICE.get(method, b))
+        xs = x[:timed].contiguous()
+        if method != "ours" and timed <= 16:  # every method must compute the same Y (exact products and maxima)
+            want = ops.project(xs, case.P, backend="cpp" if ops.extension_available() else "reference")
+            got = fn(xs)
+            got = got[0] if isinstance(got, tuple) else torch.as_tensor(got)
+            assert torch.equal(got, want), f"{method} disagrees with ours on {case.name}"
+        t0 = time.perf_counter()
+        fn(xs)
+        once = time.perf_counter() - t0
+        rounds = int(max(2, min(15, 1.5 / max(once, 1e-6))))
+        benchmark.extra_info.update(matrix=case.name, B=b, kind=kind, timed_queries=timed)
+        benchmark.pedantic(fn, args=(xs,), rounds=rounds, iterations=1, warmup_rounds=0)
+        _RESULTS[(case.name, b, kind, method)] = (benchmark.stats.stats.median * b / timed, timed < b)
+
+
+def copy_bandwidth() -> float:
+    """GB/s of a plain 256 MB tensor copy (read + write), best of 5."""
+    src = torch.rand(64 * 1024 * 1024)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def test_write_table(cases):
+    """Collect the run into benchmarks/results/ops_projection.md (ratios, bandwidth, command, machine)."""
+    if not _RESULTS:
+        pytest.skip("no projection timings were collected")
+    bw = copy_bandwidth()
+    load = os.getloadavg()
+    present = [m for m in METHODS if any(k[3] == m for k in _RESULTS)]
+    baselines = [m for m in present if not m.startswith("ours")]
+    lines = [
+        "# Projection throughput: `ops.project` vs baselines",
+        "",
+        f"Command: `{' '.join(['python -m pytest'] + [a for a in sys.argv[1:] if not a.startswith('-p')])}`  ",
+        f"Machine: {machine_description()}  ",
+        f"Load average at the end of the run (1/5/15 min): {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
+        "(the machine is shared with other jobs; numbers taken under load are noisy)  ",
+        f"Data: {_INFO.get('data', '?')}  ",
+        f"Plain copy bandwidth (torch copy_, 256 MB, read + write): {bw:.1f} GB/s",
+        "",
+        "Times are medians in ms.  Ratio columns: baseline time / our time (> 1 means ours is faster).",
+        "`*` = timed on the first queries of the batch and scaled linearly to B.  ",
+        "Effective bandwidth = (X read + Y written + matrix read once) / our time.",
+        "",
+    ]
+    skipped = [m for m in METHODS if m not in present]
+    if skipped:
+        lines.append(f"Not measured (not installed): {', '.join(skipped)}")
+        lines.append("")
+    for case in cases:
+        lines += [f"## {case.name} (N = {case.n}, nnz = {case.nnz})", ""]
+        head = ["B", "X", "strategy", "ours ms", "ours+argmax ms"] + [f"{m} ms" for m in baselines] + \
+               [f"{m} / ours" for m in baselines] + ["eff. GB/s", "% of copy"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for b in BATCHES:
+            for kind in KINDS:
+                ours = _RESULTS.get((case.name, b, kind, "ours"))
+                if ours is None:
+                    continue
+                strategy = ops.choose_strategy(make_x(case, b, kind), case.P)
+                row = [str(b), kind, strategy, f"{ours[0] * 1e3:.3f}"]
+                oa = _RESULTS.get((case.name, b, kind, "ours+argmax"))
+                row.append(f"{oa[0] * 1e3:.3f}" if oa else "-")
+                cells_t, cells_r = [], []
+                for m in baselines:
+                    r = _RESULTS.get((case.name, b, kind, m))
+                    if r is None:
+                        cells_t.append("-")
+                        cells_r.append("-")
+                        continue
+                    star = "*" if r[1] else ""
+                    cells_t.append(f"{r[0] * 1e3:.2f}{star}")
+                    cells_r.append(f"**{r[0] / ours[0]:.1f}x**" if m == "sparse.mm" else f"{r[0] / ours[0]:.1f}x")
+                bytes_moved = 2 * b * case.n * 4 + case.nnz * 8 + (case.n + 1) * 4
+                eff = bytes_moved / ours[0] / 1e9
+                row += cells_t + cells_r + [f"{eff:.1f}", f"{100 * eff / bw:.0f}%"]
+                lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = Path(RESULTS) / "ops_projection.md"
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))

@@ -1,0 +1,117 @@
+"""The chunked calibration against the float64 formula, on random embeddings."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kge.calibrate import calibrate, calibrated_rows_reference, observed_row_counts
+
+
+def _random_case(seed: int, n: int, r: int, d: int, n_obs: int, scale: float = 1.0):
+    rng = np.random.default_rng(seed)
+    ent = (rng.normal(size=(n, d)) + 1j * rng.normal(size=(n, d))).astype(np.complex64) * scale
+    rel = (rng.normal(size=(r, d)) + 1j * rng.normal(size=(r, d))).astype(np.complex64) * scale
+    obs = np.stack([rng.integers(0, n, n_obs), rng.integers(0, r, n_obs), rng.integers(0, n, n_obs)], 1)
+    obs = np.unique(obs, axis=0).astype(np.int64) if n_obs else np.zeros((0, 3), np.int64)
+    return ent, rel, obs
+
+
+def _assert_matches(mat, ent, rel, obs, rows, threshold, delta, atol=2e-5):
+    ref = calibrated_rows_reference(ent, rel, obs, rows, threshold=threshold, delta=delta)
+    got = mat[rows].toarray()
+    # Entries within float32 rounding of the cut may land either side: compare elsewhere.
+    n = ent.shape[0]
+    border = np.zeros_like(ref, dtype=bool)
+    for i, row in enumerate(rows):
+        r, h = divmod(int(row), n)
+        e = ent.astype(np.complex128)
+        s = np.real((e[h] * rel[r].astype(np.complex128)) @ np.conj(e).T)
+        p = np.exp(s - s.max())
+        p = p / p.sum() * max(1, int(((obs[:, 0] == h) & (obs[:, 1] == r)).sum()))
+        border[i] = np.abs(p - threshold) <= 1e-4 * threshold + 1e-9
+    np.testing.assert_allclose(got[~border], ref[~border], atol=atol, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "seed,n,r,d,n_obs,chunk,scale",
+    [
+        (0, 50, 4, 8, 120, 7, 1.0),  # chunks that straddle relation boundaries
+        (1, 37, 3, 5, 0, 1000, 1.0),  # no observed edges at all, one chunk
+        (2, 64, 2, 16, 300, 64, 0.3),  # flat softmax: few entries survive
+        (3, 20, 6, 4, 400, 1, 2.0),  # one row per chunk, very peaked rows, many observed
+    ],
+)
+def test_calibrate_matches_reference(device, seed, n, r, d, n_obs, chunk, scale):
+    ent, rel, obs = _random_case(seed, n, r, d, n_obs, scale)
+    threshold, delta = 2e-3, 1e-3
+    mat, stats = calibrate(ent, rel, obs, threshold=threshold, delta=delta, chunk_rows=chunk, device=device, progress=False)
+    assert mat.shape == (r * n, n)
+    assert mat.indices.dtype == np.int32 and mat.data.dtype == np.float32 and mat.indptr.dtype == np.int64
+    assert stats.nnz == mat.nnz and stats.rows == r * n
+    rows = np.random.default_rng(seed + 100).choice(r * n, size=min(r * n, 40), replace=False)
+    _assert_matches(mat, ent, rel, obs, rows, threshold, delta)
+    # indices sorted within each row, no duplicates
+    for row in range(r * n):
+        cols = mat.indices[mat.indptr[row] : mat.indptr[row + 1]]
+        assert np.all(np.diff(cols) > 0)
+    # observed edges are exactly 1, every other value is at most 1 - delta
+    if len(obs):
+        vals = np.asarray(mat[obs[:, 1] * n + obs[:, 0], obs[:, 2]]).ravel()
+        assert np.all(vals == 1.0)
+    mask = np.ones(mat.nnz, dtype=bool)
+    obs_set = {(int(r_) * n + int(h), int(t)) for h, r_, t in obs}
+    row_of = np.repeat(np.arange(r * n), np.diff(mat.indptr))
+    mask = np.array([(int(a), int(b)) not in obs_set for a, b in zip(row_of, mat.indices)], dtype=bool)
+    assert np.all(mat.data[mask] <= 1 - delta + 1e-7)
+    assert np.all(mat.data[mask] >= threshold * (1 - 1e-4))
+
+
+def test_calibrate_relation_subset_and_chunk_independence():
+    ent, rel, obs = _random_case(5, 40, 5, 6, 100)
+    full, _ = calibrate(ent, rel, obs, threshold=1e-3, chunk_rows=13, progress=False)
+    full2, _ = calibrate(ent, rel, obs, threshold=1e-3, chunk_rows=4096, progress=False)
+    # BLAS blocking differs with the chunk shape: values agree to float32 rounding
+    assert np.array_equal(full.indptr, full2.indptr) and np.array_equal(full.indices, full2.indices)
+    np.testing.assert_allclose(full.data, full2.data, rtol=1e-5)
+    sub, stats = calibrate(ent, rel, obs, threshold=1e-3, relations=[3, 1], chunk_rows=9, progress=False)
+    assert stats.rows == 2 * 40
+    n = 40
+    for r in range(5):
+        block_full = full[r * n : (r + 1) * n]
+        block_sub = sub[r * n : (r + 1) * n]
+        if r in (1, 3):
+            assert np.array_equal(block_full.indices, block_sub.indices)
+            np.testing.assert_allclose(block_full.data, block_sub.data, rtol=1e-5)
+        else:
+            assert block_sub.nnz == 0
+    with pytest.raises(IndexError):
+        calibrate(ent, rel, obs, relations=[5], progress=False)
+
+
+def test_calibrate_rejects_bad_parameters():
+    ent, rel, obs = _random_case(6, 10, 2, 3, 5)
+    with pytest.raises(ValueError, match="threshold"):
+        calibrate(ent, rel, obs, threshold=0.0, progress=False)
+    with pytest.raises(ValueError, match="delta"):
+        calibrate(ent, rel, obs, delta=1.0, progress=False)
+
+
+def test_observed_row_counts():
+    obs = np.array([[0, 1, 2], [0, 1, 3], [2, 0, 1]])
+    counts = observed_row_counts(obs, num_entities=4, num_relations=2)
+    assert counts.shape == (8,)
+    assert counts[1 * 4 + 0] == 2 and counts[0 * 4 + 2] == 1 and counts.sum() == 3
+
+
+def test_max_one_factor_lets_multi_tail_rows_keep_more():
+    # one head with many observed tails: the factor max(1, k) scales its probabilities up
+    rng = np.random.default_rng(7)
+    n, d = 30, 4
+    ent = (rng.normal(size=(n, d)) * 0.1).astype(np.complex64)
+    rel = np.ones((2, d), dtype=np.complex64)
+    obs = np.array([[0, 0, t] for t in range(10)], dtype=np.int64)
+    mat, _ = calibrate(ent, rel, obs, threshold=0.05, progress=False)
+    # near-uniform softmax (1/30 < 0.05): row 0 of relation 0 keeps everything (k=10), relation 1's row 0 nothing
+    assert mat[0].nnz == n
+    assert np.allclose(mat[0].toarray()[0, 10:], 10 / n, rtol=0.05)
+    assert mat[n].nnz == 0
