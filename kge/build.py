@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .artifact import Artifact
-from .calibrate import DEFAULT_DELTA, DEFAULT_THRESHOLD, calibrate
+from .calibrate import DEFAULT_DELTA, DEFAULT_THRESHOLD, calibrate, estimate_nnz
 from .errors import UserError, cli_main
 from .graph import drop_edges, load_kg
 from .train import default_train_config, size_class, train_complex
@@ -41,6 +41,12 @@ __all__ = ["BuildConfig", "build_artifact", "summarize", "main"]
 class BuildConfig:
     """Everything a build depends on.  Training fields left as None take the size preset
     of :data:`kge.train.SIZE_PRESETS` ("small": N < 2,000 entities, else "large").
+
+    ``threshold`` None means QTO's 2e-4, raised automatically (and recorded in
+    meta.json) when the matrices would exceed ``max_matrix_gb`` (8 bytes per
+    stored entry, estimated from a sample of rows before the full calibration);
+    an explicit threshold over the budget is an error that names the threshold
+    that would fit.
 
     ``out`` is written atomically: the artifact is built in a temporary sibling
     folder and moved into place only when complete, so a failed build leaves a
@@ -61,15 +67,27 @@ class BuildConfig:
     training_loop: str | None = None
     loss: str | None = None
     eval_max_triples: int | None = 5000
-    threshold: float = DEFAULT_THRESHOLD
+    threshold: float | None = None
+    max_matrix_gb: float = 2.0
     delta: float = DEFAULT_DELTA
     chunk_rows: int | None = None
     device: str = "auto"
+    embeddings: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("rank", "epochs", "batch_size", "num_negatives", "chunk_rows"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.lr is not None and not self.lr > 0:
+            raise UserError(f"--lr must be > 0, got {self.lr}")
+        if self.eval_max_triples is not None and self.eval_max_triples < 0:
+            raise UserError(f"--eval-max-triples must be >= 0, got {self.eval_max_triples}")
         if not 0.0 <= self.drop_edges < 1.0:
             raise UserError(f"--drop-edges must be in [0, 1), got {self.drop_edges}")
-        if not 0.0 < self.threshold < 1.0:
+        if self.max_matrix_gb <= 0:
+            raise UserError(f"--max-matrix-gb must be > 0, got {self.max_matrix_gb}")
+        if self.threshold is not None and not 0.0 < self.threshold < 1.0:
             raise UserError(f"--threshold must be in (0, 1), got {self.threshold}")
         if not 0.0 <= self.delta < 1.0:
             raise UserError(f"--delta must be in [0, 1), got {self.delta}")
@@ -109,13 +127,22 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
     )
     train_cfg = type(train_cfg)(**{**asdict(train_cfg), "eval_max_triples": config.eval_max_triples})
     t = time.perf_counter()
-    trained = train_complex(kg, train_cfg, progress=progress)
+    if config.embeddings is not None:
+        trained = _reuse_embeddings(config.embeddings, kg, train_cfg)
+    else:
+        trained = train_complex(kg, train_cfg, progress=progress)
     timings["train"] = time.perf_counter() - t
     trained.model = None  # free the pykeen model before the memory-heavy calibration
 
     t = time.perf_counter()
+    threshold, estimate_info = choose_threshold(config, trained.entity, trained.relation, kg.train, trained.device)
+    timings["estimate_nnz"] = time.perf_counter() - t
+    if progress:
+        print(estimate_info["message"], file=sys.stderr)
+
+    t = time.perf_counter()
     matrices, cstats = calibrate(
-        trained.entity, trained.relation, kg.train, threshold=config.threshold, delta=config.delta,
+        trained.entity, trained.relation, kg.train, threshold=threshold, delta=config.delta,
         chunk_rows=config.chunk_rows, device=trained.device, progress=progress,
     )
     timings["calibrate"] = time.perf_counter() - t
@@ -134,7 +161,8 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
             **trained.metrics,
         },
         "calibration": {
-            "threshold": config.threshold,
+            "threshold": threshold,
+            "nnz_estimate": estimate_info,
             "delta": config.delta,
             "rows": cstats.rows,
             "chunk_rows": cstats.chunk_rows,
@@ -175,6 +203,61 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
     return artifact
 
 
+def _reuse_embeddings(source: str, kg, train_cfg) -> "TrainResult":
+    """Embeddings of an earlier build (artifact folder or embeddings.npz) instead of training."""
+    import json
+
+    from .train import TrainResult, resolve_device
+
+    path = Path(source)
+    npz = path / "embeddings.npz" if path.is_dir() else path
+    if not npz.is_file():
+        raise UserError(f"--embeddings {source}: no embeddings.npz there")
+    with np.load(npz, allow_pickle=False) as z:
+        if "entity" not in z.files or "relation" not in z.files:
+            raise UserError(f"{npz}: expected arrays 'entity' and 'relation', got {z.files}")
+        ent, rel = z["entity"].astype(np.complex64), z["relation"].astype(np.complex64)
+    if ent.shape[0] != kg.num_entities or rel.shape[0] != kg.num_relations or ent.shape[1] != rel.shape[1]:
+        raise UserError(f"{npz}: embeddings of shape {ent.shape}/{rel.shape} do not fit this KG "
+                        f"({kg.num_entities} entities, {kg.num_relations} relations)")
+    metrics: dict[str, Any] = {"embeddings_from": str(npz)}
+    losses: list[float] = []
+    meta_path = npz.parent / "meta.json"
+    if meta_path.is_file():
+        old = json.loads(meta_path.read_text(encoding="utf-8")).get("train", {})
+        losses = list(old.get("losses", []))
+        metrics.update({k: v for k, v in old.items() if k not in ("losses", "final_loss")})
+        metrics["embeddings_from"] = str(npz)
+    return TrainResult(entity=ent, relation=rel, config=train_cfg, losses=losses, metrics=metrics, seconds=0.0,
+                       device=resolve_device(train_cfg.device))
+
+
+def choose_threshold(config: BuildConfig, entity: np.ndarray, relation: np.ndarray, observed: np.ndarray,
+                     device: str) -> tuple[float, dict[str, Any]]:
+    """The calibration threshold for ``config`` and a record of the nnz estimate behind it."""
+    budget_nnz = config.max_matrix_gb * (1 << 30) / 8
+    floor = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD
+    est = estimate_nnz(entity, relation, observed, floor=floor, seed=config.seed, device=device)
+    nnz_floor = est.nnz_at(floor)
+    info: dict[str, Any] = {"sampled_rows": est.sampled_rows, "max_matrix_gb": config.max_matrix_gb,
+                            f"nnz_at_{floor:g}": round(nnz_floor)}
+    if nnz_floor <= budget_nnz:
+        info["message"] = (f"calibration: threshold {floor:g}, estimated nnz {nnz_floor:,.0f} "
+                           f"({nnz_floor * 8 / (1 << 30):.2f} GiB) from {est.sampled_rows} sampled rows")
+        return floor, info
+    fit = est.threshold_for(budget_nnz)
+    if config.threshold is not None:
+        raise UserError(
+            f"--threshold {floor:g} keeps an estimated {nnz_floor:,.0f} entries ({nnz_floor * 8 / (1 << 30):.1f} GiB), "
+            f"over --max-matrix-gb {config.max_matrix_gb:g}; use --threshold {fit:.3g} or a larger --max-matrix-gb"
+        )
+    info["message"] = (f"calibration: QTO's threshold {floor:g} would keep ~{nnz_floor:,.0f} entries "
+                       f"({nnz_floor * 8 / (1 << 30):.1f} GiB > --max-matrix-gb {config.max_matrix_gb:g}); "
+                       f"using threshold {fit:.3g} (estimated nnz {est.nnz_at(fit):,.0f})")
+    info["raised_threshold"] = fit
+    return fit, info
+
+
 def _fmt_bytes(b: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if b < 1024 or unit == "GiB":
@@ -211,7 +294,8 @@ def summarize(artifact: Artifact) -> str:
                      + f"; total {sum(timings.values()):.1f} s")
     cal = m.get("calibration", {})
     if "matmul_gflops_per_s" in cal:
-        lines.append(f"calibration   {cal['matmul_gflops_per_s']:.1f} GFLOP/s useful matmul rate (chunk {cal['chunk_rows']} rows)")
+        lines.append(f"calibration   threshold {cal['threshold']:.3g}, delta {cal['delta']:g}; "
+                     f"{cal['matmul_gflops_per_s']:.1f} GFLOP/s useful matmul rate (chunk {cal['chunk_rows']} rows)")
     if "peak_rss_bytes" in m:
         lines.append(f"peak memory   {_fmt_bytes(m['peak_rss_bytes'])} (RSS)")
     return "\n".join(lines)
@@ -233,10 +317,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--training-loop", choices=["slcwa", "lcwa"], default=None)
     p.add_argument("--loss", default=None, help="pykeen loss name (default crossentropy)")
     p.add_argument("--eval-max-triples", type=int, default=5000, help="held-out edges used for the MRR (0 = skip)")
-    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
+    p.add_argument("--threshold", type=float, default=None,
+                   help=f"drop calibrated probabilities below this (default {DEFAULT_THRESHOLD:g}, raised if over --max-matrix-gb)")
+    p.add_argument("--max-matrix-gb", type=float, default=2.0, help="memory budget of the matrices (8 bytes per entry)")
     p.add_argument("--delta", type=float, default=DEFAULT_DELTA)
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per calibration chunk (default: ~16 MB buffers on CPU)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--embeddings", default=None,
+                   help="reuse the embeddings of an earlier artifact folder (or embeddings.npz) instead of training")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 

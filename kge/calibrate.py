@@ -30,7 +30,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["calibrate", "CalibrationStats", "calibrated_rows_reference", "observed_row_counts", "DEFAULT_THRESHOLD", "DEFAULT_DELTA"]
+__all__ = ["calibrate", "estimate_nnz", "NnzEstimate", "CalibrationStats", "calibrated_rows_reference", "observed_row_counts", "DEFAULT_THRESHOLD", "DEFAULT_DELTA"]
 
 DEFAULT_THRESHOLD = 2e-4
 DEFAULT_DELTA = 1e-4
@@ -113,8 +113,12 @@ def _chunks(ranges: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int
 
 
 def default_chunk_rows(num_entities: int, device: str) -> int:
-    """Rows per chunk: ~16 MB score buffers on CPU (cache-friendly passes), ~1 GB on GPU."""
-    budget = (1 << 30) if device.startswith("cuda") else (16 << 20)
+    """Rows per chunk: ~64 MB score buffers on CPU, ~1 GB on GPU.
+
+    Measured at FB15k-237 size on 2 busy cores: 289-row chunks (16 MB) took
+    14.2 s per relation, 1024-row chunks 6.5 s (per-op threading overhead).
+    """
+    budget = (1 << 30) if device.startswith("cuda") else (64 << 20)
     return int(max(16, min(65536, budget // (4 * max(1, num_entities)))))
 
 
@@ -229,3 +233,72 @@ def calibrate(
         chunk_rows=chunk, device=device,
     )
     return mat, stats
+
+
+@dataclass
+class NnzEstimate:
+    """Expected nnz of the full calibration, from a uniform sample of rows.
+
+    ``sample_p`` holds the calibrated probabilities (before the cut and the cap)
+    of the sampled rows' entries that are >= ``floor``, so that the nnz for any
+    larger threshold can be read off with :meth:`nnz_at`.
+    """
+
+    total_rows: int
+    sampled_rows: int
+    sample_p: np.ndarray
+    observed: int
+    floor: float
+
+    def nnz_at(self, threshold: float) -> float:
+        """Estimated total nnz at ``threshold`` (>= floor); observed edges included."""
+        kept = np.count_nonzero(self.sample_p >= threshold)
+        return kept * self.total_rows / max(1, self.sampled_rows) + self.observed
+
+    def threshold_for(self, max_nnz: float) -> float:
+        """Smallest threshold (>= floor) whose estimated nnz is at most ``max_nnz``."""
+        budget = (max_nnz - self.observed) * self.sampled_rows / self.total_rows
+        if budget <= 0:
+            return 1.0
+        p = np.sort(self.sample_p)[::-1]
+        if len(p) <= budget:
+            return self.floor
+        return float(np.nextafter(p[int(budget)], np.float32(1.0)))
+
+
+def estimate_nnz(
+    entity: np.ndarray,
+    relation: np.ndarray,
+    observed: np.ndarray,
+    *,
+    floor: float = DEFAULT_THRESHOLD,
+    num_rows: int = 2048,
+    seed: int = 0,
+    device: str = "cpu",
+) -> NnzEstimate:
+    """Sample ``num_rows`` flattened rows uniformly and record their calibrated probabilities >= ``floor``.
+
+    Cheap (one ``(num_rows, 2d) @ (2d, N)`` matmul) and run before the full
+    calibration so that a build can refuse a threshold whose matrices would not
+    fit in memory.
+    """
+    import torch
+
+    n, d = entity.shape
+    num_rel = relation.shape[0]
+    total = n * num_rel
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(total, size=min(num_rows, total), replace=False))
+    counts = observed_row_counts(np.asarray(observed, dtype=np.int64).reshape(-1, 3), n, num_rel)
+    ent = torch.from_numpy(np.ascontiguousarray(entity, dtype=np.complex64)).to(device)
+    rel = torch.from_numpy(np.ascontiguousarray(relation, dtype=np.complex64)).to(device)
+    r_ids = torch.from_numpy(rows // n).to(device)
+    h_ids = torch.from_numpy(rows % n).to(device)
+    kept: list[np.ndarray] = []
+    with torch.inference_mode():
+        for a in range(0, len(rows), 512):
+            q = ent[h_ids[a : a + 512]] * rel[r_ids[a : a + 512]]
+            s = (q @ ent.conj().t()).real
+            p = torch.softmax(s, dim=1) * torch.from_numpy(np.maximum(counts[rows[a : a + 512]], 1)).to(device).float()[:, None]
+            kept.append(p[p >= floor].cpu().numpy())
+    return NnzEstimate(total_rows=total, sampled_rows=len(rows), sample_p=np.concatenate(kept), observed=len(observed), floor=floor)

@@ -108,7 +108,7 @@ SIZE_PRESETS: dict[str, dict[str, Any]] = {
     # batches of 1024 (h, r) pairs) took ~250 s against ~300 s for one sLCWA epoch
     # (4096 x 16 negatives), and its softmax cross-entropy over all tails is the
     # very softmax the calibration applies.
-    "large": dict(rank=100, epochs=2, lr=0.01, batch_size=1024, training_loop="lcwa", regularizer_weight=1e-3),
+    "large": dict(rank=64, epochs=2, lr=0.01, batch_size=1024, training_loop="lcwa", regularizer_weight=1e-3),
 }
 
 

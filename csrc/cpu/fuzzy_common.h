@@ -48,6 +48,23 @@ inline bool any_nonzero(const float* p, int64_t len) {
   return acc != 0;
 }
 
+// Below this much estimated single-threaded work a kernel runs on the calling
+// thread.  Waking the pool costs microseconds on an idle machine but, on a
+// loaded one (this 2-core machine runs several jobs), a parallel region waits
+// for a descheduled worker: measured 24 ms for a B = 1 pull that takes 1.4 ms
+// on one thread.  1 ms of work is where two threads reliably pay off.
+constexpr double kMinParallelNs = 1.0e6;
+
+// at::parallel_for when the work estimate is worth it, else f(begin, end) inline.
+template <typename F>
+void parallel_if(double work_ns, int64_t begin, int64_t end, int64_t grain, const F& f) {
+  if (work_ns < kMinParallelNs || at::get_num_threads() <= 1) {
+    if (begin < end) f(begin, end);
+  } else {
+    at::parallel_for(begin, end, grain, f);
+  }
+}
+
 // Split columns [0, n) into `parts` contiguous ranges of about equal work
 // (nnz + columns): at::parallel_for hands each thread one contiguous chunk of
 // the task range, so equal-work tasks keep the threads balanced on power-law
@@ -77,7 +94,8 @@ std::vector<int64_t> balanced_column_split(const idx_t* ptr, int64_t n, int64_t 
 template <int T>
 void transpose_tiles(const float* X, int64_t B, int64_t N, float* xt) {
   const int64_t ntiles = (B + T - 1) / T;
-  at::parallel_for(0, N, 2048, [&](int64_t i0, int64_t i1) {
+  // ~0.5 ns per element copied
+  parallel_if(0.5 * static_cast<double>(ntiles * T * N), 0, N, 2048, [&](int64_t i0, int64_t i1) {
     constexpr int64_t kBlock = 256;
     for (int64_t q = 0; q < ntiles; ++q) {
       for (int64_t ib = i0; ib < i1; ib += kBlock) {

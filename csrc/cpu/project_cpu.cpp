@@ -2,22 +2,25 @@
 //
 // push  (CSR; parallel over queries b): for every active entity i of query b
 //       (X[b,i] > 0) walk row i of M and scatter-max into Y[b,:].  Work is
-//       sum over active i of deg(i): for a one-hot anchor that is one row
-//       (~100 entries on FB15k-237) instead of all nnz; Y[b,:] (58 KB for
-//       N = 14,505) stays in L2 while being scattered into.  The scatter is
-//       scalar (data-dependent j), ~1-2 ns per entry.
+//       the sum over active i of deg(i): for a one-hot anchor one row (~100
+//       entries on FB15k-237-sized matrices) instead of all nnz, and Y[b,:]
+//       (58 KB for N = 14,505) stays in L2 while being scattered into.  The
+//       scatter is scalar (data-dependent j), ~1.8 ns per entry, so push loses
+//       once X has more than a few percent active entries.
 // pull  (CSC; parallel over column ranges of equal nnz): for column j gather
-//       max over its support.  Queries are processed in tiles of T = 16 held
-//       transposed (X^T tile, N x 16 floats = 0.9 MB for N = 14,505, fits the
-//       1 MB L2), so one support entry costs one 64-byte load, one vector
-//       multiply and one vector max for 16 queries, no write conflicts, and Y
-//       is written once, sequentially.  Cost ~ ceil(B/16) * nnz vector steps
-//       whatever the sparsity of X.
-// auto  estimates both from a sample of rows of X (see choose()).  Measured on
-//       this machine (AMD EPYC, 2 cores, N = 14,505, nnz = 1.4M power-law):
-//       see docs/readme/ops.md; the crossover is at an active fraction of a
-//       few percent, which is why one-hot anchors always push and projected
-//       (dense) sets pull.
+//       the max over its support.  Queries are processed in tiles of T (16, 32
+//       or 64) held transposed (X^T tile, N x T floats), so one support entry
+//       costs one contiguous T-float load, T/16 AVX-512 multiplies and maxes,
+//       no write conflicts, and Y is written once, sequentially.  Cost
+//       ~ ceil(B/T) * nnz steps whatever the sparsity of X.
+// auto  estimates both costs from a sample of up to 32 rows of X (estimate()).
+//
+// Single-threaded CPU time on this machine (AMD EPYC Zen 4, N = 14,505,
+// 1.03M-nnz power-law matrix), ours vs torch.sparse.mm(reduce="amax"):
+//   B = 256 one-hot: push 1.19 ms, pull 24.1 ms, sparse.mm 67.0 ms (56x);
+//   B = 256 dense:   push 409 ms,  pull 26.4 ms, sparse.mm 73.3 ms (2.8x);
+//   B = 1 dense:     push 1.58 ms, pull 0.98 ms, sparse.mm 3.78 ms.
+// Full tables (wall clock, 2 threads): benchmarks/results/ops_projection.md.
 //
 // Ties: both strategies visit sources in ascending i (push: rows in order;
 // pull: CSC rows sorted) and replace only on a strictly larger product, so
@@ -48,9 +51,14 @@ constexpr double kPushStepNs = 1.8;
 constexpr double kScanNs = 0.1;
 inline double pull_step_ns(int T) { return T == 1 ? 0.5 : T == 16 ? 1.0 : T == 32 ? 1.4 : 3.0; }
 
+struct Estimate {
+  double push_ns;
+  double pull_ns;
+};
+
 template <typename idx_t>
-int64_t choose(const float* X, int64_t B, int64_t N, const idx_t* crow, int64_t nnz) {
-  if (B == 0 || nnz == 0) return kPush;
+Estimate estimate(const float* X, int64_t B, int64_t N, const idx_t* crow, int64_t nnz) {
+  if (B == 0) return {0.0, 0.0};
   // Sample up to 32 evenly spaced queries; the decision only affects speed.
   const int64_t S = std::min<int64_t>(B, 32);
   double active_work = 0.0;
@@ -66,17 +74,27 @@ int64_t choose(const float* X, int64_t B, int64_t N, const idx_t* crow, int64_t 
   const int T = detail::tile_width(B);
   const double push = kPushStepNs * active_work * (static_cast<double>(B) / S) + kScanNs * B * N;
   const double pull = pull_step_ns(T) * static_cast<double>((B + T - 1) / T) * static_cast<double>(nnz + N);
-  return push <= pull ? kPush : kPull;
+  return {push, pull};
+}
+
+template <typename idx_t>
+int64_t choose(const float* X, int64_t B, int64_t N, const idx_t* crow, int64_t nnz) {
+  const Estimate e = estimate<idx_t>(X, B, N, crow, nnz);
+  return e.push_ns <= e.pull_ns ? kPush : kPull;
 }
 
 template <typename idx_t, bool ARG>
 void push(const float* X, int64_t B, int64_t N, const idx_t* crow, const idx_t* col, const float* val, float* Y,
-          int32_t* A) {
-  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+          int32_t* A, double work_ns) {
+  detail::parallel_if(work_ns, 0, B, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const float* x = X + b * N;
       float* y = Y + b * N;
       int32_t* a = ARG ? A + b * N : nullptr;
+      // Zeroed here rather than by at::zeros: no separate parallel pass, and
+      // each row is first touched by the thread that scatters into it.
+      std::fill(y, y + N, 0.f);
+      if constexpr (ARG) std::fill(a, a + N, -1);
       for (int64_t i0 = 0; i0 < N; i0 += kScanBlock) {
         const int64_t i1 = std::min(N, i0 + kScanBlock);
         if (!any_nonzero(x + i0, i1 - i0)) continue;
@@ -100,21 +118,26 @@ void push(const float* X, int64_t B, int64_t N, const idx_t* crow, const idx_t* 
 
 template <typename idx_t, int T, bool ARG>
 void pull(const float* X, int64_t B, int64_t N, const idx_t* ccol, const idx_t* row, const float* tval, float* Y,
-          int32_t* A) {
+          int32_t* A, double work_ns) {
   const int64_t ntiles = (B + T - 1) / T;
   const int64_t tasks = std::max<int64_t>(1, at::get_num_threads()) * 4;
   const std::vector<int64_t> bounds = detail::balanced_column_split(ccol, N, tasks);
-  detail::AlignedFloats xt_all(static_cast<size_t>(ntiles * N * T));
-  detail::transpose_tiles<T>(X, B, N, xt_all.data());
+  // T = 1 tiles are X itself (xt[q*N + i] = X[q, i]): no copy
+  detail::AlignedFloats xt_all(T == 1 ? 0 : static_cast<size_t>(ntiles * N * T));
+  const float* xt_base = X;
+  if constexpr (T != 1) {
+    detail::transpose_tiles<T>(X, B, N, xt_all.data());
+    xt_base = xt_all.data();
+  }
 
   // One parallel region; each thread walks its column range once per tile, so
   // the tile (N x T floats) stays in its L2 while the range's supports stream.
-  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+  detail::parallel_if(work_ns, 0, tasks, 1, [&](int64_t t0, int64_t t1) {
     alignas(64) float ybuf[kColBlock * T];
     alignas(64) int32_t abuf[ARG ? kColBlock * T : 1];
     for (int64_t task = t0; task < t1; ++task) {
       for (int64_t q = 0; q < ntiles; ++q) {
-        const float* xt = xt_all.data() + q * N * T;
+        const float* xt = xt_base + q * N * T;
         const int64_t b0 = q * T, nb = std::min<int64_t>(T, B - b0);
         for (int64_t jb = bounds[task]; jb < bounds[task + 1]; jb += kColBlock) {
           const int64_t je = std::min(bounds[task + 1], jb + kColBlock);
@@ -142,17 +165,18 @@ void run(const at::Tensor& x, const at::Tensor& crow, const at::Tensor& col, con
          at::Tensor& y, at::Tensor& a) {
   const int64_t B = x.size(0), N = x.size(1);
   const float* X = x.data_ptr<float>();
-  if (strategy == kAuto) strategy = choose<idx_t>(X, B, N, crow.data_ptr<idx_t>(), val.numel());
+  const Estimate est = estimate<idx_t>(X, B, N, crow.data_ptr<idx_t>(), val.numel());
+  if (strategy == kAuto) strategy = est.push_ns <= est.pull_ns ? kPush : kPull;
   if (strategy == kPush) {
-    y = at::zeros({B, N}, x.options());
-    a = want_argmax ? at::full({B, N}, -1, x.options().dtype(at::kInt)) : at::empty({0}, x.options().dtype(at::kInt));
+    y = at::empty({B, N}, x.options());
+    a = want_argmax ? at::empty({B, N}, x.options().dtype(at::kInt)) : at::empty({0}, x.options().dtype(at::kInt));
     if (B * N == 0) return;
     if (want_argmax)
       push<idx_t, true>(X, B, N, crow.data_ptr<idx_t>(), col.data_ptr<idx_t>(), val.data_ptr<float>(),
-                        y.data_ptr<float>(), a.data_ptr<int32_t>());
+                        y.data_ptr<float>(), a.data_ptr<int32_t>(), est.push_ns);
     else
       push<idx_t, false>(X, B, N, crow.data_ptr<idx_t>(), col.data_ptr<idx_t>(), val.data_ptr<float>(),
-                         y.data_ptr<float>(), nullptr);
+                         y.data_ptr<float>(), nullptr, est.push_ns);
     return;
   }
   y = at::empty({B, N}, x.options());
@@ -162,10 +186,10 @@ void run(const at::Tensor& x, const at::Tensor& crow, const at::Tensor& col, con
     constexpr int T = decltype(tile)::value;
     if (want_argmax)
       pull<idx_t, T, true>(X, B, N, ccol.data_ptr<idx_t>(), row.data_ptr<idx_t>(), tval.data_ptr<float>(),
-                           y.data_ptr<float>(), a.data_ptr<int32_t>());
+                           y.data_ptr<float>(), a.data_ptr<int32_t>(), est.pull_ns);
     else
       pull<idx_t, T, false>(X, B, N, ccol.data_ptr<idx_t>(), row.data_ptr<idx_t>(), tval.data_ptr<float>(),
-                            y.data_ptr<float>(), nullptr);
+                            y.data_ptr<float>(), nullptr, est.pull_ns);
   });
 }
 

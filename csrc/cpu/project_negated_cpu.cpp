@@ -51,7 +51,7 @@ TopLists top_lists(const float* X, int64_t B, int64_t N, int64_t K) {
   tl.idx.assign(B * K, -1);
   tl.count.assign(B, 0);
   tl.complete.assign(B, 1);
-  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+  detail::parallel_if(0.5 * static_cast<double>(B * N), 0, B, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const float* x = X + b * N;
       float* tv = tl.val.data() + b * K;
@@ -94,7 +94,9 @@ void negated(const float* X, int64_t B, int64_t N, const idx_t* ccol, const idx_
   detail::AlignedFloats xt_all(static_cast<size_t>(ntiles * N * T));
   detail::transpose_tiles<T>(X, B, N, xt_all.data());
 
-  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+  // ~1 ns per support entry per tile plus ~2 ns per (query, column) for the out-of-support walk
+  const double work_ns = static_cast<double>(ntiles) * static_cast<double>(ccol[N] + N) + 2.0 * B * N;
+  detail::parallel_if(work_ns, 0, tasks, 1, [&](int64_t t0, int64_t t1) {
     std::vector<int32_t> mark(N, -1);  // mark[i] == j: i is in column j's support
     alignas(64) float ybuf[kColBlock * T];
     alignas(64) int32_t abuf[kColBlock * T];
