@@ -4,6 +4,11 @@ Run (one pytest-benchmark run; writes benchmarks/results/ops_projection.md)::
 
     python -m pytest benchmarks/test_ops_bench.py -q
 
+``KGREASON_BENCH_THREADS=1`` runs every method on one thread (torch.set_num_threads)
+and writes ``ops_projection_1thread.md`` instead: on a machine shared with other
+jobs the single-threaded ratios are the stable ones, because a parallel region
+waits for descheduled workers.
+
 Matrices: relations of the FB15k-237 artifact (the one with the most entries
 and the one at the median) when ``fb15k237_artifact`` is available, else a
 synthetic power-law matrix of the same size (N = 14,505, ~1.4M entries).
@@ -49,7 +54,10 @@ BATCHES = (1, 16, 256, 1024)
 KINDS = ("onehot", "dense")
 N_SYNTH = 14_505
 NNZ_SYNTH = 1_400_000
-SLICE = {"reference": 16, "qto_loop": 2}  # queries actually timed for the slow baselines
+SLICE = {"reference": 16, "qto_loop": 2}
+THREADS = int(os.environ.get("KGREASON_BENCH_THREADS", "0"))
+if THREADS > 0:
+    torch.set_num_threads(THREADS)  # queries actually timed for the slow baselines
 _RESULTS: dict[tuple[str, int, str, str], tuple[float, bool]] = {}  # (matrix, B, kind, method) -> (s, scaled)
 _INFO: dict[str, str] = {}
 
@@ -232,7 +240,8 @@ def test_write_table(cases):
     lines = [
         "# Projection throughput: `ops.project` vs baselines",
         "",
-        f"Command: `{' '.join(['python -m pytest'] + [a for a in sys.argv[1:] if not a.startswith('-p')])}`  ",
+        "Command: `" + (f"KGREASON_BENCH_THREADS={THREADS} " if THREADS > 0 else "")
+        + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]) + "`  ",
         f"Machine: {machine_description()}  ",
         f"Load average at the end of the run (1/5/15 min): {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
         "(the machine is shared with other jobs; numbers taken under load are noisy)  ",
@@ -285,6 +294,6 @@ def test_write_table(cases):
                 lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = Path(RESULTS) / "ops_projection.md"
+    out = Path(RESULTS) / ("ops_projection.md" if THREADS <= 0 else f"ops_projection_{THREADS}thread.md")
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

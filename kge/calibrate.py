@@ -30,6 +30,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from .errors import UserError
+
 __all__ = ["calibrate", "estimate_nnz", "NnzEstimate", "CalibrationStats", "calibrated_rows_reference", "observed_row_counts", "DEFAULT_THRESHOLD", "DEFAULT_DELTA"]
 
 DEFAULT_THRESHOLD = 2e-4
@@ -46,6 +48,8 @@ class CalibrationStats:
     matmul_flops: float
     chunk_rows: int
     device: str
+    threshold: float = DEFAULT_THRESHOLD
+    threshold_raises: list[float] | None = None
 
     @property
     def flop_rate(self) -> float:
@@ -133,6 +137,8 @@ def calibrate(
     chunk_rows: int | None = None,
     device: str = "auto",
     progress: bool = True,
+    max_nnz: int | None = None,
+    adapt_threshold: bool = False,
 ) -> tuple[sp.csr_matrix, CalibrationStats]:
     """Calibrated stacked adjacency CSR ``(R*N, N)`` from complex embeddings.
 
@@ -170,16 +176,20 @@ def calibrate(
     obs_tail_sorted = observed[order, 2]
     counts = np.bincount(obs_key, minlength=num_rel * n)
     k_factor = torch.from_numpy(np.maximum(counts, 1).astype(np.float32))
-    log_threshold = math.log(threshold)
 
+    _fixed_mmap_threshold()
     ranges = _row_ranges(n, num_rel, relations)
     total_rows = sum(hi - lo for lo, hi in ranges)
     row_nnz = np.zeros(num_rel * n, dtype=np.int64)
     pieces_idx: list[np.ndarray] = []
     pieces_val: list[np.ndarray] = []
+    piece_rows: list[tuple[int, int]] = []
     buf = torch.empty((chunk, n), dtype=torch.float32, device=dev)
     cap = 1.0 - delta
     t0 = time.perf_counter()
+    kept_total = 0
+    done_rows = 0
+    raised: list[float] = []
     bar = tqdm(total=total_rows, unit="row", unit_scale=True, desc="calibrating", disable=not progress, mininterval=1.0)
     with torch.inference_mode():
         for lo, hi in _chunks(ranges, chunk):
@@ -209,10 +219,26 @@ def calibrate(
             row_nnz[lo:hi] = torch.bincount(rr, minlength=c).cpu().numpy()
             pieces_idx.append(cc.to(torch.int32).cpu().numpy())
             pieces_val.append(p.to(torch.float32).cpu().numpy())
+            piece_rows.append((lo, hi))
+            kept_total += int(rr.shape[0])
+            done_rows += c
             bar.update(c)
+            if max_nnz is not None:
+                projected = kept_total * total_rows / done_rows
+                over = kept_total > max_nnz or (done_rows >= 0.02 * total_rows and projected > max_nnz)
+                if over and not adapt_threshold:
+                    raise UserError(
+                        f"calibration at threshold {threshold:g} keeps {kept_total:,} entries after "
+                        f"{done_rows:,} of {total_rows:,} rows (projected {projected:,.0f} > limit {max_nnz:,}); "
+                        f"raise the threshold or the memory budget"
+                    )
+                if over:
+                    threshold = _raise_threshold(pieces_val, threshold, target=0.8 * max_nnz * done_rows / total_rows)
+                    kept_total = _refilter(pieces_idx, pieces_val, piece_rows, row_nnz, threshold)
+                    raised.append(threshold)
+                    bar.set_postfix(threshold=f"{threshold:.3g}")
     bar.close()
     seconds = time.perf_counter() - t0
-    del log_threshold
     nnz = int(row_nnz.sum())
     indptr = np.zeros(num_rel * n + 1, dtype=np.int64)
     np.cumsum(row_nnz, out=indptr[1:])
@@ -222,6 +248,7 @@ def calibrate(
     # Copy piece by piece, dropping each as it is copied, so peak memory stays ~1x nnz.
     while pieces_idx:
         pi, pv = pieces_idx.pop(0), pieces_val.pop(0)
+        piece_rows.pop(0)
         indices[pos : pos + len(pi)] = pi
         data[pos : pos + len(pv)] = pv
         pos += len(pi)
@@ -230,9 +257,54 @@ def calibrate(
     mat.has_sorted_indices = True
     stats = CalibrationStats(
         rows=total_rows, nnz=nnz, seconds=seconds, matmul_flops=2.0 * total_rows * 2 * d * n,
-        chunk_rows=chunk, device=device,
+        chunk_rows=chunk, device=device, threshold=threshold, threshold_raises=raised,
     )
     return mat, stats
+
+
+def _fixed_mmap_threshold(nbytes: int = 1 << 20) -> None:
+    """Serve allocations >= ``nbytes`` by mmap, always (glibc only; no-op elsewhere).
+
+    glibc raises its mmap threshold after each freed large block, so the
+    per-chunk temporaries (16-60 MB) move into the heap, where the small
+    long-lived result pieces allocated between them keep it from shrinking:
+    on FB15k-237 RSS grew to 3x the kept entries.  A fixed threshold returns
+    every temporary to the OS when freed.
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, nbytes)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def _raise_threshold(values: list[np.ndarray], threshold: float, target: float) -> float:
+    """Smallest threshold (> current) keeping at most ``target`` of the stored values (log-spaced histogram)."""
+    edges = np.geomspace(threshold, 1.0, 2001)
+    hist = np.zeros(len(edges) - 1, dtype=np.int64)
+    for v in values:
+        hist += np.histogram(v, bins=edges)[0]
+    hist[-1] += sum(int(np.count_nonzero(v >= 1.0)) for v in values)
+    kept_from = np.cumsum(hist[::-1])[::-1]  # kept_from[i] = #values >= edges[i]
+    ok = np.nonzero(kept_from <= target)[0]
+    i = int(ok[0]) if len(ok) else len(edges) - 2
+    return float(max(edges[max(i, 1)], np.nextafter(threshold, 1.0)))
+
+
+def _refilter(pieces_idx: list[np.ndarray], pieces_val: list[np.ndarray], piece_rows: list[tuple[int, int]],
+              row_nnz: np.ndarray, threshold: float) -> int:
+    """Drop stored entries below ``threshold`` (observed edges are 1.0 and stay); returns the new total."""
+    total = 0
+    for i, (lo, hi) in enumerate(piece_rows):
+        keep = pieces_val[i] >= threshold
+        local = np.repeat(np.arange(hi - lo), row_nnz[lo:hi])
+        row_nnz[lo:hi] = np.bincount(local[keep], minlength=hi - lo)
+        pieces_idx[i] = pieces_idx[i][keep]
+        pieces_val[i] = pieces_val[i][keep]
+        total += int(keep.sum())
+    return total
 
 
 @dataclass
@@ -240,30 +312,33 @@ class NnzEstimate:
     """Expected nnz of the full calibration, from a uniform sample of rows.
 
     ``sample_p`` holds the calibrated probabilities (before the cut and the cap)
-    of the sampled rows' entries that are >= ``floor``, so that the nnz for any
-    larger threshold can be read off with :meth:`nnz_at`.
+    of the sampled rows' entries that are >= ``floor`` and ``sample_w`` how many
+    rows each stands for (stratified sample), so that the nnz for any larger
+    threshold can be read off with :meth:`nnz_at`.
     """
 
     total_rows: int
     sampled_rows: int
     sample_p: np.ndarray
+    sample_w: np.ndarray
     observed: int
     floor: float
 
     def nnz_at(self, threshold: float) -> float:
-        """Estimated total nnz at ``threshold`` (>= floor); observed edges included."""
-        kept = np.count_nonzero(self.sample_p >= threshold)
-        return kept * self.total_rows / max(1, self.sampled_rows) + self.observed
+        """Estimated total nnz at ``threshold`` (>= floor); observed edges included (an upper bound)."""
+        return float(self.sample_w[self.sample_p >= threshold].sum()) + self.observed
 
     def threshold_for(self, max_nnz: float) -> float:
         """Smallest threshold (>= floor) whose estimated nnz is at most ``max_nnz``."""
-        budget = (max_nnz - self.observed) * self.sampled_rows / self.total_rows
+        budget = max_nnz - self.observed
         if budget <= 0:
             return 1.0
-        p = np.sort(self.sample_p)[::-1]
-        if len(p) <= budget:
+        order = np.argsort(-self.sample_p, kind="stable")
+        cum = np.cumsum(self.sample_w[order])
+        i = int(np.searchsorted(cum, budget, side="right"))
+        if i >= len(order):
             return self.floor
-        return float(np.nextafter(p[int(budget)], np.float32(1.0)))
+        return float(max(self.floor, np.nextafter(self.sample_p[order[i]], np.float32(1.0))))
 
 
 def estimate_nnz(
@@ -288,17 +363,32 @@ def estimate_nnz(
     num_rel = relation.shape[0]
     total = n * num_rel
     rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(total, size=min(num_rows, total), replace=False))
     counts = observed_row_counts(np.asarray(observed, dtype=np.int64).reshape(-1, 3), n, num_rel)
+    # Stratified: rows with >= 2 observed tails are few but dense (p is scaled by their
+    # count), so a uniform sample misses them; sample each stratum separately and weight.
+    strata = [np.flatnonzero(counts >= 2), np.flatnonzero(counts < 2)]
+    picks, weights = [], []
+    for stratum in strata:
+        if len(stratum) == 0:
+            continue
+        k = min(num_rows // 2, len(stratum))
+        picks.append(np.sort(rng.choice(stratum, size=k, replace=False)))
+        weights.append(np.full(k, len(stratum) / k))
+    rows = np.concatenate(picks)
+    row_weight = np.concatenate(weights)
     ent = torch.from_numpy(np.ascontiguousarray(entity, dtype=np.complex64)).to(device)
     rel = torch.from_numpy(np.ascontiguousarray(relation, dtype=np.complex64)).to(device)
     r_ids = torch.from_numpy(rows // n).to(device)
     h_ids = torch.from_numpy(rows % n).to(device)
     kept: list[np.ndarray] = []
+    kept_w: list[np.ndarray] = []
     with torch.inference_mode():
         for a in range(0, len(rows), 512):
             q = ent[h_ids[a : a + 512]] * rel[r_ids[a : a + 512]]
             s = (q @ ent.conj().t()).real
             p = torch.softmax(s, dim=1) * torch.from_numpy(np.maximum(counts[rows[a : a + 512]], 1)).to(device).float()[:, None]
-            kept.append(p[p >= floor].cpu().numpy())
-    return NnzEstimate(total_rows=total, sampled_rows=len(rows), sample_p=np.concatenate(kept), observed=len(observed), floor=floor)
+            mask = p >= floor
+            kept.append(p[mask].cpu().numpy())
+            kept_w.append(np.repeat(row_weight[a : a + 512], mask.sum(dim=1).cpu().numpy()))
+    return NnzEstimate(total_rows=total, sampled_rows=len(rows), sample_p=np.concatenate(kept),
+                       sample_w=np.concatenate(kept_w), observed=len(observed), floor=floor)

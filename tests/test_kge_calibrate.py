@@ -115,3 +115,39 @@ def test_max_one_factor_lets_multi_tail_rows_keep_more():
     assert mat[0].nnz == n
     assert np.allclose(mat[0].toarray()[0, 10:], 10 / n, rtol=0.05)
     assert mat[n].nnz == 0
+
+
+def test_memory_bound_raises_threshold_exactly():
+    # flat rows: many entries survive a small threshold; a tight max_nnz forces raises mid-way
+    ent, rel, obs = _random_case(11, 300, 4, 4, 200, scale=0.2)
+    loose, _ = calibrate(ent, rel, obs, threshold=1e-4, chunk_rows=50, progress=False)
+    limit = loose.nnz // 4
+    bounded, stats = calibrate(ent, rel, obs, threshold=1e-4, chunk_rows=50, progress=False, max_nnz=limit,
+                               adapt_threshold=True)
+    assert stats.threshold_raises and stats.threshold == stats.threshold_raises[-1] > 1e-4
+    assert bounded.nnz <= limit
+    # identical to a direct calibration at the final threshold
+    direct, _ = calibrate(ent, rel, obs, threshold=stats.threshold, chunk_rows=50, progress=False)
+    assert np.array_equal(bounded.indptr, direct.indptr) and np.array_equal(bounded.indices, direct.indices)
+    np.testing.assert_allclose(bounded.data, direct.data, rtol=1e-6)
+    vals = np.asarray(bounded[obs[:, 1] * 300 + obs[:, 0], obs[:, 2]]).ravel()
+    assert np.all(vals == 1.0)  # observed edges survive any raise
+
+
+def test_memory_bound_without_adaptation_is_an_error():
+    from kge.errors import UserError
+
+    ent, rel, obs = _random_case(12, 300, 2, 4, 0, scale=0.2)
+    with pytest.raises(UserError, match=r"calibration at threshold 0.0001 keeps [\d,]+ entries after [\d,]+ of 600 rows"):
+        calibrate(ent, rel, obs, threshold=1e-4, chunk_rows=50, progress=False, max_nnz=100)
+
+
+def test_nnz_estimate_is_close():
+    from kge.calibrate import estimate_nnz
+
+    ent, rel, obs = _random_case(13, 200, 5, 6, 400, scale=0.3)
+    mat, _ = calibrate(ent, rel, obs, threshold=1e-3, progress=False)
+    est = estimate_nnz(ent, rel, obs, floor=1e-3, num_rows=2000)  # 1000 rows (the whole) of each stratum
+    assert abs(est.nnz_at(1e-3) - mat.nnz) <= 0.05 * mat.nnz + len(obs)
+    t = est.threshold_for(mat.nnz / 3)
+    assert t > 1e-3 and est.nnz_at(t) <= mat.nnz / 3
