@@ -7,11 +7,11 @@
 #include "cpu/fuzzy_cpu.h"
 
 TORCH_LIBRARY_FRAGMENT(kgreason, m) {
-  // x (B,N) float32; (ccol, row, tval) CSC of M (N,N) with rows ascending per column.
-  // Returns (Y (B,N) float32, argmax (B,N) int32 or empty).
+  // x (B,N) float32; (crow, col) the CSR structure of M (N,N) and (ccol, row, tval) its CSC with rows
+  // ascending per column.  Returns (Y (B,N) float32, argmax (B,N) int32 or empty).
   m.def(
-      "project_negated(Tensor x, Tensor ccol, Tensor row, Tensor tval, float neg_scale, bool want_argmax) "
-      "-> (Tensor, Tensor)");
+      "project_negated(Tensor x, Tensor crow, Tensor col, Tensor ccol, Tensor row, Tensor tval, float neg_scale, "
+      "bool want_argmax) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(kgreason, CPU, m) { m.impl("project_negated", &kgreason::cpu::project_negated_cpu); }

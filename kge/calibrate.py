@@ -12,7 +12,8 @@ The result is one stacked CSR of shape ``(R*N, N)`` (row ``r*N + h`` holds
 ``M_r[h, :]``), as :class:`~kge.artifact.Artifact` stores it.
 
 How it is computed: rows are processed in chunks of ``chunk_rows`` flattened
-``(r, h)`` rows.  For a chunk, ``q = e_h * w_r`` is formed and the scores of
+``(r, h)`` rows (in a fixed shuffled order, so that the entries kept so far
+project the total without bias).  For a chunk, ``q = e_h * w_r`` is formed and the scores of
 all tails are one real matmul ``[Re q, Im q] (c, 2d) @ [Re E; Im E] (2d, N)``
 in float32.  The softmax and the threshold then run in place on that one
 ``(c, N)`` buffer: row max, ``sub_``/``exp_``, row sum, one comparison against
@@ -192,7 +193,11 @@ def calibrate(
     raised: list[float] = []
     bar = tqdm(total=total_rows, unit="row", unit_scale=True, desc="calibrating", disable=not progress, mininterval=1.0)
     with torch.inference_mode():
-        for lo, hi in _chunks(ranges, chunk):
+        # Chunks in a fixed shuffled order: the running nnz then projects the total
+        # without bias (relations differ a lot in density), which the memory bound uses.
+        chunk_list = list(_chunks(ranges, chunk))
+        for ci in np.random.default_rng(0).permutation(len(chunk_list)):
+            lo, hi = chunk_list[ci]
             c = hi - lo
             rows = torch.arange(lo, hi, device=dev)
             r_ids, h_ids = torch.div(rows, n, rounding_mode="floor"), rows % n
@@ -244,14 +249,15 @@ def calibrate(
     np.cumsum(row_nnz, out=indptr[1:])
     indices = np.empty(nnz, dtype=np.int32)
     data = np.empty(nnz, dtype=np.float32)
-    pos = 0
-    # Copy piece by piece, dropping each as it is copied, so peak memory stays ~1x nnz.
-    while pieces_idx:
-        pi, pv = pieces_idx.pop(0), pieces_val.pop(0)
-        piece_rows.pop(0)
+    # Copy piece by piece into place, dropping each as it is copied, so peak memory stays ~1x nnz.
+    for i in range(len(piece_rows)):
+        lo, _ = piece_rows[i]
+        pi, pv = pieces_idx[i], pieces_val[i]
+        pieces_idx[i] = pieces_val[i] = None  # type: ignore[call-overload]
+        pos = int(indptr[lo])
         indices[pos : pos + len(pi)] = pi
         data[pos : pos + len(pv)] = pv
-        pos += len(pi)
+        del pi, pv
     mat = sp.csr_matrix((num_rel * n, n), dtype=np.float32)
     mat.data, mat.indices, mat.indptr = data, indices, indptr
     mat.has_sorted_indices = True

@@ -83,8 +83,10 @@ def project_negated(
     ``Y[b, j] = max_i X[b, i] * (1 - min(1, neg_scale * M[i, j]))``: the factor is 1
     for every ``i`` outside column ``j``'s support, so each column needs only its
     support plus the few largest entries of each row of X.  Arguments and
-    returns as :func:`project`; ``strategy`` is accepted for symmetry, but there
-    is a single (column-parallel) kernel because ``Y`` is dense whatever X is.
+    returns as :func:`project`; ``strategy`` is accepted for symmetry, but the
+    kernel always combines a per-query pass (out-of-support maxima, from the
+    rows of X's largest entries) with a column pull (in-support products),
+    because ``Y`` is dense whatever X is.
     """
     _strategy_code(strategy)
     try:
@@ -97,7 +99,7 @@ def project_negated(
     x = _check_pair(X, m, validate)
     if resolve_backend(backend, "project_negated", x.device) == "reference":
         return reference.project_negated(x, m, neg_scale, return_argmax)
-    y, a = torch.ops.kgreason.project_negated(x, m.ccol, m.row, m.tval, neg_scale, return_argmax)
+    y, a = torch.ops.kgreason.project_negated(x, m.crow, m.col, m.ccol, m.row, m.tval, neg_scale, return_argmax)
     return (y, a) if return_argmax else y
 
 

@@ -22,8 +22,9 @@ std::tuple<at::Tensor, at::Tensor> project_cpu(const at::Tensor& x, const at::Te
 // The strategy (kPush / kPull) that kAuto picks for this X.
 int64_t project_strategy_cpu(const at::Tensor& x, const at::Tensor& crow, int64_t nnz);
 
-// Y[b,j] = max_i X[b,i] * (1 - min(1, s * M[i,j])), from the CSC of M.
-std::tuple<at::Tensor, at::Tensor> project_negated_cpu(const at::Tensor& x, const at::Tensor& ccol,
+// Y[b,j] = max_i X[b,i] * (1 - min(1, s * M[i,j])), from the CSR structure and the CSC of M.
+std::tuple<at::Tensor, at::Tensor> project_negated_cpu(const at::Tensor& x, const at::Tensor& crow,
+                                                       const at::Tensor& col, const at::Tensor& ccol,
                                                        const at::Tensor& row, const at::Tensor& tval,
                                                        double neg_scale, bool want_argmax);
 

@@ -148,12 +148,17 @@ __global__ void negated_kernel(const float* __restrict__ X, int64_t B, int64_t N
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> project_negated_cuda(const at::Tensor& x_in, const at::Tensor& ccol_in,
+// crow/col (the CSR structure) are part of the schema for the CPU kernel's
+// per-query pass; the warp-per-column kernel here only needs the CSC.
+std::tuple<at::Tensor, at::Tensor> project_negated_cuda(const at::Tensor& x_in, const at::Tensor& crow_in,
+                                                        const at::Tensor& col_in, const at::Tensor& ccol_in,
                                                         const at::Tensor& row_in, const at::Tensor& tval_in,
                                                         double neg_scale, bool want_argmax) {
   TORCH_CHECK(x_in.is_cuda() && x_in.scalar_type() == at::kFloat && x_in.dim() == 2,
               "kgreason::project_negated: X must be a 2-D float32 CUDA tensor");
-  TORCH_CHECK(ccol_in.scalar_type() == row_in.scalar_type(), "kgreason::project_negated: index dtypes differ");
+  TORCH_CHECK(ccol_in.scalar_type() == row_in.scalar_type() && crow_in.scalar_type() == ccol_in.scalar_type() &&
+                  col_in.scalar_type() == ccol_in.scalar_type(),
+              "kgreason::project_negated: index dtypes differ");
   TORCH_CHECK(neg_scale >= 0.0, "kgreason::project_negated: neg_scale must be >= 0");
   const c10::DeviceGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), ccol = ccol_in.contiguous(), row = row_in.contiguous(),
