@@ -43,7 +43,7 @@ from kge import Artifact
 from conftest import RESULTS, machine_description  # benchmarks/conftest.py (rootdir-relative import)
 
 B_LARGE = 1024
-N_SMALL = 32  # queries timed one by one (loop and b1)
+N_SMALL = B_LARGE  # queries timed one by one (loop and b1): the same queries as the batched mode
 TNORM = "product"
 NEG_SCALE = 3.0
 

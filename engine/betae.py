@@ -101,11 +101,6 @@ def read_betae_folder(path: str | Path) -> BetaEFolder:
     return BetaEFolder(path, train, valid, test, n, r)
 
 
-# BetaE's De Morgan form of ``up`` as its generator writes it (negation and projection in one ops tuple);
-# engine.structures names a different nesting of it.
-_EXTRA_NAMES = {((("e", ("r", "n")), ("e", ("r", "n"))), ("n", "r")): "up-DM"}
-
-
 def _betae_to_node(structure: tuple, query: tuple, negation: str):
     from .structures import from_betae
 
@@ -143,7 +138,7 @@ def load_betae_queries(
     nodes, names = [], []
     for structure, qs in data.items():
         try:
-            name = _EXTRA_NAMES.get(structure) or structure_of(structure)
+            name = structure_of(structure)
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{pickle_path}: unknown query structure {structure!r} ({exc})") from None
         names_seen.append(name)

@@ -50,7 +50,8 @@ _BETAE: dict[str, tuple] = {
 #: Every BetaE structure tuple we know, by BetaE's own name (incl. the De Morgan union forms).
 BETAE_NAMES: dict[tuple, str] = {v: k for k, v in _BETAE.items()}
 BETAE_NAMES[((("e", ("r", "n")), ("e", ("r", "n"))), ("n",))] = "2u-DM"
-BETAE_NAMES[((("e", ("r", "n")), ("e", ("r", "n"))), ("n",), ("r",))] = "up-DM"
+# BetaE writes up-DM with the negation and the projection in one operator tuple.
+BETAE_NAMES[((("e", ("r", "n")), ("e", ("r", "n"))), ("n", "r"))] = "up-DM"
 
 # BetaE's own names for the DNF union tuples map to our 14 names.
 _ALIASES = {"2u-DNF": "2u", "up-DNF": "up"}

@@ -200,7 +200,7 @@ BETAE_QUERY_NAME_DICT = {  # as in BetaE's main.py
     (("e", ("r",)), ("e", ("r",)), ("u",)): "2u-DNF",
     ((("e", ("r",)), ("e", ("r",)), ("u",)), ("r",)): "up-DNF",
     ((("e", ("r", "n")), ("e", ("r", "n"))), ("n",)): "2u-DM",
-    ((("e", ("r", "n")), ("e", ("r", "n"))), ("n",), ("r",)): "up-DM",
+    ((("e", ("r", "n")), ("e", ("r", "n"))), ("n", "r")): "up-DM",
 }
 
 EXPECTED_QTO = {
@@ -261,7 +261,7 @@ def test_from_betae_query_tuples():
     assert from_betae(STRUCTURES["up"].betae, (((5, (1,)), (6, (2,)), (-1,)), (3,))) == \
         parse("(p #3 (u (p #1 #5) (p #2 #6)))")
     dm = next(t for t, n in BETAE_QUERY_NAME_DICT.items() if n == "up-DM")
-    assert from_betae(dm, (((5, (1, -2)), (6, (2, -2))), (-2,), (3,))) == \
+    assert from_betae(dm, (((5, (1, -2)), (6, (2, -2))), (-2, 3))) == \
         parse("(p #3 (n (i (np #1 #5) (np #2 #6))))")
     for name, s in STRUCTURES.items():  # build() and from_betae() agree
         rng = random.Random(name)
