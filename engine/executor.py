@@ -266,7 +266,7 @@ class Executor:
             enough rows for a 4 MiB (rows, N) float32 tensor, at least 16; on CUDA,
             no limit).  A batch larger than this runs as several passes: small
             intermediates stay in cache and in the allocator's reuse range, which on
-            CPU is faster than one huge pass (see ``docs/readme/engine.md``).
+            CPU is faster than one huge pass (see the README, section "Query engine").
     """
 
     def __init__(self, artifact: "Artifact", *, tnorm: str = "product", neg_scale: float = 3.0,

@@ -99,7 +99,7 @@ class TrainConfig:
 
 
 #: Per-size presets (chosen so UMLS builds in well under a minute and FB15k-237
-#: trains in ~10 minutes on 2 CPU cores; see docs/readme/kge.md for measurements).
+#: trains in ~10 minutes on 2 CPU cores; see the README, section "Building an artifact", for measurements).
 SIZE_PRESETS: dict[str, dict[str, Any]] = {
     # N < 2,000 entities (UMLS, Nations, Kinships, Countries)
     # (UMLS: 12 LCWA epochs give filtered MRR 0.803 and a 39 s build at load average 6
