@@ -45,6 +45,15 @@ def _max_and_argmax(products: torch.Tensor, src: torch.Tensor, dst: torch.Tensor
     return y, a.to(torch.int32)
 
 
+
+def _join_chunks(ys: list, as_: list, x: torch.Tensor, n: int, return_argmax: bool):
+    """Concatenate per-chunk results into ``Y`` (B, N) and, if asked, ``argmax`` (B, N) int32."""
+    y = torch.cat(ys) if ys else x.new_zeros(0, n)
+    if not return_argmax:
+        return y
+    a = torch.cat(as_) if as_ else torch.full((0, n), -1, dtype=torch.int32, device=x.device)
+    return y, a
+
 def project(x: torch.Tensor, m: PreparedMatrix, return_argmax: bool = False):
     """``Y[b, j] = max_i X[b, i] * M[i, j]`` (B, N); with argmax (B, N) int32."""
     b, n = x.shape
@@ -56,11 +65,7 @@ def project(x: torch.Tensor, m: PreparedMatrix, return_argmax: bool = False):
         y, a = _max_and_argmax(prod, rows, cols, n, return_argmax)
         ys.append(y)
         as_.append(a)
-    y = torch.cat(ys) if ys else x.new_zeros(0, n)
-    if not return_argmax:
-        return y
-    a = torch.cat(as_) if as_ else torch.full((0, n), -1, dtype=torch.int32, device=x.device)
-    return y, a
+    return _join_chunks(ys, as_, x, n, return_argmax)
 
 
 def project_negated(x: torch.Tensor, m: PreparedMatrix, neg_scale: float, return_argmax: bool = False):
@@ -105,8 +110,4 @@ def project_negated(x: torch.Tensor, m: PreparedMatrix, neg_scale: float, return
         a = torch.where((y > 0) & (a != big), a, torch.full_like(a, -1))
         ys.append(y)
         as_.append(a)
-    y = torch.cat(ys) if ys else x.new_zeros(0, n)
-    if not return_argmax:
-        return y
-    a = torch.cat(as_) if as_ else torch.full((0, n), -1, dtype=torch.int32, device=x.device)
-    return y, a
+    return _join_chunks(ys, as_, x, n, return_argmax)
