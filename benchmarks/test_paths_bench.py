@@ -24,7 +24,7 @@ import pytest
 
 from benchmarks.conftest import FB15K237_BETAE, RESULTS, machine_description
 from engine.paths import PathGraph, PathRetriever, shortest_paths
-from engine.paths.reference import dijkstra_heapq
+from ops.paths_reference import dijkstra_heapq
 
 NUM_SOURCES = 1000
 HEAPQ_SOURCES = 10

@@ -1,6 +1,7 @@
 // Schema of the batched shortest-path op (KARPA retrieval, issue 5).
-// The CPU kernel lives in csrc/cpu/dijkstra_cpu.cpp; Python wrapper:
-// engine/paths/graph.py (engine.paths.shortest_paths / engine.paths.dijkstra).
+// The CPU kernel lives in csrc/cpu/dijkstra_cpu.cpp; Python wrapper: ops/paths.py
+// (ops.dijkstra, with the pure-Python reference backend ops/paths_reference.py and
+// the fake kernel in ops/_fake.py); engine.paths builds the graph from triples.
 #include <torch/library.h>
 
 TORCH_LIBRARY_FRAGMENT(kgreason, m) {

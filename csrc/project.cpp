@@ -12,10 +12,18 @@ TORCH_LIBRARY_FRAGMENT(kgreason, m) {
   m.def(
       "project(Tensor x, Tensor crow, Tensor col, Tensor val, Tensor ccol, Tensor row, Tensor tval, "
       "int strategy, bool want_argmax) -> (Tensor, Tensor)");
-  m.def("project_strategy(Tensor x, Tensor crow, int nnz) -> int");
+  // Returns the strategy code (1 push, 2 pull) as a 0-dim int64 tensor: the choice depends on X's
+  // values, and a tensor (unlike an int) can stand for it in fake/meta tracing (ops/_fake.py).
+  m.def("project_strategy(Tensor x, Tensor crow, int nnz) -> Tensor");
 }
+
+namespace {
+at::Tensor project_strategy_tensor(const at::Tensor& x, const at::Tensor& crow, int64_t nnz) {
+  return at::scalar_tensor(kgreason::cpu::project_strategy_cpu(x, crow, nnz), at::TensorOptions().dtype(at::kLong));
+}
+}  // namespace
 
 TORCH_LIBRARY_IMPL(kgreason, CPU, m) {
   m.impl("project", &kgreason::cpu::project_cpu);
-  m.impl("project_strategy", &kgreason::cpu::project_strategy_cpu);
+  m.impl("project_strategy", &project_strategy_tensor);
 }

@@ -10,7 +10,12 @@ Examples::
 
 One query per line in ``--queries`` files (blank lines are skipped); errors
 name ``file:line:column``.  ``--json`` prints one JSON object per query, in
-order: ``{"query": expr, "answers": [{"entity", "id", "score", "explanation"}]}``.
+order: ``{"query": expr, "answers": [{"entity", "id", "score", "provenance",
+"explanation"}], "trace": {"query", "nodes": [...]}}`` (see
+:mod:`engine.exec.trace`; ``--trace-values`` adds each node's top entities).
+``provenance`` is ``"kg"`` unless executor hooks merged evidence in
+(``"llm"``, ``"both"``, ...); the text output then tags each answer with
+it and lists the nodes hooks touched.
 """
 from __future__ import annotations
 
@@ -19,10 +24,9 @@ import json
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
-from kge.errors import UserError, cli_main
+from kgreason.errors import UserError, cli_main
 
 __all__ = ["AnswerConfig", "main", "run"]
 
@@ -47,6 +51,8 @@ class AnswerConfig:
     device: str = "cpu"
     seed: int = 0
     json: bool = False
+    trace_values: bool = False
+    llm: object = None  # llm_bridge.cli.LLMOptions with --llm, else None (KG only)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,17 +77,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=10, help="answers per query (default 10)")
     p.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
                    help="print why each answer holds (default on)")
-    p.add_argument("--tnorm", choices=("product", "godel"), default="product", help="intersection t-norm (default product)")
+    from ops.fuzzy import TNORMS
+    from engine.lang.structures import NEGATION_MODES
+
+    p.add_argument("--tnorm", choices=TNORMS, default="product", help="intersection t-norm (default product)")
     p.add_argument("--neg-scale", type=float, default=3.0, help="s in QTO's negation 1-min(1, s*M) (default 3.0)")
-    p.add_argument("--negation", choices=("qto", "complement"), default="qto",
+    p.add_argument("--negation", choices=NEGATION_MODES, default="qto",
                    help="how --query structures negate: QTO's negated edge or the complement 1-x (default qto)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--seed", type=int, default=0, help="seed of the example query for --query alone (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object per query (JSON lines)")
+    p.add_argument("--trace-values", action="store_true",
+                   help="keep every node's values in the trace (--json: each node's top 10 entities)")
+    from llm_bridge.cli import add_arguments as add_llm_arguments
+
+    add_llm_arguments(p)  # --llm and its --llm-* flags (LGOT: the LLM answers every sub-question too)
     return p
 
 
 def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
+    from llm_bridge.cli import options_from_args
+
     ns = _parser().parse_args(argv)
     given = [name for name in ("query", "expr", "queries") if getattr(ns, name) is not None]
     if len(given) != 1:
@@ -96,7 +112,8 @@ def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
         artifact=ns.artifact, query=ns.query, anchors=tuple(ns.anchors) if ns.anchors else None,
         relations=tuple(ns.relations) if ns.relations else None, expr=ns.expr, queries=ns.queries,
         top_k=ns.top_k, explain=ns.explain, tnorm=ns.tnorm, neg_scale=ns.neg_scale, negation=ns.negation,
-        device=ns.device, seed=ns.seed, json=ns.json,
+        device=ns.device, seed=ns.seed, json=ns.json, trace_values=ns.trace_values,
+        llm=options_from_args(ns, top_k=ns.top_k),
     )
 
 
@@ -108,27 +125,27 @@ def _token(value: str) -> str | int:
 
 def read_queries(path: str) -> list[tuple[str, str]]:
     """``(where, text)`` for each non-blank line of ``path`` (``where`` = ``path:line``)."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()  # -sig: tolerate a BOM
-    except FileNotFoundError:
-        raise UserError(f"--queries: file {path!r} does not exist") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"--queries: {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    out = [(f"{path}:{k}", line) for k, line in enumerate(lines, 1) if line.strip()]
+    from kgreason.files import read_lines  # UTF-8 (BOM tolerated); errors name file:line, a folder is refused
+
+    out = [(f"{path}:{k}", line) for k, line in read_lines(path, what="--queries") if line.strip()]
     if not out:
         raise UserError(f"--queries: {path} has no queries")
     return out
 
 
-def run(cfg: AnswerConfig, out=None) -> int:
-    """Answer the queries ``cfg`` describes and print them (text or JSON lines) to ``out`` (default stdout)."""
+def run(cfg: AnswerConfig, out=None, *, hooks: Sequence = ()) -> int:
+    """Answer the queries ``cfg`` describes and print them (text or JSON lines) to ``out`` (default stdout).
+
+    ``hooks``: per-node executor hooks (:mod:`engine.exec.hooks`), e.g. an LLM
+    bridge's; their evidence shows as provenance, their notes in the trace.
+    """
     out = sys.stdout if out is None else out
-    from .api import Engine
-    from .query import describe, named, parse, resolve, to_sexpr
-    from .structures import get_structure
+    from engine.exec.api import Engine
+    from engine.lang.query import describe, named, parse, resolve, to_sexpr
+    from engine.lang.structures import get_structure
 
     engine = Engine.load(cfg.artifact, negation=cfg.negation, tnorm=cfg.tnorm, neg_scale=cfg.neg_scale,
-                         device=cfg.device)
+                         device=cfg.device, hooks=hooks)
     art = engine.artifact
     if cfg.query is not None:
         structure = get_structure(cfg.query)
@@ -144,7 +161,7 @@ def run(cfg: AnswerConfig, out=None) -> int:
         nodes = []
         for where, text in read_queries(cfg.queries):
             nodes.append(resolve(parse(text, where=where), art, where=where))
-    results = engine.executor.answer(nodes, k=cfg.top_k, explain=cfg.explain)
+    results = engine.executor.answer(nodes, k=cfg.top_k, explain=cfg.explain, trace_values=cfg.trace_values)
     for node, res in zip(nodes, results):
         if cfg.json:
             out.write(json.dumps(res.to_json(), ensure_ascii=False) + "\n")
@@ -155,19 +172,56 @@ def run(cfg: AnswerConfig, out=None) -> int:
             out.write("  no answers (every entity scores 0)\n\n")
             continue
         width = max(len(a.entity) for a in res.answers)
+        # Provenance only when something other than the KG contributed: plain KG runs print as before.
+        tagged = any(a.provenance != "kg" for a in res.answers)
         for rank, a in enumerate(res.answers, 1):
-            out.write(f"  {rank:>3}. {a.score:.4f}  {a.entity:<{width}}  (id {a.id})\n")
+            tag = f"  [{a.provenance}]" if tagged else ""
+            out.write(f"  {rank:>3}. {a.score:.4f}  {a.entity:<{width}}  (id {a.id}){tag}\n")
             if a.explanation is not None:
                 for line in a.explanation.lines():
                     out.write(f"         {line}\n")
+        for line in _trace_lines(res.trace):
+            out.write(f"  {line}\n")
         out.write("\n")
     out.flush()
     return 0
 
 
+def _trace_lines(trace) -> list[str]:
+    """The trace's nodes that hooks touched, one compact line each (none for a plain KG run)."""
+    if trace is None:
+        return []
+    lines = []
+    for nt in trace.nodes:
+        if not (nt.hooks or nt.notes or nt.evidence or nt.row_evidence):
+            continue
+        what = nt.op + (f" {nt.relation_name}" if nt.relation_name is not None else "") + \
+            (f" {nt.entity_name}" if nt.entity_name is not None else "")
+        parts = []
+        if nt.hooks:
+            parts.append("hooks " + ", ".join(nt.hooks))
+        if nt.evidence:
+            by_source: dict[str, int] = {}
+            for ev in nt.evidence.values():
+                by_source[ev.source] = by_source.get(ev.source, 0) + 1
+            parts.append("evidence " + ", ".join(f"{k} {v}" for k, v in sorted(by_source.items())))
+        if nt.row_evidence is not None:
+            parts.append(f"row replaced by {nt.row_evidence.source} (others {nt.row_evidence.score:g})")
+        if nt.notes:
+            from llm_bridge.cli import compact_notes  # the bridge's notes in one line (--json has them in full)
+
+            parts.append(compact_notes(nt.notes))
+        lines.append(f"node {list(nt.path)} ({what}): " + "; ".join(parts))
+    return ["trace:"] + ["  " + l for l in lines] if lines else []
+
+
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(parse_args(argv))
+    from llm_bridge.cli import llm_hooks
+
+    cfg = parse_args(argv)
+    with llm_hooks(cfg.llm) as hooks:  # () without --llm
+        return run(cfg, hooks=hooks)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,17 @@ from typing import Sequence
 
 import numpy as np
 
-from kge.errors import UserError, cli_main, unknown_name
+from kgreason.errors import UserError, cli_main, unknown_name
+from kgreason.files import check_output_file, write_output
 
-__all__ = ["EvaluateArgs", "parse_args", "main", "convert_negation", "check_betae_ids"]
+__all__ = ["EvaluateArgs", "parse_args", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports mistakes as one :class:`UserError` line (exit status 2 via ``cli_main``)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UserError(message)
 
 
 @dataclass(frozen=True)
@@ -42,11 +50,11 @@ class EvaluateArgs:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
-    from .evaluation import TIES
-    from .executor import TNORMS
-    from .structures import NEGATION_MODES
+    from engine.eval.metrics import TIES
+    from engine.exec.executor import TNORMS
+    from engine.lang.structures import NEGATION_MODES
 
-    p = argparse.ArgumentParser(prog="python -m engine.evaluate", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="python -m engine.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifact", required=True, type=Path, help="artifact folder")
     p.add_argument("--queries", type=Path, help="JSON Lines file written by `python -m engine.sample`")
     p.add_argument("--betae-queries", type=Path, help="BetaE query pickle (e.g. test-queries.pkl)")
@@ -77,8 +85,8 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
         raise UserError(f"--limit must be >= 1, got {a.limit}")
     if a.neg_scale <= 0:
         raise UserError(f"--neg-scale must be > 0, got {a.neg_scale}")
-    if a.json is not None and not a.json.parent.is_dir():
-        raise UserError(f"--json: folder {str(a.json.parent)!r} does not exist")
+    if a.json is not None:
+        check_output_file(a.json, what="--json")
     return EvaluateArgs(
         a.artifact, a.queries, a.betae_queries, a.betae_folder,
         tuple(dict.fromkeys(a.structures)) if a.structures else None,
@@ -86,74 +94,13 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
     )
 
 
-def convert_negation(node, mode: str | None):
-    """``node`` with every negated projection written in ``mode``.
-
-    ``"qto"``: ``(n (p r q))`` -> ``(np r q)``; ``"complement"``: ``(np r q)`` -> ``(n (p r q))``;
-    ``None``: unchanged.  Other complements are kept.
-    """
-    from .query import Anchor, Complement, Intersection, NegatedProjection, Projection, Union
-
-    if mode is None:
-        return node
-
-    def walk(n):
-        if isinstance(n, Anchor):
-            return n
-        if isinstance(n, NegatedProjection):
-            arg = walk(n.arg)
-            return Complement(Projection(n.relation, arg)) if mode == "complement" else NegatedProjection(n.relation, arg)
-        if isinstance(n, Complement):
-            if mode == "qto" and isinstance(n.arg, Projection):
-                return NegatedProjection(n.arg.relation, walk(n.arg.arg))
-            return Complement(walk(n.arg))
-        if isinstance(n, Projection):
-            return Projection(n.relation, walk(n.arg))
-        if isinstance(n, (Intersection, Union)):
-            return type(n)(tuple(walk(a) for a in n.args))
-        raise TypeError(f"not a query node: {n!r}")
-
-    return walk(node)
-
-
-def check_betae_ids(artifact, folder) -> float:
-    """Check that the artifact's ids are the BetaE folder's ids; returns the fraction of observed triples found.
-
-    Counts must match and (since a permutation of ids would keep the counts) at
-    least 99% of the artifact's observed triples must be triples of the folder.
-    """
-    if artifact.num_entities != folder.num_entities or artifact.num_relations != folder.num_relations:
-        raise UserError(
-            f"artifact {artifact.path} has {artifact.num_entities} entities / {artifact.num_relations} relations but "
-            f"BetaE folder {folder.path} has {folder.num_entities} / {folder.num_relations}: the query ids would not "
-            "refer to the same entities (build the artifact from that folder)"
-        )
-    n, r = folder.num_entities, folder.num_relations
-
-    def keys(t: np.ndarray) -> np.ndarray:
-        return (t[:, 0] * r + t[:, 1]) * n + t[:, 2]
-
-    obs = artifact.observed
-    if len(obs) == 0:
-        return 1.0
-    sample = obs[np.random.default_rng(0).choice(len(obs), size=min(len(obs), 20000), replace=False)]
-    known = keys(np.concatenate([folder.train, folder.valid, folder.test]))
-    frac = float(np.isin(keys(sample), known).mean())
-    if frac < 0.99:
-        raise UserError(
-            f"artifact {artifact.path}: only {100 * frac:.1f}% of its observed triples are triples of BetaE folder "
-            f"{folder.path}: its entity/relation ids are not the folder's ids"
-        )
-    return frac
-
-
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     from kge.artifact import Artifact
 
-    from .evaluation import evaluate_queries, format_table, load_jsonl_queries, results_to_json
-    from .executor import Executor
-    from .structures import BETAE_NAMES, STRUCTURES
+    from engine.eval.metrics import evaluate_queries, format_table, load_jsonl_queries, results_to_json
+    from engine.exec.executor import Executor
+    from engine.lang.structures import BETAE_NAMES, STRUCTURES, convert_negation
 
     args = parse_args(argv)
     known = list(STRUCTURES) + sorted(set(BETAE_NAMES.values()) - set(STRUCTURES))
@@ -167,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         queries = load_jsonl_queries(args.queries, artifact, structures=args.structures)
         source = str(args.queries)
     else:
-        from .betae import load_betae_queries, read_betae_folder
+        from engine.eval.betae import check_betae_ids, load_betae_queries, read_betae_folder
 
         folder = read_betae_folder(args.betae_folder)
         info["observed_triples_in_folder"] = check_betae_ids(artifact, folder)
@@ -179,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         info["betae_timings_s"] = timings
         source = str(args.betae_queries)
     if args.negation is not None:
-        from .evaluation import EvalQuery
+        from engine.eval.metrics import EvalQuery
 
         queries = [EvalQuery(q.structure, convert_negation(q.node, args.negation), q.easy, q.hard) for q in queries]
     if args.limit is not None:
@@ -213,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "evaluate_s": t2 - t1,
             **info,
         }
-        args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        write_output(args.json, json.dumps(record, indent=2) + "\n", what="--json")
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 

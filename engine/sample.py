@@ -6,6 +6,11 @@
 Writes JSON Lines ``{"structure": "2in", "expr": "(i (p r1 e1) (np r2 e2))", "easy": [ids], "hard": [ids]}``
 (names in ``expr``; easy = answers on the observed graph, hard = the extra answers once
 the artifact's missing triples are added) and prints the rejection counts.
+
+Queries are written as they are accepted (into a temporary sibling of ``--out``,
+renamed into place at the end, or on Ctrl-C with what was written so far).  A
+structure with fewer distinct queries than asked stops early with what it has
+and a note "K of N queries (exhausted: ...)".
 """
 from __future__ import annotations
 
@@ -16,9 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from kge.errors import UserError, cli_main, unknown_name
+from kgreason.errors import Terminated, UserError, cli_main, unknown_name
+from kgreason.files import check_output_file, open_output
 
 __all__ = ["SampleArgs", "parse_args", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports mistakes as one :class:`UserError` line (exit status 2 via ``cli_main``)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UserError(message)
 
 
 @dataclass(frozen=True)
@@ -35,9 +48,9 @@ class SampleArgs:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> SampleArgs:
-    from .structures import NEGATION_MODES, STRUCTURES
+    from engine.lang.structures import NEGATION_MODES, STRUCTURES
 
-    p = argparse.ArgumentParser(prog="python -m engine.sample", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="python -m engine.sample", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifact", required=True, type=Path, help="artifact folder (observed + missing triples)")
     p.add_argument("--structures", nargs="+", default=list(STRUCTURES), metavar="NAME",
                    help=f"structures to sample (default: all 14: {' '.join(STRUCTURES)})")
@@ -58,8 +71,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SampleArgs:
         raise UserError(f"--per-structure must be >= 1, got {a.per_structure}")
     if a.max_answers < 1:
         raise UserError(f"--max-answers must be >= 1, got {a.max_answers}")
-    if a.out.parent and not a.out.parent.is_dir():
-        raise UserError(f"--out: folder {str(a.out.parent)!r} does not exist")
+    check_output_file(a.out, what="--out")
     return SampleArgs(a.artifact, tuple(dict.fromkeys(a.structures)), a.per_structure, a.seed, a.out,
                       a.max_answers, a.require_hard, a.negation, not a.no_progress)
 
@@ -68,7 +80,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SampleArgs:
 def main(argv: Sequence[str] | None = None) -> int:
     from kge.artifact import Artifact
 
-    from .sampling import sample_queries, write_jsonl
+    from engine.eval.sampling import QuerySampler, query_record
 
     args = parse_args(argv)
     artifact = Artifact.load(args.artifact, verify=False, load_embeddings=False)
@@ -76,13 +88,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UserError(f"artifact {args.artifact} has no missing triples, so no query has a hard answer "
                         "(use --no-require-hard)")
     t0 = time.perf_counter()
-    queries, stats = sample_queries(
-        artifact, args.structures, args.per_structure, seed=args.seed, max_answers=args.max_answers,
-        require_hard=args.require_hard, negation=args.negation, progress=args.progress,
-    )
-    n = write_jsonl(queries, args.out, artifact)
+    sampler = QuerySampler(artifact.observed, artifact.missing, artifact.num_entities, artifact.num_relations,
+                           max_answers=args.max_answers, require_hard=args.require_hard, negation=args.negation)
+    n = 0
+    try:
+        with open_output(args.out, what="--out", keep_partial=True) as f:
+            for q in sampler.iter_many(args.structures, args.per_structure, seed=args.seed, progress=args.progress):
+                f.write(query_record(q, artifact))
+                f.flush()  # a killed run leaves whole lines in the temporary file
+                n += 1
+    except (KeyboardInterrupt, Terminated):
+        print(f"interrupted: kept the {n:,} queries written so far in {args.out}", file=sys.stderr)
+        raise
+    stats = sampler.stats
     print(stats.table(), file=sys.stderr)
-    print(f"wrote {n} queries to {args.out} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    for note in stats.notes():
+        print(note, file=sys.stderr)
+    asked = args.per_structure * len(args.structures)
+    short = f" of {asked:,} asked" if n < asked else ""
+    print(f"wrote {n:,} queries{short} to {args.out} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
 
 

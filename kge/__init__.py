@@ -1,5 +1,5 @@
 """Knowledge-graph data layer: loading, ComplEx training (pykeen) and calibrated sparse relation matrices."""
 from .artifact import Artifact
-from .errors import UserError
+from kgreason.errors import UserError
 
 __all__ = ["Artifact", "UserError"]

@@ -10,12 +10,16 @@ Folder layout (readable without this package)::
                       score(h, r, t) = Re(sum(e_h * w_r * conj(e_t)))   [optional]
     observed.tsv      h<TAB>r<TAB>t id triples the matrices treat as known (value 1.0)
     missing.tsv       h<TAB>r<TAB>t id triples held out (dropped edges, valid/test splits)
-    meta.json         source, counts, parameters, package versions and
+    meta.json         {"format_version": 1}, source, counts, parameters, package versions and
                       {"files": {name: sha256}} for every other file in the folder
 
-Any file listed in ``meta.json["files"]`` is verified on load; a mismatch names
-the file.  Later stages add files (e.g. ``relation_embeddings.npy``) with
-:meth:`Artifact.add_file`, which keeps the checksums current.
+``format_version`` (:data:`FORMAT_VERSION`) names this layout; loading an
+artifact of another (or no) version is an :class:`ArtifactVersionError` that
+says to rebuild it with ``python -m kge.build``.  Any file listed in
+``meta.json["files"]`` is verified on load; a mismatch names the file, and a
+meta.json without checksums is refused unless ``verify=False`` is explicit.
+:meth:`Artifact.add_file` adds a file and keeps the checksums current (the
+engine's own caches live outside the artifact: it only reads artifacts).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import io
 import json
 import os
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -31,11 +36,14 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from .errors import UserError, unknown_name
+from kgreason.errors import UserError, unknown_name
+from kgreason.files import is_plain_name, read_lines, write_output
 
-__all__ = ["Artifact", "sha256_file", "INVERSE_SUFFIX"]
+__all__ = ["Artifact", "ArtifactVersionError", "sha256_file", "INVERSE_SUFFIX", "FORMAT_VERSION"]
 
 INVERSE_SUFFIX = "^-1"
+#: Version of the folder layout written by :meth:`Artifact.save` (1: the layout above).
+FORMAT_VERSION = 1
 REQUIRED_FILES = ("entities.tsv", "relations.tsv", "matrices.npz", "observed.tsv", "missing.tsv", "meta.json")
 
 
@@ -58,18 +66,52 @@ def _write_vocab(path: Path, names: Sequence[str]) -> None:
             f.write(f"{i}\t{name}\n")
 
 
+class ArtifactVersionError(UserError):
+    """The artifact's ``format_version`` is missing or not :data:`FORMAT_VERSION` (rebuild it)."""
+
+
 def _read_vocab(path: Path) -> list[str]:
     names: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            parts = line.split("\t")
-            if len(parts) != 2 or not parts[0].isdigit():
-                raise UserError(f"{path}:{lineno}: expected 'id<TAB>name', got {line!r}")
-            if int(parts[0]) != len(names):
-                raise UserError(f"{path}:{lineno}: expected id {len(names)}, got {parts[0]}")
-            names.append(parts[1])
+    for lineno, line in read_lines(path):
+        parts = line.split("\t")
+        if len(parts) != 2 or not (parts[0].isascii() and parts[0].isdigit()):
+            raise UserError(f"{path}:{lineno}: expected 'id<TAB>name', got {line!r}")
+        if int(parts[0]) != len(names):
+            raise UserError(f"{path}:{lineno}: expected id {len(names)}, got {parts[0]}")
+        names.append(parts[1])
     return names
+
+
+def _write_meta(path: Path, meta: dict[str, Any]) -> None:
+    write_output(path, json.dumps(meta, indent=2, sort_keys=True), what="meta.json")
+
+
+def _check_meta(path: Path, meta: Any, verify: bool) -> dict[str, Any]:
+    """``meta.json``'s content checked for type, format version and (with ``verify``) checksums."""
+    where = path / "meta.json"
+    if not isinstance(meta, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(meta).__name__}; rebuild the artifact")
+    source = meta.get("source") if isinstance(meta.get("source"), str) else "SOURCE"
+    rebuild = f"rebuild it with python -m kge.build --kg {source} --out {path} --overwrite"
+    version = meta.get("format_version")
+    if version is None:
+        raise ArtifactVersionError(f"artifact {path}: meta.json has no format_version (an artifact from an older "
+                                   f"kgreason; this one reads version {FORMAT_VERSION}); {rebuild}")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ArtifactVersionError(f"{where}: format_version must be an integer, got {version!r}; {rebuild}")
+    if version < FORMAT_VERSION:
+        raise ArtifactVersionError(f"artifact {path}: format version {version} is older than the version "
+                                   f"{FORMAT_VERSION} this kgreason reads; {rebuild}")
+    if version > FORMAT_VERSION:
+        raise ArtifactVersionError(f"artifact {path}: format version {version} is newer than the version "
+                                   f"{FORMAT_VERSION} this kgreason reads; upgrade kgreason, or {rebuild}")
+    files = meta.get("files", {})
+    if not isinstance(files, dict) or not all(is_plain_name(k) and isinstance(v, str) for k, v in files.items()):
+        raise UserError(f"{where}: 'files' must map file names to sha256 digests; rebuild the artifact")
+    if verify and not any(name in files for name in REQUIRED_FILES):
+        raise UserError(f"artifact {path}: meta.json lists no checksums, so its files cannot be verified; "
+                        f"{rebuild}, or load it with verify=False to skip the check")
+    return meta
 
 
 def _write_triples(path: Path, triples: np.ndarray) -> None:
@@ -229,14 +271,14 @@ class Artifact:
         meta["nnz"] = int(self.matrices.nnz)
         meta["num_observed"] = int(len(self.observed))
         meta["num_missing"] = int(len(self.missing))
+        meta["format_version"] = FORMAT_VERSION
         files = dict(meta.get("files", {}))
         for name in ("entities.tsv", "relations.tsv", "matrices.npz", "embeddings.npz", "observed.tsv", "missing.tsv"):
             if (path / name).exists():
                 files[name] = sha256_file(path / name)
         meta["files"] = files
         self.meta = meta
-        with open(path / "meta.json", "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2, sort_keys=True)
+        _write_meta(path / "meta.json", meta)
         self.path = path
         return path
 
@@ -244,32 +286,46 @@ class Artifact:
         """Add (or replace) a file in the saved folder and record its sha256 in meta.json."""
         if self.path is None:
             raise ValueError("artifact has no folder yet: save() it first")
+        if not is_plain_name(name) or name == "meta.json":
+            raise ValueError(f"add_file: {name!r} is not a plain file name other than meta.json")
         target = self.path / name
         if isinstance(data, np.ndarray):
             buf = io.BytesIO()
             np.save(buf, data)
             data = buf.getvalue()
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
+        write_output(target, data, what="add_file")
         self.meta.setdefault("files", {})[name] = sha256_file(target)
-        with open(self.path / "meta.json", "w", encoding="utf-8") as f:
-            json.dump(self.meta, f, indent=2, sort_keys=True)
+        _write_meta(self.path / "meta.json", self.meta)
         return target
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, verify: bool = True, load_embeddings: bool = True) -> "Artifact":
-        """Read an artifact folder; with ``verify`` every file's sha256 is checked against meta.json."""
+        """Read an artifact folder; with ``verify`` every file's sha256 is checked against meta.json.
+
+        The format version is always checked (:class:`ArtifactVersionError`);
+        ``verify=False`` skips the checksums, and is needed to load a folder whose
+        meta.json lists none.
+        """
         path = Path(path)
         if not path.is_dir():
+            if path.exists():
+                raise UserError(f"artifact {str(path)!r} is a file; expected an artifact folder")
             raise UserError(f"artifact folder {str(path)!r} does not exist")
+        # meta.json first: an artifact of another format version may have other files.
+        if not (path / "meta.json").is_file():
+            raise UserError(f"artifact {path}: missing file 'meta.json' (not an artifact folder?)")
+        try:
+            meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise UserError(f"{path / 'meta.json'}: not UTF-8 text") from None
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path / 'meta.json'}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+        except (OSError, RecursionError) as exc:
+            raise UserError(f"{path / 'meta.json'}: cannot read ({type(exc).__name__})") from None
+        meta = _check_meta(path, meta, verify)
         for name in REQUIRED_FILES:
             if not (path / name).is_file():
                 raise UserError(f"artifact {path}: missing file {name!r}")
-        try:
-            meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path / 'meta.json'}:{exc.lineno}: invalid JSON ({exc.msg})") from None
         if verify:
             for name, digest in sorted(meta.get("files", {}).items()):
                 f = path / name
@@ -283,20 +339,30 @@ class Artifact:
                     )
         entities = _read_vocab(path / "entities.tsv")
         relations = _read_vocab(path / "relations.tsv")
-        with np.load(path / "matrices.npz", allow_pickle=False) as z:
-            n, r = len(entities), len(relations)
-            matrices = sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=(r * n, n), copy=False)
-        embeddings = None
-        if load_embeddings and (path / "embeddings.npz").is_file():
-            with np.load(path / "embeddings.npz", allow_pickle=False) as z:
-                embeddings = {k: z[k] for k in z.files}
-        return cls(
-            entities=entities,
-            relations=relations,
-            matrices=matrices,
-            observed=_read_triples(path / "observed.tsv"),
-            missing=_read_triples(path / "missing.tsv"),
-            meta=meta,
-            embeddings=embeddings,
-            path=path,
-        )
+        n, r = len(entities), len(relations)
+        try:
+            with np.load(path / "matrices.npz", allow_pickle=False) as z:
+                matrices = sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=(r * n, n), copy=False)
+            embeddings = None
+            if load_embeddings and (path / "embeddings.npz").is_file():
+                with np.load(path / "embeddings.npz", allow_pickle=False) as z:
+                    embeddings = {k: z[k] for k in z.files}
+        except (KeyError, ValueError, OSError, zipfile.BadZipFile) as exc:
+            # Only reachable with verify=False (checksums catch changed files): say so instead of a scipy trace.
+            raise UserError(f"artifact {path}: unreadable matrices/embeddings ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}); rebuild the artifact") from None
+        try:
+            return cls(
+                entities=entities,
+                relations=relations,
+                matrices=matrices,
+                observed=_read_triples(path / "observed.tsv"),
+                missing=_read_triples(path / "missing.tsv"),
+                meta=meta,
+                embeddings=embeddings,
+                path=path,
+            )
+        except UserError:
+            raise
+        except ValueError as exc:
+            raise UserError(f"artifact {path}: {exc}; rebuild the artifact") from None

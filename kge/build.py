@@ -5,6 +5,12 @@ Command line::
     python -m kge.build --kg umls --out artifacts/umls
     python -m kge.build --kg ../shared/data/betae/FB15k-237-betae --out artifacts/FB15k-237
     python -m kge.build --kg umls --out /tmp/umls-lgot --drop-edges 0.5 --seed 0 --rank 64 --epochs 50
+    python -m kge.build --kg umls --out artifacts/umls --overwrite      # replace an earlier artifact
+
+``--out`` must be a new folder, an empty one, or (with ``--overwrite``) an
+artifact folder holding nothing but its own files; anything else is refused
+before the build starts (:mod:`kgreason.files`), so a build never deletes a
+file it did not write.
 
 Library::
 
@@ -15,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import os
 import platform
 import resource
-import shutil
 import sys
-import tempfile
 import time
+import zipfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,9 +36,10 @@ import numpy as np
 
 from .artifact import Artifact
 from .calibrate import DEFAULT_DELTA, DEFAULT_THRESHOLD, calibrate, estimate_nnz
-from .errors import UserError, cli_main
+from kgreason.errors import UserError, cli_main
+from kgreason.files import OutputFolder, open_output
 from .graph import drop_edges, load_kg
-from .train import default_train_config, size_class, train_complex
+from .train import check_loss, check_trainable, default_train_config, size_class, train_complex
 
 __all__ = ["BuildConfig", "build_artifact", "summarize", "main"]
 
@@ -50,7 +57,9 @@ class BuildConfig:
 
     ``out`` is written atomically: the artifact is built in a temporary sibling
     folder and moved into place only when complete, so a failed build leaves a
-    previous artifact intact.
+    previous artifact intact.  An existing artifact at ``out`` is replaced only
+    with ``overwrite``; an existing folder that is not an artifact is an error
+    (checked before loading or training anything).
     """
 
     kg: str
@@ -73,6 +82,7 @@ class BuildConfig:
     chunk_rows: int | None = None
     device: str = "auto"
     embeddings: str | None = None
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         for name in ("rank", "epochs", "batch_size", "num_negatives", "chunk_rows"):
@@ -109,7 +119,19 @@ def peak_rss_bytes() -> int:
 
 
 def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
-    """Load -> drop edges -> train ComplEx -> calibrate -> save ``config.out``; returns the saved Artifact."""
+    """Load -> drop edges -> train ComplEx -> calibrate -> save ``config.out``; returns the saved Artifact.
+
+    Every check on the user's input (the output folder, the loss name, a
+    training set left empty by ``drop_edges``) runs before training.
+    """
+    output = OutputFolder(config.out, overwrite=config.overwrite, what="--out")
+    if config.loss is not None and config.embeddings is None:
+        check_loss(config.loss)
+    with output as tmp:  # SIGTERM, Ctrl-C or an error from here on removes the temporary folder
+        return _build(config, progress, output, tmp)
+
+
+def _build(config: BuildConfig, progress: bool, output: OutputFolder, tmp: Path) -> Artifact:
     timings: dict[str, float] = {}
     t = time.perf_counter()
     kg = load_kg(config.kg, format=config.kg_format)
@@ -117,6 +139,8 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
     t = time.perf_counter()
     kg = drop_edges(kg, config.drop_edges, config.seed)
     timings["drop_edges"] = time.perf_counter() - t
+    if config.embeddings is None:
+        check_trainable(kg, what=f"--kg {config.kg}")
     if progress:
         print(kg.summary(), file=sys.stderr)
 
@@ -134,13 +158,34 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
     timings["train"] = time.perf_counter() - t
     trained.model = None  # free the pykeen model before the memory-heavy calibration
     _release_memory()
-    out = Path(config.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = output.path
     # Checkpoint: a failed calibration can be redone with --embeddings without retraining.
     checkpoint = out.parent / f".{out.name}.embeddings.npz"
     if config.embeddings is None:
-        np.savez(checkpoint, entity=trained.entity, relation=trained.relation)
+        with open_output(checkpoint, what="embeddings checkpoint", binary=True) as f:
+            np.savez(f, entity=trained.entity, relation=trained.relation)
+    try:
+        artifact = _calibrate_and_save(config, progress, kg, train_cfg, trained, timings, tmp)
+    except UserError as exc:
+        if not checkpoint.is_file():
+            raise
+        raise UserError(f"{exc}; embeddings kept in {checkpoint} (rerun with --embeddings {checkpoint})") from None
+    except BaseException:
+        if checkpoint.is_file():
+            print(f"note: trained embeddings kept in {checkpoint} (rerun with --embeddings {checkpoint})",
+                  file=sys.stderr)
+        raise
+    t = time.perf_counter()
+    output.commit()
+    artifact.path = out
+    checkpoint.unlink(missing_ok=True)
+    timings["save"] += time.perf_counter() - t
+    artifact.meta["timings_s"]["save"] = round(timings["save"], 3)
+    return artifact
 
+
+def _calibrate_and_save(config: BuildConfig, progress: bool, kg, train_cfg, trained, timings: dict[str, float],
+                        tmp: Path) -> Artifact:
     t = time.perf_counter()
     threshold, estimate_info = choose_threshold(config, trained.entity, trained.relation, kg.train, trained.device)
     timings["estimate_nnz"] = time.perf_counter() - t
@@ -149,15 +194,11 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
 
     t = time.perf_counter()
     budget_nnz = int(config.max_matrix_gb * (1 << 30) / 8)
-    try:
-        matrices, cstats = calibrate(
-            trained.entity, trained.relation, kg.train, threshold=threshold, delta=config.delta,
-            chunk_rows=config.chunk_rows, device=trained.device, progress=progress,
-            max_nnz=budget_nnz, adapt_threshold=config.threshold is None,
-        )
-    except UserError as exc:
-        hint = f"; embeddings kept in {checkpoint} (rerun with --embeddings {checkpoint})" if checkpoint.is_file() else ""
-        raise UserError(f"{exc}{hint}") from None
+    matrices, cstats = calibrate(
+        trained.entity, trained.relation, kg.train, threshold=threshold, delta=config.delta,
+        chunk_rows=config.chunk_rows, device=trained.device, progress=progress,
+        max_nnz=budget_nnz, adapt_threshold=config.threshold is None,
+    )
     threshold = cstats.threshold
     if cstats.threshold_raises:
         estimate_info["raised_during_calibration"] = cstats.threshold_raises
@@ -194,53 +235,46 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
         embeddings={"entity": trained.entity, "relation": trained.relation},
     )
     t = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
-    try:
-        # Timings and peak memory go in before the save so that meta.json is final.
-        timings["save"] = 0.0
-        artifact.meta["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
-        artifact.meta["peak_rss_bytes"] = peak_rss_bytes()
-        artifact.save(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    artifact.path = out
-    checkpoint.unlink(missing_ok=True)
+    # Timings and peak memory go in before the save so that meta.json is final.
+    timings["save"] = 0.0
+    artifact.meta["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+    artifact.meta["peak_rss_bytes"] = peak_rss_bytes()
+    artifact.save(tmp)
     timings["save"] = time.perf_counter() - t
-    artifact.meta["timings_s"]["save"] = round(timings["save"], 3)
     return artifact
 
 
 def _reuse_embeddings(source: str, kg, train_cfg) -> "TrainResult":
     """Embeddings of an earlier build (artifact folder or embeddings.npz) instead of training."""
-    import json
-
     from .train import TrainResult, resolve_device
 
     path = Path(source)
     npz = path / "embeddings.npz" if path.is_dir() else path
     if not npz.is_file():
         raise UserError(f"--embeddings {source}: no embeddings.npz there")
-    with np.load(npz, allow_pickle=False) as z:
-        if "entity" not in z.files or "relation" not in z.files:
-            raise UserError(f"{npz}: expected arrays 'entity' and 'relation', got {z.files}")
-        ent, rel = z["entity"].astype(np.complex64), z["relation"].astype(np.complex64)
-    if ent.shape[0] != kg.num_entities or rel.shape[0] != kg.num_relations or ent.shape[1] != rel.shape[1]:
+    try:
+        with np.load(npz, allow_pickle=False) as z:
+            if "entity" not in z.files or "relation" not in z.files:
+                raise UserError(f"{npz}: expected arrays 'entity' and 'relation', got {z.files}")
+            ent, rel = z["entity"].astype(np.complex64), z["relation"].astype(np.complex64)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, TypeError) as exc:
+        if isinstance(exc, UserError):
+            raise
+        raise UserError(f"--embeddings {npz}: not an embeddings .npz file ({type(exc).__name__})") from None
+    if ent.ndim != 2 or rel.ndim != 2 or ent.shape[0] != kg.num_entities or rel.shape[0] != kg.num_relations or ent.shape[1] != rel.shape[1]:
         raise UserError(f"{npz}: embeddings of shape {ent.shape}/{rel.shape} do not fit this KG "
                         f"({kg.num_entities} entities, {kg.num_relations} relations)")
     metrics: dict[str, Any] = {"embeddings_from": str(npz)}
     losses: list[float] = []
     meta_path = npz.parent / "meta.json"
-    if meta_path.is_file():
-        old = json.loads(meta_path.read_text(encoding="utf-8")).get("train", {})
-        losses = list(old.get("losses", []))
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    except (ValueError, OSError):  # a damaged meta.json only costs the loss history
+        meta = {}
+    old = meta.get("train") if isinstance(meta, dict) else None
+    if isinstance(old, dict):
+        losses = [float(x) for x in old.get("losses", []) if isinstance(x, (int, float))] \
+            if isinstance(old.get("losses"), list) else []
         metrics.update({k: v for k, v in old.items() if k not in ("losses", "final_loss")})
         metrics["embeddings_from"] = str(npz)
     return TrainResult(entity=ent, relation=rel, config=train_cfg, losses=losses, metrics=metrics, seconds=0.0,
@@ -353,7 +387,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--embeddings", default=None,
                    help="reuse the embeddings of an earlier artifact folder (or embeddings.npz) instead of training")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing artifact at --out (never a folder that is not an artifact)")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p
 
 
@@ -374,7 +410,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[BuildConfig, bool]:
 def main(argv: Sequence[str] | None = None) -> int:
     config, progress = parse_args(argv)
     artifact = build_artifact(config, progress=progress)
-    print(summarize(artifact))
+    if progress:
+        print(summarize(artifact))
     return 0
 
 

@@ -31,7 +31,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from .errors import UserError
+from kgreason.errors import UserError
 
 __all__ = ["calibrate", "estimate_nnz", "NnzEstimate", "CalibrationStats", "calibrated_rows_reference", "observed_row_counts", "DEFAULT_THRESHOLD", "DEFAULT_DELTA"]
 

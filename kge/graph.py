@@ -7,6 +7,12 @@ relation ``2k`` is a source relation ``X`` and ``2k + 1`` its inverse, named
 already carry them in this layout and get none added.  So ``r ^ 1`` is always
 the inverse of ``r``.
 
+Loaders never change a name: ``" a"``, ``"a "`` and ``"a"`` are three entities
+(only names from pickles or pykeen that contain a tab or line break, which the
+artifact's one-name-a-line files cannot hold, get those characters replaced by
+a space).  Text files are read with :func:`kgreason.files.read_lines` (UTF-8;
+errors name ``file:line``); truly blank lines are skipped.
+
 Sources are resolved by :func:`load_kg` through the :data:`LOADERS` registry:
 
 ========  =================================================================
@@ -30,7 +36,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from .artifact import INVERSE_SUFFIX
-from .errors import UserError
+from kgreason.errors import UserError
+from kgreason.files import read_lines
 from .safe_pickle import safe_load
 
 __all__ = [
@@ -131,22 +138,41 @@ def _with_inverses(triples: np.ndarray) -> np.ndarray:
     return np.concatenate([fwd, inv])
 
 
-def _paired_relation_names(base: Sequence[str], where: str) -> tuple[str, ...]:
+def _paired_relation_names(base: Sequence[str], where: str, lines: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """``(X, X^-1)`` for each base name; a name that equals another's inverse is an error naming both.
+
+    ``lines`` maps a base name to the ``file:line`` where it first appears (text sources).
+    """
     names: list[str] = []
     for b in base:
         names += [b, b + INVERSE_SUFFIX]
     if len(set(names)) != len(names):
-        seen: set[str] = set()
-        for n in names:
-            if n in seen:
-                raise UserError(f"{where}: relation name {n!r} collides with the inverse of another relation")
-            seen.add(n)
+        owner: dict[str, str] = {}
+        for b in base:
+            for n in (b, b + INVERSE_SUFFIX):
+                if n in owner:
+                    other = owner[n]
+                    loc = (lines or {}).get(b) or (lines or {}).get(other) or where
+                    if n == b and other != b:
+                        what = f"relation {b!r} is also the name of the inverse of relation {other!r}"
+                    elif n != b and other != b:
+                        what = f"the inverse of relation {b!r} is also relation {n!r}"
+                    else:
+                        what = f"relation name {b!r} appears twice"
+                    a = (lines or {}).get(other)
+                    also = f" (relation {other!r} first at {a})" if a and a != loc else ""
+                    raise UserError(f"{loc}: {what}{also}; the artifact names inverses X{INVERSE_SUFFIX}, "
+                                    "so rename one of them")
+                owner[n] = b
     return tuple(names)
 
 
 def _clean_name(name: str) -> str:
-    # Artifact vocab files are tab-separated, one name a line.
-    return re.sub(r"[\t\r\n]+", " ", name).strip()
+    """A name from a pickle or pykeen, storable in the artifact's one-name-a-line files.
+
+    Only tabs and line breaks are replaced (by one space each run); nothing is stripped.
+    """
+    return re.sub(r"[\t\r\n]+", " ", name)
 
 
 def _finish(
@@ -170,83 +196,105 @@ def _finish(
     )
 
 
-def _read_name_triples(path: Path, delimiter: str | None) -> tuple[list[tuple[str, str, str]], str]:
-    """Name triples of a text file; ``delimiter`` None = tab, or ``|`` when the first line has no tab."""
-    if not path.is_file():
-        raise UserError(f"{path}: file not found")
+def _read_name_triples(path: Path, delimiter: str | None,
+                       rel_lines: dict[str, str] | None = None) -> tuple[list[tuple[str, str, str]], str]:
+    """Name triples of a text file; ``delimiter`` None = tab, or ``|`` when the first line has no tab.
+
+    Names are kept exactly as written (no stripping).  Blank lines (nothing but
+    whitespace) are skipped; a blank *field* is an error.  ``rel_lines`` receives
+    the ``file:line`` where each relation first appears.
+    """
     triples: list[tuple[str, str, str]] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.rstrip("\r\n")
-            if not line.strip():
-                continue
-            if delimiter is None:
-                delimiter = "\t" if "\t" in line else ("|" if "|" in line else "\t")
-            parts = line.split(delimiter)
-            if len(parts) != 3:
-                kind = "tab" if delimiter == "\t" else f"{delimiter!r}"
-                raise UserError(f"{path}:{lineno}: expected 3 {kind}-separated fields, got {len(parts)}: {line!r}")
-            h, r, t = (p.strip() for p in parts)
-            if not h or not r or not t:
-                raise UserError(f"{path}:{lineno}: empty field in {line!r}")
-            triples.append((h, r, t))
+    for lineno, line in read_lines(path):
+        if not line.strip():
+            continue
+        if delimiter is None:
+            delimiter = "\t" if "\t" in line else ("|" if "|" in line else "\t")
+        parts = line.split(delimiter)
+        if len(parts) != 3:
+            kind = "tab" if delimiter == "\t" else f"{delimiter!r}"
+            raise UserError(f"{path}:{lineno}: expected 3 {kind}-separated fields, got {len(parts)}: {line!r}")
+        for k, p in enumerate(parts):
+            if not p.strip():
+                raise UserError(f"{path}:{lineno}: empty field {k + 1} in {line!r}")
+            if "\t" in p:  # only possible with the '|' delimiter; artifacts store one tab-free name a line
+                raise UserError(f"{path}:{lineno}: field {k + 1} {p!r} contains a tab, which an artifact "
+                                "cannot store in a name; remove it or use tab-separated fields")
+        h, r, t = parts
+        if rel_lines is not None and r not in rel_lines:
+            rel_lines[r] = f"{path}:{lineno}"
+        triples.append((h, r, t))
     return triples, delimiter or "\t"
 
 
-def _from_name_triples(split_triples: Mapping[str, list[tuple[str, str, str]]], source: str, stats: dict[str, Any]) -> KnowledgeGraph:
+def _from_name_triples(split_triples: Mapping[str, list[tuple[str, str, str]]], source: str, stats: dict[str, Any],
+                       rel_lines: Mapping[str, str] | None = None) -> KnowledgeGraph:
     ents = sorted({x for tr in split_triples.values() for h, _, t in tr for x in (h, t)})
     rels = sorted({r for tr in split_triples.values() for _, r, _ in tr})
-    ents_clean = [_clean_name(e) for e in ents]
     e_index = {e: i for i, e in enumerate(ents)}
     r_index = {r: i for i, r in enumerate(rels)}
-    relations = _paired_relation_names([_clean_name(r) for r in rels], source)
+    relations = _paired_relation_names(rels, source, rel_lines)
     splits = {}
     for name, tr in split_triples.items():
         ids = np.array([(e_index[h], r_index[r], e_index[t]) for h, r, t in tr], dtype=np.int64).reshape(-1, 3)
         splits[name] = _with_inverses(ids)
     stats.update(inverses_added=True, source_relations=len(rels))
-    return _finish(ents_clean, relations, splits, source, stats)
+    return _finish(ents, relations, splits, source, stats)
 
 
 # ---------------------------------------------------------------- loaders
 def load_tsv(source: str | os.PathLike, *, delimiter: str | None = None) -> KnowledgeGraph:
     """One file of name triples (tab- or ``|``-separated); all of it is training data."""
     path = Path(source)
-    triples, delim = _read_name_triples(path, delimiter)
-    return _from_name_triples({"train": triples}, str(path), {"format": "tsv", "delimiter": delim})
+    rel_lines: dict[str, str] = {}
+    triples, delim = _read_name_triples(path, delimiter, rel_lines)
+    return _from_name_triples({"train": triples}, str(path), {"format": "tsv", "delimiter": delim}, rel_lines)
 
 
 def load_folder(source: str | os.PathLike, *, delimiter: str | None = None) -> KnowledgeGraph:
     """A folder with ``train.txt``, ``valid.txt`` and ``test.txt`` name triples."""
     path = Path(source)
     splits = {}
+    rel_lines: dict[str, str] = {}
     for name in SPLITS:
-        splits[name], _ = _read_name_triples(path / f"{name}.txt", delimiter)
-    return _from_name_triples(splits, str(path), {"format": "folder"})
+        splits[name], _ = _read_name_triples(path / f"{name}.txt", delimiter, rel_lines)
+    return _from_name_triples(splits, str(path), {"format": "folder"}, rel_lines)
+
+
+_ID = re.compile(r"\s*(-?[0-9]{1,18})\s*")  # ASCII digits only (int() would take any Unicode digit or "1_000")
 
 
 def _read_id_triples(path: Path) -> np.ndarray:
-    if not path.is_file():
-        raise UserError(f"{path}: file not found")
     rows: list[tuple[int, int, int]] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.rstrip("\r\n")
-            if not line.strip():
-                continue
-            parts = line.split("\t")
-            if len(parts) != 3:
-                raise UserError(f"{path}:{lineno}: expected 3 tab-separated fields, got {len(parts)}: {line!r}")
-            try:
-                rows.append((int(parts[0]), int(parts[1]), int(parts[2])))
-            except ValueError:
-                raise UserError(f"{path}:{lineno}: expected integer ids, got {line!r}") from None
+    for lineno, line in read_lines(path):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 3:
+            raise UserError(f"{path}:{lineno}: expected 3 tab-separated fields, got {len(parts)}: {line!r}")
+        matches = [_ID.fullmatch(p) for p in parts]
+        if not all(matches):
+            raise UserError(f"{path}:{lineno}: expected integer ids, got {line!r}")
+        h, r, t = (int(m.group(1)) for m in matches)  # type: ignore[union-attr]
+        if min(h, r, t) < 0:
+            raise UserError(f"{path}:{lineno}: negative id in {line!r}")
+        rows.append((h, r, t))
     return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
 
+def _check_dense(path: Path, what: str, largest: int, used: int, declared: int) -> None:
+    """Ids number ``0..N-1``: a count far above the ids in use is an error (instead of allocating N names)."""
+    bound = 4 * used + 100_000
+    if declared > bound:
+        raise UserError(f"{path / 'stats.txt'}: declares {declared:,} {what}s but the triples use only {used:,} "
+                        f"distinct {what} ids")
+    if largest >= max(declared, bound):
+        raise UserError(f"{path}: {what} id {largest:,} but only {used:,} distinct {what} ids are used: BetaE "
+                        f"folders number {what}s 0..N-1")
+
+
 def _read_tsv_table(path: Path) -> tuple[list[str], list[list[str]]]:
-    with open(path, encoding="utf-8") as f:
-        lines = [ln.rstrip("\r\n") for ln in f if ln.strip()]
+    lines = [ln for _, ln in read_lines(path) if ln.strip()]
     if not lines:
         raise UserError(f"{path}: empty file")
     header = lines[0].split("\t")
@@ -299,8 +347,7 @@ def _betae_entity_names(path: Path, n: int) -> tuple[list[str], str]:
         keys = [k or str(i) for i, k in enumerate(keys)]
         return _unique_names(names, keys), "id2ent.tsv"
     if (path / "entities.txt").is_file():
-        names = [_clean_name(ln.rstrip("\r\n")) for ln in open(path / "entities.txt", encoding="utf-8")]
-        names = [x for x in names if x]
+        names = [ln for _, ln in read_lines(path / "entities.txt") if ln]
         if len(names) < n:
             raise UserError(f"{path / 'entities.txt'}: {len(names)} names but triples use {n} entity ids")
         return _unique_names(names, [str(i) for i in range(len(names))]), "entities.txt"
@@ -327,12 +374,11 @@ def _betae_relation_base_names(path: Path, r: int) -> tuple[list[str], str]:
                 i = int(row[col.get("id", 0)])
             except (ValueError, IndexError):
                 raise UserError(f"{path / 'id2rel.tsv'}:{lineno}: expected an integer id, got {row!r}") from None
-            if 0 <= i < r:
+            if 0 <= i < r and name_col < len(row):
                 names[i] = _clean_name(row[name_col])
         return [names[k] or str(k) for k in range(0, r, 2)], "id2rel.tsv"
     if (path / "relations.txt").is_file():
-        names = [_clean_name(ln.rstrip("\r\n")) for ln in open(path / "relations.txt", encoding="utf-8")]
-        names = [x for x in names if x]
+        names = [ln for _, ln in read_lines(path / "relations.txt") if ln]
         if len(names) < r:
             raise UserError(f"{path / 'relations.txt'}: {len(names)} names but triples use {r} relation ids")
         return [names[k] for k in range(0, r, 2)], "relations.txt"
@@ -349,8 +395,8 @@ def _betae_relation_base_names(path: Path, r: int) -> tuple[list[str], str]:
 def _count_from_stats(path: Path) -> dict[str, int]:
     out: dict[str, int] = {}
     if (path / "stats.txt").is_file():
-        for ln in open(path / "stats.txt", encoding="utf-8"):
-            m = re.match(r"\s*num(entity|relations)\s*:\s*(\d+)", ln)
+        for _, ln in read_lines(path / "stats.txt"):
+            m = re.match(r"\s*num(entity|relations)\s*:\s*([0-9]{1,18})\s*$", ln)
             if m:
                 out[m.group(1)] = int(m.group(2))
     return out
@@ -366,6 +412,8 @@ def load_betae(source: str | os.PathLike) -> KnowledgeGraph:
     if len(splits["train"]) == 0:
         raise UserError(f"{path}: empty knowledge graph (no training triples)")
     counts = _count_from_stats(path)
+    _check_dense(path, "entity", int(allt[:, [0, 2]].max()), len(np.unique(allt[:, [0, 2]])), counts.get("entity", 0))
+    _check_dense(path, "relation", int(allt[:, 1].max()), len(np.unique(allt[:, 1])), counts.get("relations", 0))
     n = max(int(allt[:, [0, 2]].max()) + 1, counts.get("entity", 0))
     r = max(int(allt[:, 1].max()) + 1, counts.get("relations", 0))
     r += r % 2  # pairs
@@ -376,8 +424,20 @@ def load_betae(source: str | os.PathLike) -> KnowledgeGraph:
     stats: dict[str, Any] = {"format": "betae", "inverses_added": False, "entity_names_from": ent_from,
                              "relation_names_from": rel_from}
     kg = _finish(entities, relations, splits, str(path), stats)
-    # BetaE promises both directions of every edge; count (don't invent) any that lack their partner.
-    stats["edges_without_inverse_train"] = _count_unpaired(kg.train, n)
+    # BetaE promises both directions of every edge (relation 2k+1 = inverse of 2k).  Id triples without
+    # them are some other layout: naming relation 1 "0^-1" would silently be wrong.
+    for split in SPLITS:
+        arr = getattr(kg, split)
+        unpaired = _unpaired_mask(arr, n)
+        stats[f"edges_without_inverse_{split}"] = int(unpaired.sum())
+        if unpaired.any():
+            h, rel, t = (int(x) for x in arr[np.flatnonzero(unpaired)[0]])
+            raise UserError(
+                f"{path / (split + '.txt')}: {int(unpaired.sum()):,} of {len(arr):,} edges have no inverse edge "
+                f"(e.g. {h} {rel} {t} without {t} {rel ^ 1} {h}): a BetaE folder holds both directions, relation "
+                f"2k+1 being the inverse of 2k; for one-direction id triples use --kg-format folder "
+                f"(the ids become names and inverses are added)"
+            )
     return kg
 
 
@@ -385,13 +445,14 @@ def _edge_keys(triples: np.ndarray, n: int, num_rel: int) -> np.ndarray:
     return (triples[:, 0] * num_rel + triples[:, 1]) * n + triples[:, 2]
 
 
-def _count_unpaired(triples: np.ndarray, n: int) -> int:
+def _unpaired_mask(triples: np.ndarray, n: int) -> np.ndarray:
+    """(E,) bool: edges ``(h, r, t)`` whose partner ``(t, r ^ 1, h)`` is not in ``triples``."""
     if len(triples) == 0:
-        return 0
+        return np.zeros(0, dtype=bool)
     num_rel = int(triples[:, 1].max()) + 2
     keys = _edge_keys(triples, n, num_rel)
     inv = np.stack([triples[:, 2], triples[:, 1] ^ 1, triples[:, 0]], axis=1)
-    return int((~np.isin(_edge_keys(inv, n, num_rel), keys)).sum())
+    return ~np.isin(_edge_keys(inv, n, num_rel), keys)
 
 
 def _pykeen_names() -> list[str]:
@@ -446,10 +507,9 @@ LOADERS: dict[str, Callable[..., KnowledgeGraph]] = {
 
 
 def _first_line(path: Path) -> str:
-    with open(path, encoding="utf-8") as f:
-        for ln in f:
-            if ln.strip():
-                return ln.rstrip("\r\n")
+    for _, ln in read_lines(path):
+        if ln.strip():
+            return ln
     return ""
 
 

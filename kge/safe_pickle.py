@@ -2,7 +2,7 @@
 
 A pickle can name any importable callable and call it while loading; the
 unpickler here refuses every global except plain containers, so a hostile or
-corrupt file raises :class:`~kge.errors.UserError` instead of running code.
+corrupt file raises :class:`~kgreason.errors.UserError` instead of running code.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import pickle
 from typing import Any
 
-from .errors import UserError
+from kgreason.errors import UserError
 
 __all__ = ["safe_load", "ALLOWED_GLOBALS"]
 
@@ -47,5 +47,10 @@ def safe_load(path: str | os.PathLike) -> Any:
             return _RestrictedUnpickler(f).load()
     except FileNotFoundError:
         raise UserError(f"{path}: file not found") from None
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, TypeError, ValueError) as exc:
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder, expected a pickle file") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, KeyError, TypeError, ValueError,
+            OverflowError, RecursionError) as exc:
         raise UserError(f"{path}: refused or unreadable pickle ({exc})") from None

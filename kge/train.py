@@ -13,19 +13,23 @@ tensors, so ``score(h, r, t) = Re(sum(e_h * w_r * conj(e_t)))`` reproduces
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
+import re
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from .errors import UserError
+from kgreason.errors import UserError, unknown_name
 from .graph import KnowledgeGraph
 
-__all__ = ["TrainConfig", "TrainResult", "train_complex", "default_train_config", "complex_scores"]
+__all__ = ["TrainConfig", "TrainResult", "train_complex", "default_train_config", "complex_scores", "check_loss",
+           "check_trainable"]
 
 
 def _n3_class():
@@ -159,6 +163,59 @@ def complex_scores(entity: np.ndarray, relation: np.ndarray, triples: np.ndarray
     return np.real(np.sum(e[h] * w[r] * np.conj(e[t]), axis=1))
 
 
+def check_loss(name: str) -> str:
+    """``name`` if pykeen knows the loss (any spelling pykeen accepts), else a UserError naming the closest ones."""
+    from pykeen.losses import loss_resolver
+
+    try:
+        loss_resolver.lookup(name)
+    except (KeyError, ValueError, TypeError):
+        known = sorted(k for k in loss_resolver.options if k.isalnum() and k.islower())
+        raise unknown_name("loss", str(name), known, "--loss") from None
+    return name
+
+
+def check_trainable(kg: KnowledgeGraph, *, what: str = "") -> None:
+    """Refuse, before pykeen sees it, a graph that leaves nothing to train on (pykeen fails with num_samples=0)."""
+    if len(kg.train) == 0:
+        dropped = f" after --drop-edges {kg.stats['drop_fraction']:g} held out {len(kg.dropped):,} of them" \
+            if kg.stats.get("drop_fraction") else ""
+        hint = "; use a smaller --drop-edges" if kg.stats.get("drop_fraction") else ""
+        raise UserError(f"{what or kg.source}: no training edges left{dropped}{hint}")
+
+
+class _DropLogMessages(logging.Filter):
+    """Drops log records whose message matches ``pattern`` (one known, harmless third-party warning)."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__()
+        self.pattern = re.compile(pattern)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.search(record.getMessage())
+
+
+@contextlib.contextmanager
+def _known_pykeen_noise():
+    """Silence, around pykeen's pipeline only, two warnings that say nothing actionable on CPU.
+
+    * torch's DataLoader: pykeen asks for ``pin_memory=True``, which is moot without an accelerator;
+    * ``torch_max_mem``: its batch-size search is only "considered safe" on CUDA; pykeen uses it on CPU too.
+
+    Matched by message and module, so any other warning still shows.
+    """
+    drop = _DropLogMessages(r"are considered safe for automatic memory utilization maximization")
+    logger = logging.getLogger("torch_max_mem.api")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*'pin_memory' argument is set as true but no accelerator",
+                                category=UserWarning, module=r"torch\.utils\.data")
+        logger.addFilter(drop)
+        try:
+            yield
+        finally:
+            logger.removeFilter(drop)
+
+
 def _subsample(triples: np.ndarray, k: int | None, seed: int) -> np.ndarray:
     if k is None or len(triples) <= k:
         return triples
@@ -178,13 +235,16 @@ def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = T
     from pykeen.triples import CoreTriplesFactory
 
     device = resolve_device(config.device)
+    check_loss(config.loss)
+    check_trainable(kg)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     logging.getLogger("pykeen").setLevel(logging.ERROR)
     n, r = kg.num_entities, kg.num_relations
 
     def factory(triples: np.ndarray) -> CoreTriplesFactory:
-        return CoreTriplesFactory.create(torch.as_tensor(np.ascontiguousarray(triples), dtype=torch.long),
+        # A copy: KnowledgeGraph arrays are read-only, and torch warns about (and may write into) those.
+        return CoreTriplesFactory.create(torch.from_numpy(np.array(triples, dtype=np.int64)),
                                          num_entities=n, num_relations=r)
 
     held_out = kg.missing
@@ -198,42 +258,52 @@ def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = T
     else:
         loop_kwargs = dict(training_loop="LCWA")
     t0 = time.perf_counter()
-    result = pipeline(
-        training=factory(kg.train),
-        testing=factory(eval_triples),
-        model="ComplEx",
-        model_kwargs=dict(
-            embedding_dim=config.rank,
-            # pykeen's default N(0, 1) init gives scores of size ~sqrt(rank): the softmax
-            # saturates and training crawls (UMLS MRR 0.06 after 20 epochs vs 0.83 with std 0.1).
-            entity_initializer=functools.partial(torch.nn.init.normal_, std=config.init_std),
-            relation_initializer=functools.partial(torch.nn.init.normal_, std=config.init_std),
-            regularizer=_n3_class(),
-            regularizer_kwargs=dict(weight=config.regularizer_weight),
-        ),
-        loss=config.loss,
-        loss_kwargs=loss_kwargs,
-        optimizer=config.optimizer,
-        optimizer_kwargs=dict(lr=config.lr),
-        **loop_kwargs,
-        training_kwargs=dict(
-            num_epochs=config.epochs,
-            batch_size=config.batch_size,
-            use_tqdm=progress,
-            use_tqdm_batch=False,
-        ),
-        evaluator="rankbased",
-        evaluator_kwargs=dict(filtered=True),
-        evaluation_kwargs=dict(
-            batch_size=config.eval_batch_size,
-            additional_filter_triples=[torch.as_tensor(known, dtype=torch.long)],
-            use_tqdm=progress,
-        ) if do_eval else dict(batch_size=config.eval_batch_size, use_tqdm=False),
-        random_seed=config.seed,
-        device=device,
-        use_testing_data=True,
-    )
+    with _known_pykeen_noise():
+        result = pipeline(
+            training=factory(kg.train),
+            testing=factory(eval_triples),
+            model="ComplEx",
+            model_kwargs=dict(
+                embedding_dim=config.rank,
+                # pykeen's default N(0, 1) init gives scores of size ~sqrt(rank): the softmax
+                # saturates and training crawls (UMLS MRR 0.06 after 20 epochs vs 0.83 with std 0.1).
+                entity_initializer=functools.partial(torch.nn.init.normal_, std=config.init_std),
+                relation_initializer=functools.partial(torch.nn.init.normal_, std=config.init_std),
+                regularizer=_n3_class(),
+                regularizer_kwargs=dict(weight=config.regularizer_weight),
+            ),
+            loss=config.loss,
+            loss_kwargs=loss_kwargs,
+            optimizer=config.optimizer,
+            optimizer_kwargs=dict(lr=config.lr),
+            **loop_kwargs,
+            training_kwargs=dict(
+                num_epochs=config.epochs,
+                batch_size=config.batch_size,
+                use_tqdm=progress,
+                # the per-batch bar moves every few seconds even when one epoch takes minutes
+                use_tqdm_batch=progress,
+            ),
+            evaluator="rankbased",
+            evaluator_kwargs=dict(filtered=True),
+            evaluation_kwargs=dict(
+                batch_size=config.eval_batch_size,
+                additional_filter_triples=[torch.as_tensor(known, dtype=torch.long)],
+                use_tqdm=progress,
+            ) if do_eval else dict(batch_size=config.eval_batch_size, use_tqdm=False),
+            random_seed=config.seed,
+            device=device,
+            use_testing_data=True,
+        )
     seconds = time.perf_counter() - t0
+    return _export(result, config, eval_triples, held_out, do_eval, seconds, device)
+
+
+def _export(result, config: TrainConfig, eval_triples: np.ndarray, held_out: np.ndarray, do_eval: bool, seconds: float,
+            device: str) -> TrainResult:
+    """The trained model's embeddings as complex64 arrays, with the evaluation metrics."""
+    import torch
+
     model = result.model
     ent = model.entity_representations[0](indices=None).detach().to("cpu")
     rel = model.relation_representations[0](indices=None).detach().to("cpu")
@@ -253,7 +323,7 @@ def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = T
         )
     losses = [float(x) for x in result.losses]
     if losses and not all(math.isfinite(x) for x in losses):
-        raise RuntimeError(f"training diverged (loss {losses[-1]}); lower the learning rate")
+        raise UserError(f"training diverged (loss {losses[-1]}); lower the learning rate (--lr, now {config.lr:g})")
     return TrainResult(
         entity=ent.numpy().astype(np.complex64),
         relation=rel.numpy().astype(np.complex64),

@@ -9,12 +9,17 @@ one column per entity.  A relation is an (N, N) sparse CSR matrix ``M`` in
 >>> ops.project(torch.tensor([[1.0, 0.2]]), M)
 tensor([[0.1000, 0.9000]])
 
+Also :func:`dijkstra`: batched shortest paths over a relation multigraph in CSR
+form (``kgreason::dijkstra``; :mod:`engine.paths` builds the graph from triples).
+
 Backends: ``"cpp"`` (the compiled ``ops._C`` kernels; torch.ops.kgreason.*) and
-``"reference"`` (pure torch, any device).  The default picks ``cpp`` when the
-extension has a kernel for the input's device; see :func:`set_backend`.
+``"reference"`` (pure torch, any device; pure Python for :func:`dijkstra`).  The
+default picks ``cpp`` when the extension has a kernel for the input's device;
+see :func:`set_backend`.
 """
 from ._backend import BACKENDS, extension_available, get_backend, has_kernel, set_backend
-from .fuzzy import TNORMS, intersect, negate, topk_prune, union
+from .fuzzy import TNORMS, check_tnorm, intersect, negate, topk_prune, union
+from .paths import HEAPS, ShortestPathTensors, check_relation_costs, dijkstra
 from .prepared import PreparedMatrix, prepare
 from .projection import STRATEGIES, choose_strategy, project, project_negated
 
@@ -25,6 +30,10 @@ __all__ = [
     "union",
     "negate",
     "topk_prune",
+    "dijkstra",
+    "ShortestPathTensors",
+    "check_relation_costs",
+    "HEAPS",
     "prepare",
     "PreparedMatrix",
     "choose_strategy",
@@ -34,5 +43,11 @@ __all__ = [
     "has_kernel",
     "BACKENDS",
     "TNORMS",
+    "check_tnorm",
     "STRATEGIES",
 ]
+
+# Multi-relation projection over a stacked (R*N, N) matrix (ops/project_multi.py).
+from .project_multi import StackedMatrices, prepare_stacked, project_multi, project_multi_strategies  # noqa: E402
+
+__all__ += ["project_multi", "prepare_stacked", "StackedMatrices", "project_multi_strategies"]

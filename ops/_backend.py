@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from kge.errors import UserError
+from kgreason.errors import UserError
 
 __all__ = ["extension_available", "set_backend", "get_backend", "has_kernel", "resolve_backend", "BACKENDS"]
 
@@ -27,6 +27,9 @@ except ImportError as exc:  # pragma: no cover - depends on the build
     _EXTENSION_AVAILABLE = False
     _EXTENSION_ERROR = str(exc)
     warnings.warn(f"kgreason: compiled kernels unavailable ({exc}); using the pure-torch reference", stacklevel=2)
+
+if _EXTENSION_AVAILABLE:  # fake (meta) kernels for tracing; the ops must be registered first
+    from . import _fake  # noqa: F401
 
 _default_backend: str | None = None  # None = automatic
 

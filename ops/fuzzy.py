@@ -17,12 +17,12 @@ import functools
 
 import torch
 
-from kge.errors import UserError
+from kgreason.errors import UserError
 
 from ._backend import resolve_backend
 from .prepared import check_fuzzy
 
-__all__ = ["intersect", "union", "negate", "topk_prune", "TNORMS"]
+__all__ = ["intersect", "union", "negate", "topk_prune", "TNORMS", "check_tnorm"]
 
 TNORMS = ("product", "godel")
 # op codes of kgreason::fuzzy_reduce
@@ -46,13 +46,14 @@ def _check_many(xs, what: str, validate: bool) -> list[torch.Tensor]:
     return out
 
 
-def _check_tnorm(tnorm: str) -> None:
+def check_tnorm(tnorm: str) -> None:
+    """The one check of a t-norm name (:data:`TNORMS`); raises :class:`UserError` naming the choices."""
     if tnorm not in TNORMS:
         raise UserError(f"tnorm: expected one of {TNORMS}, got {tnorm!r}")
 
 
 def _reduce(kind: str, xs, tnorm: str, backend: str | None, validate: bool) -> torch.Tensor:
-    _check_tnorm(tnorm)
+    check_tnorm(tnorm)
     xs = _check_many(xs, kind, validate)
     if len(xs) == 1:
         return xs[0].clone()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kge.errors import UserError
+from kgreason.errors import UserError
 
 from ._backend import has_kernel
 
@@ -62,7 +62,8 @@ class PreparedMatrix:
 
     def to_sparse_csr(self) -> torch.Tensor:
         """``M`` as a torch sparse CSR tensor."""
-        return torch.sparse_csr_tensor(self.crow, self.col, self.val, size=(self.n, self.n))
+        # validated when prepared: skip torch's O(nnz) invariant check (and its warning)
+        return torch.sparse_csr_tensor(self.crow, self.col, self.val, size=(self.n, self.n), check_invariants=False)
 
     def row_indices(self) -> torch.Tensor:
         """COO row index of every CSR entry (int64, (nnz,))."""

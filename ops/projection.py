@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kge.errors import UserError
+from kgreason.errors import UserError
 
 from . import reference
 from ._backend import resolve_backend

@@ -1,15 +1,20 @@
-"""Random inputs for the ops tests (fresh seeds; every test prints its seed)."""
+"""Random inputs for the ops tests (seeded by the ``seed`` fixture of conftest.py) and backend parameters."""
 from __future__ import annotations
 
-import random
-
+import pytest
 import torch
 
+import ops
 
-def fresh_seed() -> int:
-    seed = random.SystemRandom().randrange(2**31)
-    print(f"seed={seed}")  # shown by pytest on failure
-    return seed
+#: Every backend an op test runs on (a pytest parameter; see :func:`require_backend`).
+BACKENDS = list(ops.BACKENDS)
+
+
+def require_backend(backend: str, op: str, device: str) -> None:
+    """Skip the calling test when ``backend`` cannot run ``kgreason::<op>`` on ``device``."""
+    if backend == "cpp" and not ops.has_kernel(op, device):
+        why = "the extension ops._C is not built" if not ops.extension_available() else f"no {device} kernel"
+        pytest.skip(f"cpp backend of kgreason::{op}: {why}")
 
 
 def random_matrix(n: int, density: float, gen: torch.Generator, *, index_dtype=torch.int32, ties: bool = False,
@@ -27,7 +32,7 @@ def random_matrix(n: int, density: float, gen: torch.Generator, *, index_dtype=t
         d[:, torch.randperm(n, generator=gen)[:empty_cols]] = 0
     m = d.to_sparse_csr()
     m = torch.sparse_csr_tensor(m.crow_indices().to(index_dtype), m.col_indices().to(index_dtype), m.values(),
-                                size=(n, n))
+                                size=(n, n), check_invariants=True)
     return m, d
 
 
@@ -67,3 +72,17 @@ def dense_negation_factor(d: torch.Tensor, neg_scale: float) -> torch.Tensor:
     """1 - min(1, s * M) on the support, 1 elsewhere (float32, as the kernels compute it)."""
     s = torch.tensor(neg_scale, dtype=torch.float32)
     return torch.where(d > 0, 1.0 - torch.clamp(d * s, max=1.0), torch.ones(()))
+
+
+def random_csr_multigraph(gen: torch.Generator, n: int, r: int, e: int):
+    """(indptr int64, tails int32, rels int32, costs float32 (r,)) of a random multigraph (self loops and
+    parallel edges included) in ops.dijkstra's layout: each head's edges sorted by (tail, relation)."""
+    h = torch.randint(0, n, (e,), generator=gen)
+    rel = torch.randint(0, r, (e,), generator=gen)
+    t = torch.randint(0, n, (e,), generator=gen)
+    key = (h * n + t) * r + rel  # sort by (head, tail, relation)
+    order = torch.argsort(key, stable=True)
+    indptr = torch.zeros(n + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(torch.bincount(h, minlength=n), 0)
+    costs = torch.rand(r, generator=gen) * 2
+    return indptr, t[order].to(torch.int32), rel[order].to(torch.int32), costs

@@ -21,3 +21,63 @@ def device(request):
     if request.param == "cuda":
         request.node.add_marker(pytest.mark.cuda)
     return request.param
+
+
+# ------------------------------------------------------------------ reproducible random seeds
+# A test that takes the `seed` fixture gets $KGREASON_TEST_SEED, or a fresh random seed when
+# it is unset; torch, numpy and random are seeded with it, and a failing test's report shows
+# it in a "seed" section with the command line that reruns it with the same inputs.
+SEED_ENV = "KGREASON_TEST_SEED"
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """This test's seed (also stored in ``request.node.user_properties``); global RNGs seeded with it."""
+    import os
+    import random
+
+    import numpy as np
+
+    raw = os.environ.get(SEED_ENV, "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise pytest.UsageError(f"{SEED_ENV}: expected an integer seed, got {raw!r}") from None
+    else:
+        value = random.SystemRandom().randrange(2**31)
+    request.node.user_properties.append(("seed", value))
+    random.seed(value)
+    np.random.seed(value % 2**32)
+    torch.manual_seed(value)
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        for name, value in item.user_properties:
+            if name == "seed":
+                report.sections.append(
+                    ("seed", f"seed={value}; rerun with: {SEED_ENV}={value} python -m pytest '{item.nodeid}'"))
+    return report
+
+
+# ------------------------------------------------------------------ hypothesis (tests/test_fuzz_*.py)
+# "ci" (the default) keeps the fuzzing suite a bounded part of the normal run; "slow"
+# (HYPOTHESIS_PROFILE=slow, or the slow-marked twins of the fuzz tests) searches far longer.
+# No example database: runs leave nothing in the working tree, and a failure prints its
+# reproduction (@reproduce_failure blob, and the argv for CLI tests) instead.
+import os as _os  # noqa: E402
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_FUZZ_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+# "ci" is derandomized: the normal run checks the same examples every time (no flaky reds);
+# "slow" draws new ones on every run.
+settings.register_profile("ci", max_examples=40, deadline=None, database=None, print_blob=True, derandomize=True,
+                          suppress_health_check=_FUZZ_HEALTH)
+settings.register_profile("slow", max_examples=2000, deadline=None, database=None, print_blob=True,
+                          suppress_health_check=_FUZZ_HEALTH)
+settings.load_profile(_os.environ.get("HYPOTHESIS_PROFILE", "ci"))

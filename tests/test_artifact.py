@@ -9,7 +9,7 @@ import scipy.sparse as sp
 import torch
 
 from kge.artifact import Artifact
-from kge.errors import UserError, cli_main, closest_names, unknown_name
+from kgreason.errors import UserError, cli_main, closest_names, unknown_name
 
 
 def random_artifact(rng: np.random.Generator, n: int = 7, r: int = 4, density: float = 0.3) -> Artifact:

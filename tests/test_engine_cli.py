@@ -12,12 +12,12 @@ import pytest
 import scipy.sparse as sp
 
 import engine
-from engine import defaults
+from engine.exec import defaults
 from engine.answer import AnswerConfig, main, parse_args
-from engine.api import Engine
-from engine.examples import example_query
-from engine.query import Node, parse, to_sexpr
-from engine.structures import STRUCTURES
+from engine.exec.api import Engine
+from engine.exec.examples import example_query
+from engine.lang.query import Node, parse, to_sexpr
+from engine.lang.structures import STRUCTURES
 from kge import Artifact, UserError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,8 @@ def test_example_query_per_structure(art_dir, structure, capsys):
     assert obj["answers"], "example queries must have answers"
     assert parse(obj["query"])  # the printed query is valid syntax
     for a in obj["answers"]:
-        assert set(a) == {"entity", "id", "score", "explanation"}
+        assert set(a) == {"entity", "id", "score", "provenance", "explanation"}
+        assert a["provenance"] == "kg"  # no hooks: every answer comes from the KG
         assert isinstance(a["id"], int) and isinstance(a["entity"], str) and 0 < a["score"] <= 1
         assert set(a["explanation"]) == {"text", "tree"}
         assert a["explanation"]["tree"]["id"] == a["id"]
@@ -221,8 +222,8 @@ def test_cli_module_runs_without_heavy_imports(art_dir):
 
 def test_example_negation_is_visible(art_dir):
     """Examples of negated structures prefer a negation that lowers an answer of the positive part."""
-    from engine.examples import _without_negation
-    from engine.executor import Executor
+    from engine.exec.examples import _without_negation
+    from engine.exec.executor import Executor
 
     art = Artifact.load(art_dir)
     ex = Executor(art)

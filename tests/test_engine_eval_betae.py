@@ -8,11 +8,11 @@ import pickle
 import numpy as np
 import pytest
 
-from engine.betae import load_betae_queries, read_betae_folder, safe_load_pickle
-from engine.evaluate import check_betae_ids
-from engine.structures import STRUCTURES
-from engine.symbolic import Graph, answers
-from kge.errors import UserError
+from engine.eval.betae import load_betae_queries, read_betae_folder, safe_load_pickle
+from engine.eval.betae import check_betae_ids
+from engine.lang.structures import STRUCTURES
+from engine.eval.symbolic import Graph, answers
+from kgreason.errors import UserError
 
 
 class _Evil:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.evaluate import convert_negation
+from engine.lang.structures import convert_negation
 from engine.evaluate import main as evaluate_main
-from engine.evaluation import EvalQuery, evaluate_queries, filtered_ranks, format_table, query_metrics, rank_batch
-from engine.query import Anchor, Complement, Intersection, NegatedProjection, Projection
+from engine.eval.metrics import EvalQuery, evaluate_queries, filtered_ranks, format_table, query_metrics, rank_batch
+from engine.lang.query import Anchor, Complement, Intersection, NegatedProjection, Projection
 
 
 def ranks_of(scores, easy, hard):
@@ -130,7 +130,7 @@ def test_convert_negation():
 def sampled(tmp_path_factory):
     from test_engine_eval_sampling import kg_artifact
 
-    from engine.sampling import sample_queries, write_jsonl
+    from engine.eval.sampling import sample_queries, write_jsonl
 
     d = tmp_path_factory.mktemp("eval")
     art = kg_artifact(seed=1)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from engine.evaluation import load_jsonl_queries
-from engine.query import Complement, Intersection, NegatedProjection, parse
+from engine.eval.metrics import load_jsonl_queries
+from engine.lang.query import Complement, Intersection, NegatedProjection, parse
 from engine.sample import main as sample_main
-from engine.sampling import QuerySampler, sample_queries, write_jsonl
-from engine.structures import STRUCTURES
-from engine.symbolic import Graph, answers
+from engine.eval.sampling import QuerySampler, sample_queries, write_jsonl
+from engine.lang.structures import STRUCTURES
+from engine.eval.symbolic import Graph, answers
 from kge.artifact import Artifact
 
 
@@ -86,7 +86,7 @@ def test_structure_of_sampled_queries(art):
     for q in qs:
         st = STRUCTURES[q.structure]
         template = st.build(list(range(st.num_anchors)), list(range(st.num_relations)))
-        from engine.query import shape_key
+        from engine.lang.query import shape_key
 
         assert shape_key(q.node) == shape_key(template)
 
@@ -101,7 +101,7 @@ def test_deterministic_and_seed_dependent(art):
 
 
 def test_negation_modes_draw_the_same_queries(art):
-    from engine.evaluate import convert_negation
+    from engine.lang.structures import convert_negation
 
     a, _ = sample_queries(art, ["2in", "pni", "inp"], 6, seed=5, negation="qto", progress=False)
     b, _ = sample_queries(art, ["2in", "pni", "inp"], 6, seed=5, negation="complement", progress=False)

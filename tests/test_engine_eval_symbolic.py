@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.query import Anchor, Complement, Intersection, NegatedProjection, Projection, Union
-from engine.structures import STRUCTURES
-from engine.symbolic import Graph, answers
+from engine.lang.query import Anchor, Complement, Intersection, NegatedProjection, Projection, Union
+from engine.lang.structures import STRUCTURES
+from engine.eval.symbolic import Graph, answers
 
 
 def brute_force(node, triples, n: int) -> set[int]:
@@ -84,6 +84,50 @@ def test_duplicate_triples_and_unresolved_names():
     assert answers([Projection(0, Projection(0, Anchor(0)))], g)[0].tolist() == [2]
     with pytest.raises(TypeError, match="resolve"):
         answers([Projection("likes", Anchor(0))], g)
-    with pytest.raises(ValueError, match="relation ids"):
+    with pytest.raises(ValueError, match=r"relation id 5 out of range \[0, 1\)"):
         Graph(np.array([[0, 5, 1]]), 3, 1)
     assert answers([], g) == []
+
+
+@pytest.mark.parametrize("n,r,e", [(1, 1, 0), (5, 2, 30), (30, 4, 300)])
+def test_triple_index_lookups_match_brute_force(seed, n, r, e):
+    """Graph is the shared kge.index.TripleIndex: every lookup against Python sets and lists."""
+    rng = np.random.default_rng(seed)
+    triples = random_graph(rng, n, r, e)
+    if e:
+        triples = np.concatenate([triples, triples[rng.integers(0, e, e // 3)]])  # duplicates
+    g = Graph(triples, n, r)
+    rows = [tuple(map(int, t)) for t in triples]
+    unique = sorted(set(rows))
+    assert [tuple(t) for t in g.triples.tolist()] == unique and g.num_edges == len(unique)
+    first = {}
+    for i, t in enumerate(rows):
+        first.setdefault(t, i)
+    assert g.input_rows.tolist() == [first[t] for t in unique]
+    adj = g.relation_adjacency().toarray()
+    for x in range(n):
+        out = [t for t in unique if t[0] == x]
+        assert [tuple(t) for t in g.out_edges(x).tolist()] == out  # sorted by (relation, tail)
+        assert [tuple(t) for t in g.out_edges(x, input_order=True).tolist()] == sorted(out, key=first.get)
+        inn = sorted((t for t in unique if t[2] == x), key=lambda t: (t[1], t[0]))
+        assert [tuple(t) for t in g.in_edges(x).tolist()] == inn
+        assert [tuple(t) for t in g.in_edges(x, input_order=True).tolist()] == sorted(inn, key=first.get)
+        lo, hi = g.in_ptr[x], g.in_ptr[x + 1]
+        assert list(zip(g.in_head[lo:hi].tolist(), g.in_rel[lo:hi].tolist())) == [(h, rr) for h, rr, _ in inn]
+        for rel in range(r):
+            tails = sorted(t for h, rr, t in unique if h == x and rr == rel)
+            assert g.tails(x, rel).tolist() == tails
+            assert g.rh_tail[g.rh_ptr[rel * n + x]: g.rh_ptr[rel * n + x + 1]].tolist() == tails
+            assert np.flatnonzero(adj[rel * n + x]).tolist() == tails
+            assert g.heads(x, rel).tolist() == sorted(h for h, rr, t in unique if t == x and rr == rel)
+            for y in range(n):
+                assert g.has_edge(x, rel, y) == ((x, rel, y) in first)
+
+
+def test_triple_index_bad_input():
+    with pytest.raises(ValueError, match=r"triples row 1 \[0, 0, 3\]: entity id out of range \[0, 3\)"):
+        Graph(np.array([[0, 0, 1], [0, 0, 3]]), 3, 1)
+    with pytest.raises(ValueError, match=r"expected shape \(E, 3\)"):
+        Graph(np.zeros((2, 2), dtype=np.int64), 3, 1)
+    with pytest.raises(ValueError, match="expected integer ids"):
+        Graph(np.array([[0.0, 0.0, 1.0]]), 3, 1)

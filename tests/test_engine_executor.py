@@ -19,8 +19,8 @@ import scipy.sparse as sp
 import torch
 
 import ops
-from engine.executor import Executor, combine_scores
-from engine.query import (
+from engine.exec.executor import Executor, combine_scores
+from engine.lang.query import (
     Anchor,
     Complement,
     Intersection,
@@ -28,11 +28,12 @@ from engine.query import (
     Node,
     Projection,
     Union,
+    iter_nodes,
     named,
     parse,
     to_sexpr,
 )
-from engine.structures import STRUCTURES
+from engine.lang.structures import STRUCTURES
 from kge import Artifact, UserError
 
 # The compiled backend joins once its kernels are built (ops.has_kernel).
@@ -166,6 +167,11 @@ def check_explanations(ex: Executor, queries: list[Node], dense: list[np.ndarray
             check_atoms(e, dense, ex.neg_scale)
             assert e.text()  # renders
             assert a.to_json()["explanation"]["tree"]["id"] == a.id
+            # No hooks: every score comes from KG atoms, with no evidence anywhere.
+            assert a.provenance == e.source == "kg" and not e.evidences()
+        # The trace is always kept: one node per sub-query, children first, the root last.
+        assert [nt.op for nt in res.trace.nodes][-1] == (q.head or "e")
+        assert len(res.trace.nodes) == sum(1 for _ in iter_nodes(q))
         # The answers are a top-k of the positive-score entities: none left out scores higher.
         assert len(res.answers) >= min(k, int((expected > 1e-5).sum()))
         returned = {a.id for a in res.answers}
@@ -325,3 +331,55 @@ def test_batched_equals_operator_loop_bitwise(tnorm, device):
     res = ex.answer(queries[:10], k=3)  # explanations work on the device too
     assert all(a.explanation.recompute(tnorm) == pytest.approx(a.score, abs=1e-5) for r in res for a in r.answers)
     got[0, 0] = 0.5  # a normal tensor: callers may edit scores in place (e.g. to filter known answers)
+
+
+def test_tnorms_are_the_ops_list():
+    """One list of t-norms: the executor (and the CLIs that take their choices from it) use ops'."""
+    from engine.exec import executor
+
+    assert executor.TNORMS is ops.TNORMS
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scores_with_trace_equal_scores(backend):
+    """trace=True changes no bit of the scores; the traces cover every query in input order."""
+    art, _ = random_artifact(21, n=15, r=4, density=0.25)
+    rng = random.Random(21)
+    queries = [random_structure_query(rng, name, 15, 4, neg) for name in STRUCTURES for neg in ("qto", "complement")
+               for _ in range(3)]
+    ex = Executor(art, backend=backend, pass_rows=5)
+    plain = ex.scores(queries)
+    traced, traces = ex.scores(queries, trace=True, trace_values=True)
+    assert torch.equal(plain, traced)
+    assert [t.index for t in traces] == list(range(len(queries)))
+    for q, t in zip(queries, traces):
+        assert t.query == to_sexpr(named(q, art))
+        assert torch.equal(t.root.values, plain[t.index])
+        assert [nt.path for nt in t.nodes][-1] == ()
+    # One batch returns the root tensor itself: editing it in place leaves the trace's copy alone.
+    one, one_traces = Executor(art, backend=backend).scores(queries[:1], trace=True, trace_values=True)
+    one[0, :] = 0.5
+    assert torch.equal(one_traces[0].root.values, plain[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("negated", [False, True])
+def test_mixed_relation_projection_matches_batch_of_one(backend, negated):
+    """A mixed-relation, non-one-hot batch (the project_multi path): scores and argmax equal each row alone."""
+    art, _ = random_artifact(11, n=12, r=5, density=0.3)
+    ex = Executor(art, backend=backend)
+    g = torch.Generator().manual_seed(11)
+    x = torch.rand(40, 12, generator=g) * (torch.rand(40, 12, generator=g) < 0.5)
+    x[3] = 0.0  # an empty row
+    rels = [int(r) for r in torch.randint(0, 5, (40,), generator=g)]
+    y, arg = ex._project_rows(x, rels, negated, True)
+    for b, r in enumerate(rels):
+        y1, a1 = ex._project_rows(x[b : b + 1], [r], negated, True)
+        assert torch.equal(y[b : b + 1], y1) and torch.equal(arg[b : b + 1], a1)
+    # End to end: mixed-relation 2p/ip/pin batches equal batch-1 answers, witnesses included.
+    rng = random.Random(11)
+    queries = [random_structure_query(rng, name, 12, 5, "qto") for name in ("2p", "ip", "pin") for _ in range(10)]
+    batched = ex.answer(queries, k=4)
+    for q, a in zip(queries, batched):
+        assert ex.answer([q], k=4)[0] == a  # answers, scores and explanations (the trace is not compared)
+        assert a.answers or not ex.scores([q]).any()

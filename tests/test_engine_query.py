@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from engine.query import (
+from engine.lang.query import (
     NODE_TYPES,
     Anchor,
     Complement,
@@ -25,7 +25,7 @@ from engine.query import (
     shape_key,
     to_sexpr,
 )
-from engine.structures import BETAE_NAMES, STRUCTURES, from_betae, get_structure, structure_of
+from engine.lang.structures import BETAE_NAMES, STRUCTURES, from_betae, get_structure, structure_of
 from kge import Artifact, UserError
 
 NASTY = [

@@ -1,6 +1,7 @@
 """End-to-end build: CLI on UMLS (tiny training), artifact contents, round trip, CLI errors."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from kge import Artifact
 from kge.build import BuildConfig, build_artifact, main, summarize
 from kge.calibrate import calibrated_rows_reference
-from kge.errors import UserError
+from kgreason.errors import UserError
 
 TINY = ["--rank", "8", "--epochs", "2", "--batch-size", "512", "--eval-max-triples", "200", "--quiet"]
 
@@ -83,7 +84,9 @@ def test_build_artifact_library_call_replaces_atomically(tmp_path):
     cfg = BuildConfig(kg="nations", out=str(out), rank=4, epochs=1, eval_max_triples=0)
     a = build_artifact(cfg, progress=False)
     assert a.path == out and (out / "meta.json").is_file()
-    b = build_artifact(cfg, progress=False)  # rebuilding over an existing artifact
+    with pytest.raises(UserError, match="already holds an artifact; pass --overwrite"):
+        build_artifact(cfg, progress=False)  # never replaced silently
+    b = build_artifact(dataclasses.replace(cfg, overwrite=True), progress=False)  # rebuilding over it
     assert Artifact.load(out).meta["files"] == b.meta["files"]
     leftovers = [p.name for p in tmp_path.iterdir() if p.name != "nations"]
     assert leftovers == []

@@ -135,7 +135,7 @@ def test_memory_bound_raises_threshold_exactly():
 
 
 def test_memory_bound_without_adaptation_is_an_error():
-    from kge.errors import UserError
+    from kgreason.errors import UserError
 
     ent, rel, obs = _random_case(12, 300, 2, 4, 0, scale=0.2)
     with pytest.raises(UserError, match=r"calibration at threshold 0.0001 keeps [\d,]+ entries after [\d,]+ of 600 rows"):

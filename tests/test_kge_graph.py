@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kge.errors import UserError
+from kgreason.errors import UserError
 from kge.graph import KnowledgeGraph, LOADERS, drop_edges, load_kg
 from kge.safe_pickle import safe_load
 

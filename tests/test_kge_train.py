@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from kge.errors import UserError
+from kgreason.errors import UserError
 from kge.graph import load_kg
 from kge.train import SIZE_PRESETS, TrainConfig, complex_scores, default_train_config, train_complex
 

@@ -7,11 +7,7 @@ import pytest
 import torch
 
 import ops
-from _ops_helpers import fresh_seed
-
-
-def _backends(device: str) -> list[str]:
-    return ["reference"] + (["cpp"] if ops.has_kernel("fuzzy_reduce", device) else [])
+from _ops_helpers import BACKENDS, require_backend
 
 
 def _formula(kind: str, tnorm: str, xs: list[torch.Tensor]) -> torch.Tensor:
@@ -22,32 +18,37 @@ def _formula(kind: str, tnorm: str, xs: list[torch.Tensor]) -> torch.Tensor:
     return 1.0 - functools.reduce(torch.mul, [1.0 - x for x in xs])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["intersect", "union"])
-@pytest.mark.parametrize("tnorm", ["product", "godel"])
+@pytest.mark.parametrize("tnorm", ops.TNORMS)
 @pytest.mark.parametrize("k", [1, 2, 3, 9])
 @pytest.mark.parametrize("shape", [(1, 1), (5, 37), (3, 10000)])
-def test_reduce_matches_formula(device, kind, tnorm, k, shape):
-    seed = fresh_seed()
+def test_reduce_matches_formula(device, seed, backend, kind, tnorm, k, shape):
+    require_backend(backend, "fuzzy_reduce", device)
     gen = torch.Generator().manual_seed(seed)
     xs = [torch.rand(*shape, generator=gen) for _ in range(k)]
     xs[0].view(-1)[:3] = torch.tensor([0.0, 1.0, 0.5])[: xs[0].numel()]  # the extremes
     want = _formula(kind, tnorm, xs)
     fn = getattr(ops, kind)
-    for backend in _backends(device):
-        got = fn(*[x.to(device) for x in xs], tnorm=tnorm, backend=backend).cpu()
-        assert torch.equal(got, want), f"{kind}/{tnorm}/{backend} differs (seed={seed})"
-        assert not torch.isnan(got).any() and bool(((got >= 0) & (got <= 1)).all())
-        assert fn(xs, tnorm=tnorm, backend=backend).shape == shape  # a list works too
+    got = fn(*[x.to(device) for x in xs], tnorm=tnorm, backend=backend).cpu()
+    assert torch.equal(got, want), f"{kind}/{tnorm}/{backend} differs (seed={seed})"
+    assert not torch.isnan(got).any() and bool(((got >= 0) & (got <= 1)).all())
+    assert fn(xs, tnorm=tnorm, backend=backend).shape == shape  # a list works too
 
 
-def test_reduce_closed_on_extremes(device):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("tnorm", ops.TNORMS)
+@pytest.mark.parametrize("kind", ["intersect", "union"])
+def test_reduce_closed_on_extremes(device, backend, tnorm, kind):
+    require_backend(backend, "fuzzy_reduce", device)
     vals = torch.tensor([0.0, 1.0, 1e-38, 1.0 - 2**-24], device=device)
     xs = [vals[torch.tensor(c)].reshape(2, 2) for c in ([0, 1, 2, 3], [1, 1, 3, 3], [3, 2, 1, 0])]
-    for backend in _backends(device):
-        for tnorm in ops.TNORMS:
-            for fn in (ops.intersect, ops.union):
-                got = fn(*xs, tnorm=tnorm, backend=backend)
-                assert not torch.isnan(got).any() and bool(((got >= 0) & (got <= 1)).all())
+    got = getattr(ops, kind)(*xs, tnorm=tnorm, backend=backend)
+    assert not torch.isnan(got).any() and bool(((got >= 0) & (got <= 1)).all())
+
+
+def test_negate_closed_on_extremes(device):
+    vals = torch.tensor([0.0, 1.0, 1e-38, 1.0 - 2**-24], device=device)
     neg = ops.negate(vals)
     assert torch.equal(neg.cpu(), 1.0 - vals.cpu())
 
@@ -59,8 +60,7 @@ def test_single_input_is_a_copy():
 
 
 @pytest.mark.parametrize("k", [0, 1, 3, 7, 50])
-def test_topk_prune(device, k):
-    seed = fresh_seed()
+def test_topk_prune(device, seed, k):
     gen = torch.Generator().manual_seed(seed)
     x = torch.tensor([0.0, 0.25, 0.5, 1.0])[torch.randint(0, 4, (6, 12), generator=gen)]  # many ties
     got = ops.topk_prune(x.to(device), k).cpu()

@@ -1,11 +1,11 @@
-"""Bad input raises ValueError (kge.errors.UserError) naming the argument and what it got."""
+"""Bad input raises ValueError (kgreason.errors.UserError) naming the argument and what it got."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import ops
-from kge.errors import UserError
+from kgreason.errors import UserError
 
 
 def _csr(n=4, index_dtype=torch.int32, values=None):
@@ -13,7 +13,7 @@ def _csr(n=4, index_dtype=torch.int32, values=None):
     m = d.to_sparse_csr()
     vals = m.values() if values is None else values
     return torch.sparse_csr_tensor(m.crow_indices().to(index_dtype), m.col_indices().to(index_dtype), vals,
-                                   size=(n, n))
+                                   size=(n, n), check_invariants=True)
 
 
 def _raw_csr(crow, col, val, n):

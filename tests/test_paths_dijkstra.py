@@ -1,4 +1,5 @@
-"""Batched Dijkstra / A* (engine.paths.shortest_paths): C++ op vs scipy, brute force and the Python reference."""
+"""Batched Dijkstra / A* (engine.paths.shortest_paths over ops.dijkstra): C++ op vs scipy, brute force and the
+pure-Python reference backend."""
 from __future__ import annotations
 
 import math
@@ -9,14 +10,14 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra as scipy_dijkstra
 
 from engine.paths import PathGraph, dijkstra, shortest_paths
-from kge.errors import UserError
+from kgreason.errors import UserError
 
-BACKENDS = ["cpp-radix", "cpp-binary", "cpp-4-ary", "python"]
+BACKENDS = ["cpp-radix", "cpp-binary", "cpp-4-ary", "reference"]
 
 
 def kw(backend: str) -> dict:
     """shortest_paths keyword arguments of a backend/heap combination."""
-    return {"backend": "python"} if backend == "python" else {"backend": "cpp", "heap": backend[4:]}
+    return {"backend": "reference"} if backend == "reference" else {"backend": "cpp", "heap": backend[4:]}
 
 
 def random_multigraph(seed: int, n: int, r: int, e: int, *, isolated: int = 0, zero_costs: int = 0):
@@ -212,11 +213,11 @@ def test_targets_early_exit_exact_on_targets(backend):
     np.testing.assert_allclose(shared.dist[:, [5, 17]], full[:, [5, 17]], rtol=1e-6)
 
 
-def test_cpp_matches_python_reference_predecessor_costs():
+def test_cpp_matches_reference_predecessor_costs():
     triples, costs = random_multigraph(41, 90, 7, 400, zero_costs=2)
     g = PathGraph(triples, 90, num_relations=7)
     a = shortest_paths(g, np.arange(90), costs, max_hops=4)
-    b = shortest_paths(g, np.arange(90), costs, max_hops=4, backend="python")
+    b = shortest_paths(g, np.arange(90), costs, max_hops=4, backend="reference")
     np.testing.assert_allclose(a.dist, b.dist, rtol=1e-5)
     # Hop counts may differ only between paths whose costs tie up to float rounding
     # (float32 in the kernel, float64 in the reference); both must be real paths.
@@ -260,6 +261,8 @@ def test_bad_shapes_and_ids():
         shortest_paths(g, [0], [1.0], max_hops=-2)
     with pytest.raises(UserError, match="heuristic"):
         shortest_paths(g, [0], [1.0], heuristic=np.ones(3))
+    with pytest.raises(UserError, match="backend"):  # one backend vocabulary: "cpp" | "reference"
+        shortest_paths(g, [0], [1.0], backend="python")
     with pytest.raises(UserError, match="entity id out of range"):
         PathGraph(np.array([[0, 0, 9]]), 2)
     with pytest.raises(UserError, match="out of range"):

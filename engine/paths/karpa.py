@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import heapq
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from kge.artifact import INVERSE_SUFFIX
-from kge.errors import UserError, closest_names, unknown_name
+from kgreason.errors import UserError, unknown_name
 
 from .embeddings import CachedEncoder, Encoder, make_encoder, relation_text
 from .embeddings import relation_embeddings as compute_relation_embeddings
@@ -209,7 +209,6 @@ class PathRetriever:
             for j in range(len(parts)):
                 suffix.setdefault("/".join(parts[j:]) + (INVERSE_SUFFIX if inv else ""), set()).add(i)
         self._suffix = suffix
-        self._in_csr: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._seq_text: dict[tuple[int, ...], str] = {}
 
     @classmethod
@@ -348,43 +347,23 @@ class PathRetriever:
 
     def follow(self, topic: int, relations: Sequence[int]) -> list[np.ndarray]:
         """Entity sets reached after each step of ``relations`` from ``topic``: [F_0 = {topic}, F_1, …]."""
-        g = self.graph
-        rels_r, tails_r = g.by_relation()
+        index = self.graph.index
         frontiers = [np.array([topic], dtype=np.int64)]
         for r in relations:
-            F = frontiers[-1]
-            out = []
-            for u in F.tolist():
-                lo, hi = g.indptr[u], g.indptr[u + 1]
-                seg = rels_r[lo:hi]
-                a, b = np.searchsorted(seg, r, "left"), np.searchsorted(seg, r, "right")
-                out.append(tails_r[lo + a : lo + b])
+            out = [index.tails(u, r) for u in frontiers[-1].tolist()]
             frontiers.append(np.unique(np.concatenate(out)).astype(np.int64) if out else np.zeros(0, np.int64))
         return frontiers
 
-    def _in_edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self._in_csr is None:
-            g = self.graph
-            heads = np.repeat(np.arange(g.num_entities, dtype=np.int64), np.diff(g.indptr))
-            order = np.lexsort((heads, g.rels, g.tails))
-            indptr = np.zeros(g.num_entities + 1, dtype=np.int64)
-            np.cumsum(np.bincount(g.tails, minlength=g.num_entities), out=indptr[1:])
-            self._in_csr = (indptr, g.rels[order], heads[order])
-        return self._in_csr
-
     def _entity_paths(self, topic: int, relations: Sequence[int], frontiers: list[np.ndarray]):
         """Entity-level paths for the smallest tails: each step back picks the smallest valid head."""
-        ip, in_rels, in_heads = self._in_edges()
+        index = self.graph.index
         paths = []
         for t in frontiers[-1][: self.max_entity_paths].tolist():
             edges = []
             v = t
             for s in range(len(relations), 0, -1):
                 r = relations[s - 1]
-                lo, hi = ip[v], ip[v + 1]
-                seg = in_rels[lo:hi]
-                a, b = np.searchsorted(seg, r, "left"), np.searchsorted(seg, r, "right")
-                heads = np.intersect1d(in_heads[lo + a : lo + b], frontiers[s - 1], assume_unique=False)
+                heads = np.intersect1d(index.heads(v, r), frontiers[s - 1], assume_unique=False)
                 u = int(heads[0])
                 edges.append((u, int(r), v))
                 v = u

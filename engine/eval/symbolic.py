@@ -27,53 +27,19 @@ from typing import Iterable, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from .query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union, shape_key
+from kge.index import TripleIndex
+
+from engine.lang.query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union, shape_key
 
 __all__ = ["Graph", "answers", "answer_sets", "skeleton"]
 
 
-class Graph:
-    """Boolean adjacency of an id triple set, stacked per relation.
-
-    ``adjacency`` is a scipy CSR ``(R*N, N)`` float32 matrix of ones: row
-    ``r*N + h`` holds the tails ``t`` of the triples ``(h, r, t)``.
-    ``in_ptr``/``in_rel``/``in_head`` list the incoming edges of every entity
-    (sorted by tail, then relation, then head), for backward walks.
-    """
-
-    def __init__(self, triples: np.ndarray, num_entities: int, num_relations: int):
-        triples = np.asarray(triples, dtype=np.int64).reshape(-1, 3)
-        n, r = int(num_entities), int(num_relations)
-        if len(triples):
-            if triples[:, [0, 2]].min() < 0 or triples[:, [0, 2]].max() >= n:
-                raise ValueError(f"entity ids of the triples must lie in [0, {n})")
-            if triples[:, 1].min() < 0 or triples[:, 1].max() >= r:
-                raise ValueError(f"relation ids of the triples must lie in [0, {r})")
-        # Duplicates collapse to one edge (unique on the full triple).
-        triples = np.unique(triples, axis=0) if len(triples) else triples
-        self.triples = triples
-        self.num_entities, self.num_relations = n, r
-        rows = triples[:, 1] * n + triples[:, 0]
-        adj = sp.csr_matrix(
-            (np.ones(len(triples), dtype=np.float32), (rows, triples[:, 2])), shape=(r * n, n)
-        )
-        adj.sum_duplicates()
-        adj.sort_indices()
-        self.adjacency = adj
-        order = np.lexsort((triples[:, 0], triples[:, 1], triples[:, 2]))
-        self.in_head = triples[order, 0]
-        self.in_rel = triples[order, 1]
-        self.in_ptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(triples[:, 2], minlength=n), out=self.in_ptr[1:])
-
-    @classmethod
-    def from_triples(cls, *triple_sets: np.ndarray, num_entities: int, num_relations: int) -> "Graph":
-        """Union of several ``(E, 3)`` triple arrays."""
-        parts = [np.asarray(t, dtype=np.int64).reshape(-1, 3) for t in triple_sets]
-        return cls(np.concatenate(parts) if parts else np.zeros((0, 3), np.int64), num_entities, num_relations)
-
-    def __repr__(self) -> str:
-        return f"Graph(N={self.num_entities}, R={self.num_relations}, edges={len(self.triples)})"
+#: The graph queries are answered on: the project's one triple index.  Its
+#: :meth:`~kge.index.TripleIndex.relation_adjacency` is the stacked ``(R*N, N)``
+#: adjacency (row ``r*N + h`` holds the tails of ``(h, r)``); ``in_ptr`` /
+#: ``in_rel`` / ``in_head`` list every entity's in-edges for backward walks.
+#: Duplicate triples collapse to one edge.
+Graph = TripleIndex
 
 
 @dataclass
@@ -113,7 +79,7 @@ def _project(f: _Frontier, rels: np.ndarray, graph: Graph) -> _Frontier:
     counts = np.diff(m.indptr)
     cols = m.indices.astype(np.int64) + np.repeat(rels.astype(np.int64) * n, counts)
     g = sp.csr_matrix((np.ones(len(cols), np.float32), cols, m.indptr.astype(np.int64)), shape=(m.shape[0], r * n))
-    return _Frontier(_ones_like_pattern(g @ graph.adjacency), False)
+    return _Frontier(_ones_like_pattern(g @ graph.relation_adjacency()), False)
 
 
 def _and(a: _Frontier, b: _Frontier) -> _Frontier:

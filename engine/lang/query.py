@@ -19,6 +19,15 @@ Ids: a bare token ``#123`` means the entity (or relation) with id 123; every
 other token, including integer-looking ones such as ``42``, is a *name*
 (resolved by name only; quote ``"#123"`` for a name that starts with ``#``).
 This keeps names that look like numbers (FB15k-237 has some) unambiguous.
+Ids are ASCII digits below ``2**63``.
+
+Depth: a query nests at most :data:`MAX_QUERY_DEPTH` (100) operators on any
+root-to-leaf path (``(n (n a))`` has depth 2, an entity depth 0).  The parser
+reports a deeper expression as a :class:`~kgreason.errors.UserError` naming its
+depth and the limit, and the node constructors refuse to build a deeper AST, so
+every recursive walk downstream (resolution, printing, execution, explanations)
+stays far inside Python's recursion limit.  Real queries are shallow (the
+deepest BetaE structure has depth 3).
 
 The AST nodes are frozen dataclasses; :data:`NODE_TYPES` maps each
 S-expression head (``p``, ``np``, ``i``, ``u``, ``n``) to its class.
@@ -29,7 +38,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Iterator
 
-from kge.errors import UserError
+from kgreason.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
     from kge.artifact import Artifact
@@ -43,6 +52,7 @@ __all__ = [
     "Union",
     "Complement",
     "NODE_TYPES",
+    "MAX_QUERY_DEPTH",
     "parse",
     "to_sexpr",
     "resolve",
@@ -54,13 +64,19 @@ __all__ = [
     "relations_of",
 ]
 
+#: The deepest query (operators on one root-to-leaf path) that the parser and the node
+#: constructors accept.  Every walk over an AST recurses once (a few Python frames)
+#: per level, executor and explanations included; 100 levels keep them all well
+#: inside the default recursion limit of 1000 even when called from a deep stack.
+MAX_QUERY_DEPTH = 100
 
 
 class Node:
     """Base class of query AST nodes (all frozen dataclasses).
 
     ``head`` is the S-expression head (``None`` for an anchor); ``children()``
-    the sub-queries in order.
+    the sub-queries in order; ``depth`` the number of operators on the longest
+    root-to-leaf path (0 for an anchor, at most :data:`MAX_QUERY_DEPTH`).
     """
 
     head: ClassVar[str | None] = None
@@ -68,8 +84,21 @@ class Node:
     def children(self) -> tuple["Node", ...]:
         return ()
 
+    @property
+    def depth(self) -> int:
+        # Set once by the operator constructors (_set_depth); anchors have none.
+        return self.__dict__.get("_depth", 0)
+
     def __str__(self) -> str:
         return to_sexpr(self)
+
+
+def _set_depth(node: Node) -> None:
+    """Record ``node.depth`` (children are built first, so this is O(#children)); refuse too deep a query."""
+    depth = 1 + max(c.depth for c in node.children())
+    if depth > MAX_QUERY_DEPTH:
+        raise UserError(f"query nested too deeply: {depth} levels, the maximum query depth is {MAX_QUERY_DEPTH}")
+    object.__setattr__(node, "_depth", depth)
 
 
 NODE_TYPES: dict[str, type[Node]] = {}
@@ -120,6 +149,7 @@ class Projection(Node):
         _check_name(self.relation, "relation")
         if not isinstance(self.arg, Node):
             raise TypeError(f"projection argument must be a Node, got {type(self.arg).__name__}")
+        _set_depth(self)
 
     def children(self) -> tuple[Node, ...]:
         return (self.arg,)
@@ -139,6 +169,7 @@ class NegatedProjection(Node):
         _check_name(self.relation, "relation")
         if not isinstance(self.arg, Node):
             raise TypeError(f"projection argument must be a Node, got {type(self.arg).__name__}")
+        _set_depth(self)
 
     def children(self) -> tuple[Node, ...]:
         return (self.arg,)
@@ -152,6 +183,7 @@ def _check_args(self, what: str) -> None:
     for a in args:
         if not isinstance(a, Node):
             raise TypeError(f"{what} arguments must be Nodes, got {type(a).__name__}")
+    _set_depth(self)
 
 
 @_register
@@ -195,6 +227,7 @@ class Complement(Node):
     def __post_init__(self) -> None:
         if not isinstance(self.arg, Node):
             raise TypeError(f"complement argument must be a Node, got {type(self.arg).__name__}")
+        _set_depth(self)
 
     def children(self) -> tuple[Node, ...]:
         return (self.arg,)
@@ -202,7 +235,8 @@ class Complement(Node):
 
 # ---------------------------------------------------------------------------------------- printing
 _BARE_OK = re.compile(r'[^\s()"\\]+')
-_ID_TOKEN = re.compile(r"#(\d+)")
+_ID_TOKEN = re.compile(r"#([0-9]+)")  # ASCII digits only (\d would take any Unicode digit)
+_MAX_ID_DIGITS = 19  # ids are < 2**63; longer digit runs are refused before int() sees them
 _ESCAPES_OUT = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 _ESCAPES_IN = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "r": "\r"}
 
@@ -238,6 +272,9 @@ class _Tok:
     quoted: bool = False
 
 
+_ECHO_HALF_WIDTH = 40  # characters echoed on each side of the caret when a line is long
+
+
 def _error(text: str, pos: int, message: str, where: str) -> UserError:
     """A parse error with ``where:line:column`` (1-based), the offending line and a caret."""
     line_start = text.rfind("\n", 0, pos) + 1
@@ -247,13 +284,28 @@ def _error(text: str, pos: int, message: str, where: str) -> UserError:
     line_no = text.count("\n", 0, pos) + 1
     col = pos - line_start + 1
     line = text[line_start:line_end]
+    where = _printable(where)  # a file name may hold anything; the location stays one line
     if where:
         loc = f"{where}:{col}" if "\n" not in text else f"{where}:{line_no}:{col}"
     else:
         loc = f"column {col}" if "\n" not in text else f"line {line_no}, column {col}"
-    # Tabs would misalign the caret; show them as spaces in the echoed line.
-    shown = line.replace("\t", " ")
-    return UserError(f"{loc}: {message}\n  {shown}\n  {' ' * (col - 1)}^")
+    # The echo is exactly one printable line with one character per column: tabs would
+    # misalign the caret, and \r, \v, \f, \x1c-\x1e, \x85, U+2028/9 would break the
+    # line (str.splitlines) or the terminal; they are shown as a space / U+FFFD.
+    shown = "".join(c if c.isprintable() else " " if c == "\t" else "\ufffd" for c in line)
+    caret = col - 1
+    if len(shown) > 2 * _ECHO_HALF_WIDTH:
+        # A long line (a query generated by a program) is echoed as a window around the caret.
+        lo = max(0, caret - _ECHO_HALF_WIDTH)
+        hi = min(len(shown), caret + _ECHO_HALF_WIDTH)
+        shown = ("..." if lo > 0 else "") + shown[lo:hi] + ("..." if hi < len(shown) else "")
+        caret = caret - lo + (3 if lo > 0 else 0)
+    return UserError(f"{loc}: {message}\n  {shown}\n  {' ' * caret}^")
+
+
+def _printable(token: str) -> str:
+    """``token`` with non-printable characters written as Python escapes (for messages only)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in token)
 
 
 def _describe_tok(tok: _Tok) -> str:
@@ -261,7 +313,7 @@ def _describe_tok(tok: _Tok) -> str:
         return "end of input"
     if tok.kind in "()":
         return repr(tok.kind)
-    return format_name(tok.value) if tok.kind == "name" else f"#{tok.value}"
+    return _printable(format_name(tok.value)) if tok.kind == "name" else f"#{tok.value}"
 
 
 def _tokenize(text: str, where: str) -> list[_Tok]:
@@ -290,7 +342,7 @@ def _tokenize(text: str, where: str) -> list[_Tok]:
                         raise _error(text, i, "unterminated escape at end of input", where)
                     esc = text[i + 1]
                     if esc not in _ESCAPES_IN:
-                        raise _error(text, i, f"unknown escape '\\{esc}' (expected one of \\\" \\\\ \\n \\t \\r)", where)
+                        raise _error(text, i, f"unknown escape '\\{_printable(esc)}' (expected one of \\\" \\\\ \\n \\t \\r)", where)
                     buf.append(_ESCAPES_IN[esc])
                     i += 2
                 else:
@@ -302,14 +354,18 @@ def _tokenize(text: str, where: str) -> list[_Tok]:
         else:
             m = _BARE_OK.match(text, i)
             if m is None:  # a backslash outside quotes
-                raise _error(text, i, f"unexpected character {c!r} (quote names containing it)", where)
+                raise _error(text, i, f"unexpected character {_printable(repr(c))} (quote names containing it)", where)
             word = m.group(0)
             idm = _ID_TOKEN.fullmatch(word)
             if idm:
-                toks.append(_Tok("id", int(idm.group(1)), i))
+                digits = idm.group(1).lstrip("0") or "0"  # int() refuses over 4300 digits, zeros included
+                if len(digits) > _MAX_ID_DIGITS or int(digits) >= 2**63:
+                    raise _error(text, i, f"id {_printable(word[:24])}{'...' if len(word) > 24 else ''} is too large", where)
+                toks.append(_Tok("id", int(digits), i))
             else:
                 if word.startswith("#"):
-                    raise _error(text, i, f"expected an id like '#12' after '#', got {word!r} (quote names starting with '#')", where)
+                    raise _error(text, i, f"expected an id like '#12' after '#', got {_printable(repr(word))} "
+                                          "(quote names starting with '#')", where)
                 toks.append(_Tok("name", word, i))
             i = m.end()
             if i < n and text[i] == '"':
@@ -336,12 +392,25 @@ class _Parser:
     def fail(self, tok: _Tok, expected: str) -> UserError:
         return _error(self.text, tok.pos, f"expected {expected}, got {_describe_tok(tok)}", self.where)
 
-    def query(self) -> Node:
+    def too_deep(self, tok: _Tok) -> UserError:
+        """The error for the first '(' beyond :data:`MAX_QUERY_DEPTH`, naming the expression's full depth."""
+        depth = deepest = 0
+        for t in self.toks:  # the deepest nesting anywhere in the text (unbalanced text counts its opens)
+            depth += (t.kind == "(") - (t.kind == ")")
+            deepest = max(deepest, depth)
+        return _error(self.text, tok.pos,
+                      f"query nested too deeply: {deepest} levels, the maximum query depth is {MAX_QUERY_DEPTH}", self.where)
+
+    def query(self, depth: int = 0) -> Node:
+        """One query whose enclosing operators number ``depth`` (recursion is bounded by MAX_QUERY_DEPTH)."""
         tok = self.take()
         if tok.kind in ("name", "id"):
             return Anchor(tok.value)
         if tok.kind != "(":
             raise self.fail(tok, "a query (an entity name or '(')")
+        depth += 1
+        if depth > MAX_QUERY_DEPTH:
+            raise self.too_deep(tok)
         head = self.take()
         heads = "'p', 'np', 'i', 'u' or 'n'"
         if head.kind != "name" or head.quoted or head.value not in NODE_TYPES:
@@ -351,16 +420,16 @@ class _Parser:
             rel = self.take()
             if rel.kind not in ("name", "id"):
                 raise self.fail(rel, f"a relation name after '{op}'")
-            arg = self.query()
+            arg = self.query(depth)
             node: Node = NODE_TYPES[op](rel.value, arg)
         elif op == "n":
-            node = Complement(self.query())
+            node = Complement(self.query(depth))
         else:
-            args = [self.query()]
+            args = [self.query(depth)]
             while self.peek().kind != ")":
                 if self.peek().kind == "end":
                     break
-                args.append(self.query())
+                args.append(self.query(depth))
             if len(args) < 2:
                 raise self.fail(self.peek(), f"a second sub-query for '{op}' (it takes 2 or more)")
             node = NODE_TYPES[op](tuple(args))
@@ -379,18 +448,15 @@ def parse(text: str, *, where: str = "") -> Node:
 
     ``where`` (e.g. ``"queries.txt:3"``) prefixes error locations, which end in
     the 1-based column.  Raises :class:`UserError` with the column, the line and
-    a caret under the offending token, and what was expected there.
+    a caret under the offending token, and what was expected there; an
+    expression nested deeper than :data:`MAX_QUERY_DEPTH` is such an error too.
     """
     if not isinstance(text, str):
         raise TypeError(f"parse() expects a str, got {type(text).__name__}")
     p = _Parser(text, where)
     if p.peek().kind == "end":
         raise p.fail(p.peek(), "a query")
-    try:
-        node = p.query()
-    except RecursionError:
-        tok = p.toks[min(p.k, len(p.toks) - 1)]
-        raise _error(text, tok.pos, "query nested too deeply", where) from None
+    node = p.query()
     if p.peek().kind != "end":
         raise p.fail(p.peek(), "end of the query (one query per expression)")
     return node
@@ -398,10 +464,12 @@ def parse(text: str, *, where: str = "") -> Node:
 
 # ------------------------------------------------------------------------------------- traversals
 def iter_nodes(node: Node) -> Iterator[Node]:
-    """Pre-order traversal."""
-    yield node
-    for c in node.children():
-        yield from iter_nodes(c)
+    """Pre-order traversal (an explicit stack: no generator chain as deep as the query)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(n.children()))
 
 
 def anchors_of(node: Node) -> list[str | int]:
@@ -445,15 +513,18 @@ def resolve(node: Node, artifact: "Artifact", *, where: str = "") -> Node:
 
     n_ent, n_rel = artifact.num_entities, artifact.num_relations
 
-    def fast(n: Node) -> bool:
-        """True when ``n`` already holds only in-range ids (then it is returned as is, no copy)."""
-        if isinstance(n, Anchor):
-            return type(n.entity) is int and n.entity < n_ent
-        if isinstance(n, (Projection, NegatedProjection)):
-            return type(n.relation) is int and n.relation < n_rel and fast(n.arg)
-        return all(fast(c) for c in n.children())
+    def fast() -> bool:
+        """True when ``node`` already holds only in-range ids (then it is returned as is, no copy)."""
+        for n in iter_nodes(node):
+            if isinstance(n, Anchor):
+                if not (type(n.entity) is int and n.entity < n_ent):
+                    return False
+            elif isinstance(n, (Projection, NegatedProjection)):
+                if not (type(n.relation) is int and n.relation < n_rel):
+                    return False
+        return True
 
-    if fast(node):
+    if fast():
         return node
 
     def ent(x):

@@ -37,7 +37,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from kge.errors import UserError
+from kgreason.errors import UserError, unknown_name
+from kgreason.files import read_lines
 
 __all__ = [
     "TIES",
@@ -229,47 +230,82 @@ def results_to_json(results: Sequence[StructureResult]) -> list[dict]:
     ]
 
 
+def _canonical_shape(key: tuple) -> tuple:
+    """A :func:`~engine.lang.query.shape_key` with the branches of intersections and unions sorted (order-free)."""
+    children = tuple(_canonical_shape(c) for c in key[1:])
+    if key[0] in ("i", "u"):
+        children = tuple(sorted(children, key=repr))
+    return (key[0],) + children
+
+
+def _structure_shapes() -> dict[str, tuple]:
+    """Order-free shape of each structure label a JSONL file may carry (negations written the QTO way)."""
+    from engine.lang.query import shape_key
+    from engine.lang.structures import _ALIASES, BETAE_NAMES, Structure
+
+    shapes: dict[str, tuple] = {}
+    for betae, name in BETAE_NAMES.items():
+        st = Structure(name, betae)
+        node = st.build(list(range(st.num_anchors)), list(range(st.num_relations)), negation="qto")
+        shapes[name] = _canonical_shape(shape_key(node))
+    for alias, name in _ALIASES.items():
+        shapes[alias] = shapes[name]
+    return shapes
+
+
 def load_jsonl_queries(path: str | Path, artifact, *, structures: Iterable[str] | None = None) -> list[EvalQuery]:
     """Read a sampler JSONL file and resolve each ``expr`` against ``artifact``.
 
     Every line: ``{"structure": str, "expr": str, "easy": [ids], "hard": [ids]}``.
-    Errors name ``file:line``.
+    ``structure`` must be a known structure name whose shape ``expr`` has
+    (branch order and negation style aside).  Errors name ``file:line``.
     """
-    from .query import parse, resolve
+    from engine.lang.query import parse, resolve, shape_key
+    from engine.lang.structures import convert_negation
 
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"query file {str(path)!r} does not exist")
+    lines = read_lines(path, what="--queries")
     keep = set(structures) if structures else None
+    shapes = _structure_shapes()
     n = artifact.num_entities
     out: list[EvalQuery] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{where}: invalid JSON ({exc.msg})") from None
-            if not isinstance(rec, dict):
-                raise UserError(f"{where}: expected a JSON object")
-            for key in ("structure", "expr", "easy", "hard"):
-                if key not in rec:
-                    raise UserError(f"{where}: missing key {key!r}")
-            if keep is not None and rec["structure"] not in keep:
-                continue
-            if not isinstance(rec["expr"], str):
-                raise UserError(f"{where}: 'expr' must be a string")
-            ids = {}
-            for key in ("easy", "hard"):
-                v = rec[key]
-                if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-                    raise UserError(f"{where}: {key!r} must be a list of entity ids")
-                a = np.asarray(v, dtype=np.int64)
-                if len(a) and (a.min() < 0 or a.max() >= n):
-                    raise UserError(f"{where}: {key!r} has an entity id outside [0, {n})")
-                ids[key] = a
-            node = resolve(parse(rec["expr"], where=f"{where}: expr"), artifact, where=where)
-            out.append(EvalQuery(str(rec["structure"]), node, ids["easy"], ids["hard"]))
+    for lineno, line in lines:
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where}: invalid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise UserError(f"{where}: JSON nested too deeply") from None
+        if not isinstance(rec, dict):
+            raise UserError(f"{where}: expected a JSON object")
+        for key in ("structure", "expr", "easy", "hard"):
+            if key not in rec:
+                raise UserError(f"{where}: missing key {key!r}")
+        label = rec["structure"]
+        if not isinstance(label, str):
+            raise UserError(f"{where}: 'structure' must be a string")
+        if label not in shapes:
+            raise unknown_name("query structure", label, list(shapes), where)
+        if keep is not None and label not in keep:
+            continue
+        if not isinstance(rec["expr"], str):
+            raise UserError(f"{where}: 'expr' must be a string")
+        ids = {}
+        for key in ("easy", "hard"):
+            v = rec[key]
+            if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                raise UserError(f"{where}: {key!r} must be a list of entity ids")
+            a = np.asarray(v, dtype=np.int64) if all(-(1 << 63) <= x < (1 << 63) for x in v) else None
+            if a is None or (len(a) and (a.min() < 0 or a.max() >= n)):
+                raise UserError(f"{where}: {key!r} has an entity id outside [0, {n})")
+            ids[key] = a
+        node = resolve(parse(rec["expr"], where=f"{where}: expr"), artifact, where=where)
+        if _canonical_shape(shape_key(convert_negation(node, "qto"))) != shapes[label]:
+            matching = [s for s, k in shapes.items() if k == _canonical_shape(shape_key(convert_negation(node, "qto")))]
+            hint = f" (its shape is {matching[0]})" if matching else " (it matches no known structure)"
+            raise UserError(f"{where}: structure label {label!r} contradicts expr{hint}")
+        out.append(EvalQuery(label, node, ids["easy"], ids["hard"]))
     return out

@@ -8,8 +8,10 @@
     print(best.explanation.text())
     eng.answer(("pin", ["A", "B"], ["r1", "r2", "r3"]))   # a BetaE structure with its bindings
     scores = eng.scores(["(p r e)", "(p r2 e)"])            # (2, N) float32, for other code
+    res[0].answers[0].provenance, res[0].trace.to_json()    # "kg" | "llm" | "both"; per-node trace
+    eng.add_hook(my_hook, ops=("p",))                       # see engine.exec.hooks
 
-Queries can be S-expression strings, :class:`~engine.query.Node` ASTs (names or
+Queries can be S-expression strings, :class:`~engine.lang.query.Node` ASTs (names or
 ids), or ``(structure, anchors, relations)`` tuples; a single query or a list.
 """
 from __future__ import annotations
@@ -17,14 +19,13 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-import torch
-
 from kge.artifact import Artifact
-from kge.errors import UserError
+from kgreason.errors import UserError
 
-from .executor import Executor, QueryResult
-from .query import Node, describe, parse, resolve
-from .structures import NEGATION_MODES, get_structure
+from engine.exec.executor import Executor, QueryResult
+from engine.exec.hooks import Hook, HookHandle
+from engine.lang.query import Node, describe, parse, resolve
+from engine.lang.structures import check_negation, get_structure
 
 __all__ = ["Engine", "QueryLike", "to_node"]
 
@@ -59,11 +60,10 @@ def _as_list(queries: QueryLike | Sequence[QueryLike]) -> list[QueryLike]:
 
 
 class Engine:
-    """A loaded knowledge graph plus an :class:`~engine.executor.Executor` over it."""
+    """A loaded knowledge graph plus an :class:`~engine.exec.executor.Executor` over it."""
 
     def __init__(self, artifact: Artifact, executor: Executor, *, negation: str = "qto") -> None:
-        if negation not in NEGATION_MODES:
-            raise UserError(f"unknown negation mode {negation!r}; expected one of {', '.join(NEGATION_MODES)}")
+        check_negation(negation)
         self.artifact = artifact
         self.executor = executor
         self.negation = negation
@@ -73,12 +73,12 @@ class Engine:
              verify: bool = True, **executor_kwargs: Any) -> "Engine":
         """Open an artifact folder (or use an :class:`Artifact`; ``None`` = the default UMLS KG).
 
-        ``executor_kwargs`` go to :class:`~engine.executor.Executor` (``tnorm``,
-        ``neg_scale``, ``device``, ``backend``); ``negation`` is how BetaE
+        ``executor_kwargs`` go to :class:`~engine.exec.executor.Executor` (``tnorm``,
+        ``neg_scale``, ``device``, ``backend``, ``hooks``); ``negation`` is how BetaE
         structures given as tuples treat ``'n'`` (``"qto"`` or ``"complement"``).
         """
         if artifact is None:
-            from .defaults import default_artifact
+            from engine.exec.defaults import default_artifact
 
             art = default_artifact(verify=verify, load_embeddings=False)
         elif isinstance(artifact, Artifact):
@@ -96,21 +96,35 @@ class Engine:
             out.append(resolve(to_node(q, negation=self.negation, where=where), self.artifact, where=where))
         return out
 
-    def answer(self, queries: QueryLike | Sequence[QueryLike], k: int = 10, explain: bool = True) -> list[QueryResult]:
-        """Top-``k`` answers (with explanations) of each query, in input order."""
-        return self.executor.answer(self.queries(queries), k=k, explain=explain)
+    def answer(self, queries: QueryLike | Sequence[QueryLike], k: int = 10, explain: bool = True, *,
+               trace_values: bool = False) -> list[QueryResult]:
+        """Top-``k`` answers (with explanations and provenance) of each query, with its trace, in input order."""
+        return self.executor.answer(self.queries(queries), k=k, explain=explain, trace_values=trace_values)
 
     def scores(self, queries: QueryLike | Sequence[QueryLike], *, batch_size: int = 1024,
-               progress: bool = False) -> torch.Tensor:
-        """Scores of all entities, float32 (len(queries), N) on the executor's device."""
-        return self.executor.scores(self.queries(queries), batch_size=batch_size, progress=progress)
+               progress: bool = False, trace: bool = False, trace_values: bool = False):
+        """Scores of all entities, float32 (len(queries), N) on the executor's device.
+
+        With ``trace=True``: ``(scores, traces)``, one trace per query (see
+        :meth:`Executor.scores <engine.exec.executor.Executor.scores>`).
+        """
+        return self.executor.scores(self.queries(queries), batch_size=batch_size, progress=progress, trace=trace,
+                                    trace_values=trace_values)
+
+    def add_hook(self, hook: Hook, *, ops: Sequence[str] | None = None, name: str | None = None) -> HookHandle:
+        """Register a per-node hook on the executor (see :meth:`Executor.add_hook <engine.exec.executor.Executor.add_hook>`)."""
+        return self.executor.add_hook(hook, ops=ops, name=name)
 
     def describe(self, query: QueryLike) -> str:
         """The query in words."""
         return describe(self.queries(query)[0], self.artifact)
 
     def example(self, structure: str, *, seed: int = 0) -> Node:
-        """A seeded example query of ``structure`` that has answers on this KG (ids)."""
-        from .examples import example_query
+        """A seeded example query of ``structure`` that has answers on this KG (ids).
 
-        return example_query(self.artifact, structure, seed=seed, negation=self.negation, executor=self.executor)
+        Picked with the KG alone: hooks (an LLM) are not asked while searching.
+        """
+        from engine.exec.examples import example_query
+
+        return example_query(self.artifact, structure, seed=seed, negation=self.negation,
+                             executor=self.executor.without_hooks())

@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
 import sys
 from typing import Callable, Iterable, Sequence
 
-__all__ = ["UserError", "closest_names", "unknown_name", "cli_main"]
+__all__ = ["UserError", "Terminated", "closest_names", "unknown_name", "cli_main"]
 
 
 class UserError(ValueError):
     """An error in user input, with a message that says what and where."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while a writer held temporary files (see :func:`kgreason.files.sigterm_raises`).
+
+    A ``BaseException`` like ``KeyboardInterrupt``, so that ``except Exception``
+    blocks do not swallow it while ``finally`` blocks still clean up.
+    """
 
 
 def closest_names(name: str, known: Iterable[str], n: int = 3) -> list[str]:
@@ -39,20 +48,44 @@ def unknown_name(kind: str, name: str, known: Sequence[str], where: str = "") ->
 def cli_main(func: Callable[[Sequence[str] | None], int | None]) -> Callable[[Sequence[str] | None], int]:
     """Wrap a CLI ``main(argv)`` so that user errors print one line and return 2.
 
-    ``KeyboardInterrupt`` returns 130; anything else propagates (a bug, which
-    deserves its traceback).
+    ``KeyboardInterrupt`` returns 130 and :class:`Terminated` (SIGTERM during a
+    write) 143.  A closed stdout (``... | head``) ends the command quietly with
+    status 1, as the Python documentation recommends for ``BrokenPipeError``.
+    Anything else propagates (a bug, which deserves its traceback).
     """
 
     @functools.wraps(func)
     def wrapper(argv: Sequence[str] | None = None) -> int:
         try:
             rc = func(argv)
+            # Flush here: a reader that went away (``| head``) must show up inside
+            # this try, not as an exception while the interpreter shuts down.
+            sys.stdout.flush()
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except BrokenPipeError:
+            _stdout_to_devnull()
+            return 1
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
+        except Terminated:
+            print("terminated", file=sys.stderr)
+            return 143
         return 0 if rc is None else int(rc)
 
     return wrapper
+
+
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at /dev/null so that the final flush at exit cannot fail again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a captured or replaced stdout: nothing to redirect
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

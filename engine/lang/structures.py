@@ -12,21 +12,23 @@ in the order their ``'e'``/``'r'`` appear in the BetaE tuple, e.g. ``pin`` =
 relations ``(r1, r2, r3)`` is ``(i (p r2 (p r1 e1)) (np r3 e2))``.
 
 Negation modes: ``"qto"`` turns a negated relation edge into a
-:class:`~engine.query.NegatedProjection` (QTO's ``1 - min(1, s * M)`` edge);
-``"complement"`` wraps the projection in a :class:`~engine.query.Complement`
+:class:`~engine.lang.query.NegatedProjection` (QTO's ``1 - min(1, s * M)`` edge);
+``"complement"`` wraps the projection in a :class:`~engine.lang.query.Complement`
 (``1 - value``, as in BetaE/CQD).  A negation that follows a group rather than
 a relation (BetaE's De Morgan forms) is always a complement.
 """
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from kge.errors import UserError
+from kgreason.errors import UserError
 
-from .query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union, to_sexpr
+from engine.lang.query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union, to_sexpr
 
-__all__ = ["Structure", "STRUCTURES", "NEGATION_MODES", "BETAE_NAMES", "structure_of", "from_betae", "get_structure"]
+__all__ = ["Structure", "STRUCTURES", "NEGATION_MODES", "BETAE_NAMES", "structure_of", "from_betae", "get_structure",
+           "convert_negation", "check_negation"]
 
 NEGATION_MODES = ("qto", "complement")
 
@@ -59,27 +61,63 @@ _ALIASES = {"2u-DNF": "2u", "up-DNF": "up"}
 _QUERY_CODES = {-1: "u", -2: "n"}
 
 
+# Messages show user data (pickled tuples can be huge or thousands of levels deep) through a
+# bounded repr: reprlib stops at ``maxlevel`` instead of recursing to the bottom.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxtuple, _REPR.maxlist, _REPR.maxstring, _REPR.maxother = 4, 6, 6, 60, 60
+
+
+def _show(x: Any) -> str:
+    return _REPR.repr(x)
+
+
+#: Deepest tuple nesting a BetaE structure tuple has (the 14 structures and the De Morgan forms have 4).
+_MAX_STRUCTURE_NESTING = 8
+
+
+def _nesting_exceeds(t: Any, limit: int) -> bool:
+    """True when tuples nest deeper than ``limit`` in ``t`` (iterative: no recursion, no hashing)."""
+    stack = [(t, 0)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, tuple):
+            if d >= limit:
+                return True
+            stack.extend((y, d + 1) for y in x)
+    return False
+
+
+def _name_or_id(value: Any, what: str, q: Any) -> Any:
+    """An anchor/relation value of a BetaE query: an id (int, numpy integer) or a name (str)."""
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if hasattr(value, "__index__") and not isinstance(value, bool):
+        return int(value)
+    raise UserError(f"BetaE query {_show(q)}: expected {what} id, got {_show(value)}")
+
+
 def _is_ops(t: Any) -> bool:
     """A tuple of operations (``('r', 'n')`` or ``(12, -2)``) rather than a branch or a group."""
     return isinstance(t, tuple) and len(t) > 0 and all(not isinstance(x, tuple) for x in t)
 
 
-def _check_negation(negation: str) -> None:
+def check_negation(negation: str) -> None:
+    """The one check of a negation mode (:data:`NEGATION_MODES`); raises :class:`UserError` naming the choices."""
     if negation not in NEGATION_MODES:
-        raise UserError(f"unknown negation mode {negation!r}; expected one of {', '.join(NEGATION_MODES)}")
+        raise UserError(f"unknown negation mode {_show(negation)}; expected one of {', '.join(NEGATION_MODES)}")
 
 
 def _convert(s: Any, q: Any, negation: str) -> Node:
     """Walk a structure tuple ``s`` and the matching query tuple ``q`` in parallel."""
     if not isinstance(s, tuple) or not isinstance(q, tuple) or len(s) != len(q) or not s:
-        raise UserError(f"BetaE query {q!r} does not match structure {s!r}")
+        raise UserError(f"BetaE query {_show(q)} does not match structure {_show(s)}")
     if s[0] == "e":  # a branch: (anchor, ops)
         if len(s) != 2 or not _is_ops(s[1]):
-            raise UserError(f"malformed BetaE branch {s!r}")
-        return _apply_ops(Anchor(q[0]), s[1], q[1], negation)
+            raise UserError(f"malformed BetaE branch {_show(s)}")
+        return _apply_ops(Anchor(_name_or_id(q[0], "an anchor", q)), s[1], q[1], negation)
     if len(s) >= 2 and s[-1] == ("u",):
         if q[-1] not in (("u",), (-1,)):
-            raise UserError(f"BetaE query {q!r} does not match structure {s!r} (expected a union marker)")
+            raise UserError(f"BetaE query {_show(q)} does not match structure {_show(s)} (expected a union marker)")
         return Union(tuple(_convert(a, b, negation) for a, b in zip(s[:-1], q[:-1])))
     if len(s) >= 2 and not _is_ops(s[0]) and all(_is_ops(t) for t in s[1:]):
         node = _convert(s[0], q[0], negation)
@@ -87,27 +125,27 @@ def _convert(s: Any, q: Any, negation: str) -> Node:
             node = _apply_ops(node, ops_s, ops_q, negation)
         return node
     if any(_is_ops(t) for t in s):
-        raise UserError(f"unsupported BetaE structure {s!r}")
+        raise UserError(f"unsupported BetaE structure {_show(s)}")
     return Intersection(tuple(_convert(a, b, negation) for a, b in zip(s, q)))
 
 
 def _apply_ops(node: Node, ops_s: tuple, ops_q: Any, negation: str) -> Node:
     if not isinstance(ops_q, tuple) or len(ops_q) != len(ops_s):
-        raise UserError(f"BetaE relations {ops_q!r} do not match {ops_s!r}")
+        raise UserError(f"BetaE relations {_show(ops_q)} do not match {_show(ops_s)}")
     for o, v in zip(ops_s, ops_q):
         if o == "r":
             if isinstance(v, str) and v in ("n", "u") or (isinstance(v, int) and v < 0):
-                raise UserError(f"expected a relation in {ops_q!r}, got {v!r}")
-            node = Projection(v, node)
+                raise UserError(f"expected a relation in {_show(ops_q)}, got {_show(v)}")
+            node = Projection(_name_or_id(v, "a relation", ops_q), node)
         elif o == "n":
             if v not in ("n", -2):
-                raise UserError(f"expected a negation marker (-2) in {ops_q!r}, got {v!r}")
+                raise UserError(f"expected a negation marker (-2) in {_show(ops_q)}, got {_show(v)}")
             if negation == "qto" and isinstance(node, Projection):
                 node = NegatedProjection(node.relation, node.arg)
             else:
                 node = Complement(node)
         else:
-            raise UserError(f"unexpected operation {o!r} in BetaE structure {ops_s!r}")
+            raise UserError(f"unexpected operation {_show(o)} in BetaE structure {_show(ops_s)}")
     return node
 
 
@@ -117,16 +155,20 @@ def from_betae(structure: tuple, query: tuple, *, negation: str = "qto") -> Node
     ``query`` holds integer ids (``-2`` = negation, ``-1`` = union marker), so the
     result is a resolved AST (anchors and relations are ids).
     """
-    _check_negation(negation)
+    check_negation(negation)
+    if _nesting_exceeds(structure, _MAX_STRUCTURE_NESTING):  # _convert recurses along the structure
+        raise UserError(f"unsupported BetaE structure {_show(structure)} (nested deeper than any structure)")
     return _convert(structure, query, negation)
 
 
 def structure_of(betae: tuple) -> str:
     """BetaE's name of a structure tuple (``'2u'``/``'up'`` for the DNF forms, ``'2u-DM'``/``'up-DM'`` for De Morgan)."""
+    if _nesting_exceeds(betae, _MAX_STRUCTURE_NESTING):  # never hash (C recursion) a pathological tuple
+        raise UserError(f"unknown BetaE structure {_show(betae)} (nested deeper than any structure)")
     try:
         return BETAE_NAMES[betae]
     except (KeyError, TypeError):
-        raise UserError(f"unknown BetaE structure {betae!r}") from None
+        raise UserError(f"unknown BetaE structure {_show(betae)}") from None
 
 
 def _fill(s: Any, anchors: Iterator, relations: Iterator) -> Any:
@@ -178,7 +220,7 @@ class Structure:
 
     def build(self, anchors: Sequence[str | int], relations: Sequence[str | int], *, negation: str = "qto") -> Node:
         """The AST binding ``anchors`` and ``relations`` left to right as they appear in :attr:`betae`."""
-        _check_negation(negation)
+        check_negation(negation)
         anchors, relations = list(anchors), list(relations)
         if len(anchors) != self.num_anchors or len(relations) != self.num_relations:
             raise UserError(
@@ -205,6 +247,35 @@ def get_structure(name: str) -> Structure:
     try:
         return STRUCTURES[key]
     except KeyError:
-        from kge.errors import unknown_name
+        from kgreason.errors import unknown_name
 
         raise unknown_name("query structure", name, list(STRUCTURES)) from None
+
+
+def convert_negation(node, mode: str | None):
+    """``node`` with every negated projection written in ``mode``.
+
+    ``"qto"``: ``(n (p r q))`` -> ``(np r q)``; ``"complement"``: ``(np r q)`` -> ``(n (p r q))``;
+    ``None``: unchanged.  Other complements are kept.
+    """
+    if mode is None:
+        return node
+    check_negation(mode)
+
+    def walk(n):
+        if isinstance(n, Anchor):
+            return n
+        if isinstance(n, NegatedProjection):
+            arg = walk(n.arg)
+            return Complement(Projection(n.relation, arg)) if mode == "complement" else NegatedProjection(n.relation, arg)
+        if isinstance(n, Complement):
+            if mode == "qto" and isinstance(n.arg, Projection):
+                return NegatedProjection(n.arg.relation, walk(n.arg.arg))
+            return Complement(walk(n.arg))
+        if isinstance(n, Projection):
+            return Projection(n.relation, walk(n.arg))
+        if isinstance(n, (Intersection, Union)):
+            return type(n)(tuple(walk(a) for a in n.args))
+        raise TypeError(f"not a query node: {_show(n)}")
+
+    return walk(node)

@@ -15,51 +15,35 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from kge.errors import UserError
+from kge.index import TripleIndex
+from kgreason.errors import UserError
 
-from .query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union
-from .structures import get_structure
+from engine.lang.query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union
+from engine.lang.structures import get_structure
 
 if TYPE_CHECKING:  # pragma: no cover
     from kge.artifact import Artifact
 
-    from .executor import Executor
+    from engine.exec.executor import Executor
 
 __all__ = ["example_query"]
 
 
-class _Graph:
-    """Observed edges indexed by tail (in-edges) and by head (out-edges)."""
-
-    def __init__(self, artifact: "Artifact") -> None:
-        obs = artifact.observed
-        if len(obs) == 0:
-            raise UserError("the artifact has no observed edges to ground an example query in; give --anchors/--relations or --expr")
-        self.n = artifact.num_entities
-        self.edges = obs
-        self._in = self._index(obs[:, 2])
-        self._out = self._index(obs[:, 0])
-        self.observed = set(map(tuple, obs.tolist()))
-
-    def _index(self, key: np.ndarray):
-        order = np.argsort(key, kind="stable")
-        starts = np.searchsorted(key[order], np.arange(self.n + 1))
-        return order, starts
-
-    def in_edges(self, y: int) -> np.ndarray:
-        order, starts = self._in
-        return self.edges[order[starts[y] : starts[y + 1]]]
-
-    def out_edges(self, x: int) -> np.ndarray:
-        order, starts = self._out
-        return self.edges[order[starts[x] : starts[x + 1]]]
+def _observed_index(artifact: "Artifact") -> TripleIndex:
+    """The artifact's observed edges, indexed (grounding walks them backwards and forwards)."""
+    obs = artifact.observed
+    if len(obs) == 0:
+        raise UserError("the artifact has no observed edges to ground an example query in; give --anchors/--relations or --expr")
+    return TripleIndex(obs, artifact.num_entities, artifact.num_relations, what="observed triples")
 
 
-def _ground(node: Node, y: int, g: _Graph, rng: random.Random) -> Node | None:
+def _ground(node: Node, y: int, g: TripleIndex, rng: random.Random) -> Node | None:
+    # Edges are listed in the artifact's row order (input_order): the seeded picks, and so
+    # the examples `python -m engine.answer --query S` shows, do not depend on the index layout.
     if isinstance(node, Anchor):
         return Anchor(y)
     if isinstance(node, Projection):
-        cands = g.in_edges(y)
+        cands = g.in_edges(y, input_order=True)
         if len(cands) == 0:
             return None
         h, r, _ = cands[rng.randrange(len(cands))].tolist()
@@ -67,12 +51,12 @@ def _ground(node: Node, y: int, g: _Graph, rng: random.Random) -> Node | None:
         return None if arg is None else Projection(r, arg)
     if isinstance(node, NegatedProjection):
         for _ in range(20):
-            x = rng.randrange(g.n)
-            out = g.out_edges(x)
+            x = rng.randrange(g.num_entities)
+            out = g.out_edges(x, input_order=True)
             if len(out) == 0:
                 continue
             r = int(out[rng.randrange(len(out)), 1])
-            if (x, r, y) in g.observed:
+            if g.has_edge(x, r, y):
                 continue
             arg = _ground(node.arg, x, g, rng)
             if arg is not None:
@@ -87,7 +71,7 @@ def _ground(node: Node, y: int, g: _Graph, rng: random.Random) -> Node | None:
             args.append(ga)
         return type(node)(tuple(args))
     if isinstance(node, Complement):
-        arg = _ground(node.arg, rng.randrange(g.n), g, rng)
+        arg = _ground(node.arg, rng.randrange(g.num_entities), g, rng)
         return None if arg is None else Complement(arg)
     raise TypeError(f"not a query node: {node!r}")
 
@@ -119,14 +103,14 @@ def example_query(artifact: "Artifact", structure: str, *, seed: int = 0, negati
     """
     s = get_structure(structure)
     template = s.build(list(range(s.num_anchors)), list(range(s.num_relations)), negation=negation)
-    g = _Graph(artifact)
+    g = _observed_index(artifact)
     rng = random.Random(f"{structure}/{negation}/{seed}")
     if executor is None:
-        from .executor import Executor
+        from engine.exec.executor import Executor
 
         executor = Executor(artifact)
     # Answer entities with in-edges are the only ones a grounding can end at.
-    targets = np.unique(g.edges[:, 2])
+    targets = np.unique(g.triples[:, 2])
     fallback: Node | None = None
     for _ in range(tries):
         y = int(targets[rng.randrange(len(targets))])

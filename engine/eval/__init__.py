@@ -1,0 +1,1 @@
+"""Evaluation: symbolic answer sets, query sampling, filtered ranking metrics, BetaE query files."""

@@ -1,0 +1,1 @@
+"""Execution: the batched executor, its per-node hooks and trace, explanations, example queries."""

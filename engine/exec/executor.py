@@ -1,0 +1,578 @@
+"""Batched execution of query ASTs over an artifact's relation matrices, with explanations.
+
+Semantics (QTO's forward pass, exact on tree-shaped queries): every sub-query
+is a fuzzy set, a float32 vector over the N entities with values in [0, 1]:
+
+* ``Anchor(e)``               one-hot at ``e``;
+* ``(p r q)``                 ``Y[j] = max_i q[i] * M_r[i, j]``            (``ops.project``);
+* ``(np r q)``                ``Y[j] = max_i q[i] * (1 - min(1, s * M_r[i, j]))`` (``ops.project_negated``);
+* ``(i q1 q2 ...)``           t-norm of the values (product or Gödel/min) (``ops.intersect``);
+* ``(u q1 q2 ...)``           the dual t-conorm                          (``ops.union``);
+* ``(n q)``                   ``1 - q``                                    (``ops.negate``).
+
+Batching: queries with the same :func:`~engine.lang.query.shape_key` run together
+as the B rows of one ``(B, N)`` tensor per node.  A projection node is one
+``ops.project_multi`` call over the artifact's stacked matrices (each row through
+its own relation; prepared once per executor), or one ``ops.project`` call when
+all rows share the relation.
+
+Per-node methods: each node type is computed by its own method, through one
+table from op (``"e"``, ``"p"``, ``"np"``, ``"i"``, ``"u"``, ``"n"``) to method;
+every node's result is a :class:`~engine.exec.hooks.NodeValue` (values, the
+projection witness, evidence).  Projections have one method whatever the
+branch (one-hot anchors included): one ``ops`` call per node, no per-relation loop.
+
+Hooks (:mod:`engine.exec.hooks`): after a node is computed, the registered
+hooks for its op see it with its context and may replace its value; parents
+see the replaced value.  KG-only, LLM-only and merged runs are three hook
+configurations of this one path.
+
+Trace (:mod:`engine.exec.trace`): every batch keeps a trace (per node: op,
+relation, path, hook notes, evidence; values only with ``trace_values=True``),
+returned by :meth:`Executor.answer` as ``QueryResult.trace`` and by
+:meth:`Executor.iter_scores` / :meth:`Executor.scores` with ``trace=True``.
+
+Explanations (QTO's backward pass): with ``explain=True`` every projection
+keeps its argmax, so each returned answer is traced back to one assignment of
+every variable that attains the answer's score; :class:`Explanation` holds the
+per-atom truth values (``M_r[i, j]``, or the negated factor for ``np``) and the
+evidence hooks merged in, and recomputes the score from them
+(:meth:`Explanation.recompute`), answers carry their provenance.
+"""
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from kgreason.errors import UserError
+from ops.fuzzy import TNORMS
+
+from engine.exec.explain import Answer, Explanation, QueryResult, combine_scores
+from engine.exec.hooks import OPS, Hook, HookHandle, NodeContext, NodeValue
+from engine.exec.trace import BatchTrace, Trace
+from engine.lang.query import (
+    Anchor,
+    Complement,
+    Intersection,
+    NegatedProjection,
+    Node,
+    Projection,
+    Union,
+    named,
+    relations_of,
+    resolve,
+    shape_key,
+    to_sexpr,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kge.artifact import Artifact
+
+__all__ = ["Executor", "QueryResult", "Answer", "Explanation", "TNORMS", "combine_scores"]
+
+
+# ----------------------------------------------------------------------------- operator access
+class _Ops:
+    """The fuzzy-set operators, taken from the ``ops`` package (with its backend selection)."""
+
+    def __init__(self, backend: str | None) -> None:
+        import ops
+
+        self.backend = backend
+        self._ops = ops
+
+    def _kw(self) -> dict[str, Any]:
+        # Every tensor the executor passes was produced by these operators from one-hot
+        # anchors, or checked when a hook returned it, so the per-call [0, 1] value scan is skipped.
+        kw: dict[str, Any] = {"validate": False}
+        if self.backend is not None:
+            kw["backend"] = self.backend
+        return kw
+
+    def prepare(self, m):
+        return self._ops.prepare(m)
+
+    def project(self, x, m, want_arg: bool):
+        return self._ops.project(x, m, return_argmax=want_arg, **self._kw())
+
+    def project_negated(self, x, m, neg_scale: float, want_arg: bool):
+        return self._ops.project_negated(x, m, neg_scale=neg_scale, return_argmax=want_arg, **self._kw())
+
+    def intersect(self, xs, tnorm: str):
+        return self._ops.intersect(*xs, tnorm=tnorm, **self._kw())
+
+    def union(self, xs, tnorm: str):
+        return self._ops.union(*xs, tnorm=tnorm, **self._kw())
+
+    def negate(self, x):
+        return self._ops.negate(x, validate=False)
+
+
+# ------------------------------------------------------------------------------------ executor
+#: Node class -> op (the keys of the executor's method table).
+_OP_OF: dict[type, str] = {Anchor: "e", Projection: "p", NegatedProjection: "np", Intersection: "i",
+                           Union: "u", Complement: "n"}
+
+
+def _op_of(node: Node) -> str:
+    op = _OP_OF.get(type(node))
+    if op is None:
+        raise TypeError(f"not a query node: {node!r}")
+    return op
+
+
+@dataclass(frozen=True)
+class _HookEntry:
+    hook: Hook
+    ops: frozenset[str]
+    name: str
+
+
+class _Witness(NamedTuple):
+    """A node's final value on the CPU as numpy, for the backward pass (see :class:`NodeValue`)."""
+
+    values: np.ndarray
+    argmax: np.ndarray | None
+    evidence: tuple
+    row_evidence: tuple
+
+
+class _Run:
+    """The state of one batch's forward pass.
+
+    ``want_arg``: keep projection witnesses; ``record``: path -> final NodeValue
+    (for explanations; ``None`` when not explaining); ``trace``: always kept;
+    ``pristine``: paths of anchor nodes whose value no hook replaced (their
+    projection may use the one-hot gather).
+    """
+
+    def __init__(self, roots: list[Node], query_indices: list[int], trace: BatchTrace, *, want_arg: bool,
+                 record: bool) -> None:
+        self.roots = roots
+        self.query_indices = query_indices
+        self.trace = trace
+        self.want_arg = want_arg
+        self.record: dict[tuple[int, ...], NodeValue] | None = {} if record else None
+        self.pristine: set[tuple[int, ...]] = set()
+
+
+class Executor:
+    """Runs batches of queries over ``artifact``'s relation matrices.
+
+    Args:
+        artifact: the compiled KG (:class:`kge.artifact.Artifact`).
+        tnorm: ``"product"`` (default) or ``"godel"``: the intersection t-norm
+            (union uses its dual t-conorm); projections are always max-product.
+        neg_scale: ``s`` in QTO's negated edge ``1 - min(1, s * M)`` (default 3.0).
+        device: where the matrices and the (B, N) batches live (default ``"cpu"``).
+        backend: ``ops`` backend (``None`` = automatic, ``"cpp"``, ``"reference"``).
+        pass_rows: most rows one forward pass holds (``None`` = automatic: on CPU,
+            enough rows for a 4 MiB (rows, N) float32 tensor, at least 16; on CUDA,
+            no limit).  A batch larger than this runs as several passes: small
+            intermediates stay in cache and in the allocator's reuse range, which on
+            CPU is faster than one huge pass (see the README, section "Query engine").
+        hooks: per-node hooks, called on every node (any op) in this order; see
+            :mod:`engine.exec.hooks` and :meth:`add_hook`.
+    """
+
+    def __init__(self, artifact: "Artifact", *, tnorm: str = "product", neg_scale: float = 3.0,
+                 device: str | torch.device = "cpu", backend: str | None = None,
+                 pass_rows: int | None = None, hooks: Sequence[Hook] = ()) -> None:
+        if tnorm not in TNORMS:
+            raise UserError(f"unknown t-norm {tnorm!r}; expected one of {', '.join(TNORMS)}")
+        if not (neg_scale > 0 and np.isfinite(neg_scale)):
+            raise UserError(f"neg_scale must be a positive number, got {neg_scale}")
+        try:
+            self.device = torch.device(device)
+        except RuntimeError as exc:
+            raise UserError(f"invalid device {device!r} ({exc})") from None
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"device {device!r} requested but CUDA is not available")
+        self.artifact = artifact
+        self.tnorm = tnorm
+        self.neg_scale = float(neg_scale)
+        self.ops = _Ops(backend)
+        if pass_rows is not None and pass_rows < 1:
+            raise UserError(f"pass_rows must be >= 1, got {pass_rows}")
+        if pass_rows is None and self.device.type == "cpu":
+            pass_rows = max(16, (1 << 20) // max(1, artifact.num_entities))
+        self.pass_rows = pass_rows
+        self._prepared: dict[int, Any] = {}
+        self._stacked_m = None  # ops.StackedMatrices, built on first mixed-relation projection
+        self._hooks: list[_HookEntry] = []
+        for h in hooks:
+            self.add_hook(h)
+
+    @property
+    def num_entities(self) -> int:
+        return self.artifact.num_entities
+
+    # -------------------------------------------------------------------------------- hooks
+    def add_hook(self, hook: Hook, *, ops: Sequence[str] | None = None, name: str | None = None) -> HookHandle:
+        """Register ``hook(ctx, value) -> NodeValue | None`` for nodes whose op is in ``ops`` (default: all).
+
+        Hooks run after the node is computed, children first, in registration
+        order; ``name`` (default: the hook's ``name`` attribute or its function
+        name) is how the trace lists it.  Returns a handle whose ``remove()``
+        unregisters it.
+        """
+        if not callable(hook):
+            raise UserError(f"hook must be callable, got {type(hook).__name__}")
+        ops_set = frozenset(OPS if ops is None else ([ops] if isinstance(ops, str) else ops))
+        bad = sorted(ops_set - set(OPS))
+        if bad:
+            raise UserError(f"hook ops: unknown {', '.join(map(repr, bad))}; expected some of {', '.join(OPS)}")
+        if name is None:
+            name = getattr(hook, "name", None)
+        if not isinstance(name, str) or not name:
+            name = getattr(hook, "__name__", None) or type(hook).__name__
+        entry = _HookEntry(hook=hook, ops=ops_set, name=name)
+        self._hooks.append(entry)
+        return HookHandle(self._hooks, entry)
+
+    def without_hooks(self) -> "Executor":
+        """This executor with no hooks (a KG-only twin sharing the prepared matrices)."""
+        twin = copy.copy(self)
+        twin._hooks = []
+        return twin
+
+    @property
+    def hooks(self) -> tuple[tuple[str, frozenset[str]], ...]:
+        """The registered hooks as ``(name, ops)``, in call order."""
+        return tuple((e.name, e.ops) for e in self._hooks)
+
+    def _hooks_for(self, op: str) -> list[_HookEntry]:
+        return [e for e in self._hooks if op in e.ops]
+
+    # ------------------------------------------------------------------------------ helpers
+    def matrix(self, r: int):
+        """The prepared relation matrix M_r on this executor's device (cached)."""
+        m = self._prepared.get(r)
+        if m is None:
+            m = self.ops.prepare(self.artifact.relation_matrix(r, str(self.device)))
+            self._prepared[r] = m
+        return m
+
+    def _resolve_all(self, queries: Sequence[Node]) -> list[Node]:
+        out = []
+        for k, q in enumerate(queries):
+            if not isinstance(q, Node):
+                raise TypeError(f"query {k}: expected a query Node, got {type(q).__name__} (parse strings first)")
+            out.append(resolve(q, self.artifact, where=f"query {k + 1}" if len(queries) > 1 else ""))
+        return out
+
+    def _groups(self, resolved: Sequence[Node], batch_size: int) -> list[list[int]]:
+        """Indices of queries grouped by shape, in chunks of at most ``batch_size`` (and ``pass_rows``)."""
+        if batch_size < 1:
+            raise UserError(f"batch_size must be >= 1, got {batch_size}")
+        if self.pass_rows is not None:
+            batch_size = min(batch_size, self.pass_rows)
+        by_shape: dict[tuple, list[int]] = defaultdict(list)
+        for k, q in enumerate(resolved):
+            by_shape[shape_key(q)].append(k)
+        chunks = []
+        for idx in by_shape.values():
+            # Sorting a shape's queries by their relations (outermost first) makes the rows that
+            # share the outermost relation adjacent, so that projection needs no row gather/scatter
+            # (first hops from anchors are a single gather whatever the order).
+            idx = sorted(idx, key=lambda k: tuple(relations_of(resolved[k])))
+            for lo in range(0, len(idx), batch_size):
+                chunks.append(idx[lo : lo + batch_size])
+        return chunks
+
+    def _project_rows(self, x: torch.Tensor, rels: list[int], negated: bool, want_arg: bool):
+        """Project each row of ``x`` (B, N) by its own relation ``rels[b]``: ``(y (B, N), argmax (B, N) | None)``.
+
+        All rows on one relation: one ``ops.project`` call (measured slightly faster than
+        ``ops.project_multi`` there); mixed relations: one ``ops.project_multi`` call over
+        the stacked matrices, whatever the number of distinct relations.
+        """
+        def call(xs, r):
+            m = self.matrix(r)
+            if negated:
+                return self.ops.project_negated(xs, m, self.neg_scale, want_arg)
+            return self.ops.project(xs, m, want_arg)
+
+        first = rels[0]
+        if all(r == first for r in rels):
+            return call(x, first) if want_arg else (call(x, first), None)
+        # Rows mix relations: one project_multi call over the stacked matrices (bit-identical
+        # to a loop of ops.project per relation, argmax included), no per-relation Python loop.
+        rel_t = torch.tensor(rels, dtype=torch.int64, device=x.device)
+        kw = self.ops._kw()
+        out = self.ops._ops.project_multi(x, rel_t, self._stacked_multi(), negated=negated,
+                                          neg_scale=self.neg_scale, return_argmax=want_arg, **kw)
+        return out if want_arg else (out, None)
+
+    def _stacked_multi(self):
+        """The artifact's matrices as :class:`ops.StackedMatrices` on this device, prepared once."""
+        if self._stacked_m is None:
+            self._stacked_m = self.ops._ops.prepare_stacked(self.artifact.matrices, num_entities=self.num_entities,
+                                                            device=self.device)
+        return self._stacked_m
+
+    # ------------------------------------------------------------------------ forward pass
+    def _eval(self, nodes: list[Node], path: tuple[int, ...], run: _Run) -> NodeValue:
+        """Evaluate the same-shaped resolved sub-queries ``nodes`` (one per row) as one (B, N) batch.
+
+        The node's own method (``_COMPUTE[op]``) computes it, then the hooks for
+        its op run; the final value goes to the trace (and the record when explaining).
+        """
+        t = nodes[0]
+        op = _op_of(t)
+        rels = tuple([q.relation for q in nodes]) if op in ("p", "np") else None  # resolved: ids
+        ents = tuple([q.entity for q in nodes]) if op == "e" else None
+        run.trace.add_node(path, op, rels, ents)
+        value, inputs = self._COMPUTE[op](self, nodes, path, run)
+        hooks = self._hooks_for(op)
+        if hooks:
+            value = self._apply_hooks(hooks, nodes, path, op, rels, ents, inputs, value, run)
+        run.trace.finish_node(path, value)
+        if run.record is not None:
+            run.record[path] = value
+        return value
+
+    def _apply_hooks(self, hooks: list[_HookEntry], nodes: list[Node], path: tuple[int, ...], op: str,
+                     rels, ents, inputs: Callable[[], tuple[NodeValue, ...]], value: NodeValue,
+                     run: _Run) -> NodeValue:
+        ctx = NodeContext(node=nodes[0], nodes=tuple(nodes), roots=tuple(run.roots), path=path, op=op,
+                          relations=rels, anchors=ents, inputs=inputs(), query_indices=tuple(run.query_indices),
+                          executor=self, _trace=run.trace)
+        original = value
+        for entry in hooks:
+            out = entry.hook(ctx, value)
+            if out is None or out is value:
+                continue
+            self._check_hook_value(out, value, entry.name, path)
+            run.trace.add_hook(path, entry.name)
+            value = out
+        if value is not original and op == "e":
+            run.pristine.discard(path)
+        return value
+
+    def _check_hook_value(self, out: Any, before: NodeValue, name: str, path: tuple[int, ...]) -> None:
+        """A hook's result must be a NodeValue of the same shape, dtype and device, with values in [0, 1]."""
+        where = f"hook {name!r} at node {list(path)}"
+        if not isinstance(out, NodeValue):
+            raise TypeError(f"{where} returned {type(out).__name__}; expected a NodeValue or None")
+        v = out.values
+        if v.shape != before.values.shape or v.device != before.values.device:
+            raise ValueError(f"{where} returned values {tuple(v.shape)} on {v.device}; expected "
+                             f"{tuple(before.values.shape)} on {before.values.device}")
+        if v.numel() and not bool(((v >= 0) & (v <= 1)).all()):  # also rejects NaN
+            raise ValueError(f"{where} returned values outside [0, 1]")
+        if out.argmax is not None and (out.argmax.dtype != torch.int32 or out.argmax.device != v.device):
+            raise ValueError(f"{where} returned argmax {out.argmax.dtype} on {out.argmax.device}; expected int32 "
+                             f"on {v.device}")
+
+    def _one_hot(self, ents: Sequence[int]) -> torch.Tensor:
+        b = len(ents)
+        y = torch.zeros(b, self.num_entities, dtype=torch.float32, device=self.device)
+        y[torch.arange(b, device=self.device), torch.tensor(list(ents), dtype=torch.int64, device=self.device)] = 1.0
+        return y
+
+    def _compute_anchor(self, nodes: list[Node], path: tuple[int, ...], run: _Run):
+        run.pristine.add(path)
+        return NodeValue(self._one_hot([q.entity for q in nodes])), lambda: ()
+
+    def _compute_projection(self, nodes: list[Node], path: tuple[int, ...], run: _Run):
+        """``p``/``np`` for every row, each by its own relation: the child, then :meth:`_project_rows`.
+
+        One-hot anchors go through the same call: ``ops.project_multi`` on a one-hot
+        batch measured faster than a vectorised gather of CSR rows (the former anchor
+        fast path) on the default artifact, so there is one strategy for every child.
+        """
+        negated = isinstance(nodes[0], NegatedProjection)
+        x = self._eval([q.arg for q in nodes], path + (0,), run)
+        y, arg = self._project_rows(x.values, [q.relation for q in nodes], negated, run.want_arg)
+        return NodeValue(y, arg), lambda: (x,)
+
+    def _compute_combination(self, nodes: list[Node], path: tuple[int, ...], run: _Run):
+        """``i``/``u``: the t-norm / t-conorm of the children (``ops.intersect`` / ``ops.union``)."""
+        t = nodes[0]
+        xs = tuple(self._eval([q.args[k] for q in nodes], path + (k,), run) for k in range(len(t.args)))
+        vals = [x.values for x in xs]
+        y = self.ops.intersect(vals, self.tnorm) if isinstance(t, Intersection) else self.ops.union(vals, self.tnorm)
+        return NodeValue(y), lambda: xs
+
+    def _compute_complement(self, nodes: list[Node], path: tuple[int, ...], run: _Run):
+        """``n``: ``1 - x`` (``ops.negate``)."""
+        x = self._eval([q.arg for q in nodes], path + (0,), run)
+        return NodeValue(self.ops.negate(x.values)), lambda: (x,)
+
+    #: op -> the method computing that node type: (self, nodes, path, run) -> (NodeValue, inputs thunk).
+    _COMPUTE: dict[str, Callable[..., tuple[NodeValue, Callable[[], tuple[NodeValue, ...]]]]] = {
+        "e": _compute_anchor,
+        "p": _compute_projection,
+        "np": _compute_projection,
+        "i": _compute_combination,
+        "u": _compute_combination,
+        "n": _compute_complement,
+    }
+
+    def _run_batch(self, roots: list[Node], idx: list[int], *, want_arg: bool, record: bool,
+                   trace_values: bool) -> tuple[NodeValue, _Run]:
+        trace = BatchTrace(roots, idx, self.artifact, keep_values=trace_values)
+        run = _Run(roots, idx, trace, want_arg=want_arg, record=record)
+        with torch.no_grad():
+            value = self._eval(roots, (), run)
+        return value, run
+
+    # ---------------------------------------------------------------------------- public API
+    def iter_scores(self, queries: Sequence[Node], *, batch_size: int = 1024, progress: bool = False,
+                    trace: bool = False, trace_values: bool = False) -> Iterator[tuple]:
+        """Yield ``(indices, scores)`` per executed batch: ``scores[k]`` (float32, N) belongs to ``queries[indices[k]]``.
+
+        The memory-friendly form of :meth:`scores`: rank or reduce each batch and
+        drop it, without holding a (len(queries), N) tensor.  With ``trace=True``
+        yields ``(indices, scores, traces)``, ``traces[k]`` the
+        :class:`~engine.exec.trace.Trace` of ``queries[indices[k]]`` (per-node values
+        in it only with ``trace_values=True``).  Hooks run in either case.
+        """
+        resolved = self._resolve_all(queries)
+        chunks = self._groups(resolved, batch_size)
+        it = chunks
+        if progress:
+            from tqdm.auto import tqdm
+
+            it = tqdm(chunks, desc="query batches", unit="batch")
+        for idx in it:
+            value, run = self._run_batch([resolved[k] for k in idx], idx, want_arg=False, record=False,
+                                         trace_values=trace_values)
+            if trace:
+                yield idx, value.values, run.trace.traces()
+            else:
+                yield idx, value.values
+
+    def scores(self, queries: Sequence[Node], *, batch_size: int = 1024, progress: bool = False,
+               trace: bool = False, trace_values: bool = False):
+        """Scores of every entity for every query: float32 (len(queries), N) on this device, in input order.
+
+        Queries may use names or ids (they are resolved here); same-shaped
+        queries run in batches of up to ``batch_size`` rows.  With ``trace=True``
+        returns ``(scores, traces)``, one :class:`~engine.exec.trace.Trace` per
+        query in input order.
+        """
+        n_q = len(queries)
+        out = None
+        traces: list[Trace | None] = [None] * n_q
+        for item in self.iter_scores(queries, batch_size=batch_size, progress=progress, trace=trace,
+                                     trace_values=trace_values):
+            idx, y = item[0], item[1]
+            if trace:
+                for k, tr in zip(idx, item[2]):
+                    traces[k] = tr
+            if out is None and len(idx) == n_q and idx == list(range(n_q)):
+                out = y  # one batch in input order: its result is the answer
+                break
+            if out is None:
+                out = torch.zeros(n_q, self.num_entities, dtype=torch.float32, device=self.device)
+            out[torch.tensor(idx, device=self.device)] = y
+        if out is None:
+            out = torch.zeros(n_q, self.num_entities, dtype=torch.float32, device=self.device)
+        return (out, traces) if trace else out
+
+    def answer(self, queries: Sequence[Node], *, k: int = 10, explain: bool = True,
+               batch_size: int = 256, trace_values: bool = False) -> list[QueryResult]:
+        """The top-``k`` answers of each query (entities with score > 0, best first; ties by smaller id).
+
+        With ``explain`` every answer carries an :class:`Explanation`.  Every
+        answer carries its provenance and every result its
+        :class:`~engine.exec.trace.Trace` (per-node values only with
+        ``trace_values``).  One :class:`QueryResult` per query, in input order.
+        """
+        if k < 1:
+            raise UserError(f"k (top-k) must be >= 1, got {k}")
+        resolved = self._resolve_all(queries)
+        results: list[QueryResult | None] = [None] * len(resolved)
+        names = self.artifact.entities
+        # Provenance needs the witnesses whenever a hook may have merged evidence somewhere.
+        walk = explain or bool(self._hooks)
+        for idx in self._groups(resolved, batch_size):
+            batch = [resolved[j] for j in idx]
+            value, run = self._run_batch(batch, idx, want_arg=walk, record=walk, trace_values=trace_values)
+            top_vals, top_ids = _topk_stable(value.values, min(k, self.num_entities))
+            top_vals, top_ids = top_vals.cpu().numpy(), top_ids.cpu().numpy()
+            cpu_record = None
+            if walk:
+                assert run.record is not None
+                # numpy views on CPU: the backward pass reads single elements, which numpy does
+                # in well under a microsecond and torch indexing does not.
+                cpu_record = {p: _Witness(v.values.cpu().numpy(), None if v.argmax is None else v.argmax.cpu().numpy(),
+                                          v.evidence, v.row_evidence)
+                              for p, v in run.record.items()}
+            traces = run.trace.traces()
+            for row, qi in enumerate(idx):
+                answers = []
+                for val, ent in zip(top_vals[row], top_ids[row]):
+                    if not val > 0:
+                        break
+                    ent = int(ent)
+                    expl = self._explain(batch[row], (), row, ent, cpu_record) if walk else None
+                    answers.append(Answer(entity=names[ent], id=ent, score=float(val),
+                                          explanation=expl if explain else None,
+                                          provenance=expl.source if expl is not None else "kg"))
+                results[qi] = QueryResult(query=to_sexpr(named(batch[row], self.artifact)), answers=answers,
+                                          trace=traces[row])
+        return results  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------------- backward pass
+    def _weight(self, r: int, i: int, j: int) -> float:
+        """M_r[i, j] from the artifact's CSR (binary search in row i)."""
+        m = self.artifact.matrices
+        row = r * self.num_entities + i
+        lo, hi = int(m.indptr[row]), int(m.indptr[row + 1])
+        cols = m.indices[lo:hi]
+        pos = int(cols.searchsorted(j))
+        if pos < len(cols) and cols[pos] == j:
+            return float(m.data[lo + pos])
+        return 0.0
+
+    def _explain(self, node: Node, path: tuple[int, ...], row: int, ent: int,
+                 record: dict[tuple[int, ...], "_Witness"]) -> Explanation:
+        value = record[path]
+        score = float(value.values[row, ent])
+        ev_row = value.evidence[row]
+        ev = ev_row.get(ent) if ev_row else None
+        if ev is None:
+            ev = value.row_evidence[row]  # a replaced row: the row's evidence stands for every other entity
+        name = self.artifact.entities[ent]
+        kg_dropped = ev is not None and ev.discards_kg()  # a replace: the KG part is not explained
+        if isinstance(node, Anchor):
+            return Explanation("e", ent, name, score, truth=1.0 if ent == node.entity else 0.0, evidence=ev)
+        if isinstance(node, (Projection, NegatedProjection)):
+            op = "p" if isinstance(node, Projection) else "np"
+            r = int(node.relation)
+            common = dict(relation=r, relation_name=self.artifact.relations[r],
+                          neg_scale=self.neg_scale if op == "np" else None, evidence=ev)
+            src = -1 if value.argmax is None or kg_dropped else int(value.argmax[row, ent])
+            if src < 0 or score <= 0:
+                return Explanation(op, ent, name, score, **common)
+            w = self._weight(r, src, ent)
+            if op == "p":
+                truth = w
+            else:  # the same float32 formula as the kernels
+                truth = float(1.0 - np.minimum(np.float32(1.0), np.float32(w) * np.float32(self.neg_scale)))
+            child = self._explain(node.arg, path + (0,), row, src, record)
+            return Explanation(op, ent, name, score, weight=w, truth=truth,
+                               children=(child,), **common)
+        if isinstance(node, (Intersection, Union)):
+            kids = () if kg_dropped else tuple(self._explain(c, path + (k,), row, ent, record)
+                                              for k, c in enumerate(node.args))
+            return Explanation(node.head, ent, name, score, children=kids, evidence=ev)
+        if isinstance(node, Complement):
+            kids = () if kg_dropped else (self._explain(node.arg, path + (0,), row, ent, record),)
+            return Explanation("n", ent, name, score, children=kids, evidence=ev)
+        raise TypeError(f"not a query node: {node!r}")
+
+
+def _topk_stable(y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k per row, ties broken by the smaller entity id (deterministic across backends)."""
+    # A stable descending sort keeps equal scores in id order; topk alone does not promise that.
+    vals, ids = torch.sort(y, dim=1, descending=True, stable=True)
+    return vals[:, :k], ids[:, :k]

@@ -1,0 +1,1 @@
+"""The query language: typed AST, S-expressions, name resolution, the BetaE structures."""

@@ -1,0 +1,1 @@
+"""Shared base of every package: user-facing errors (imports nothing but the standard library)."""

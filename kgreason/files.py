@@ -1,0 +1,394 @@
+"""Safe output folders and files, and one text reader: shared by every writer and loader (stdlib only).
+
+Writers (``kge.build --out``, ``engine.sample --out``, ``engine.evaluate --json``,
+``engine.betae --json``, the default-KG cache, the relation-embedding cache)
+follow one set of rules:
+
+* every check happens *before* any work: an output that is the current folder
+  (or holds it), a file where a folder is expected (or the reverse), a missing
+  or read-only parent folder -> :class:`~kgreason.errors.UserError`;
+* a writer never deletes what it did not create: an existing folder is replaced
+  only if it is an artifact (its ``meta.json`` lists every other entry in it),
+  and only with ``overwrite=True`` (``--overwrite``); any other existing folder
+  is an error naming it;
+* output appears atomically: a folder is built in a temporary sibling
+  ``.NAME.building-*`` and renamed into place; a file is written to a sibling
+  ``.NAME.part-*`` and renamed when complete (or, for streamed outputs, kept on
+  Ctrl-C / SIGTERM with what was written);
+* temporaries are removed on any exception, on Ctrl-C, and on SIGTERM
+  (:func:`sigterm_raises` turns SIGTERM into :class:`~kgreason.errors.Terminated`
+  while they exist and restores the previous handler afterwards).
+
+:func:`read_lines` is the one text reader: UTF-8 (a leading BOM is dropped),
+universal newlines, decoding errors reported as ``file:line`` with a hint, and
+a folder or missing file given where a file is expected as a ``UserError``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import stat
+import tempfile
+import threading
+from pathlib import Path
+from typing import IO, Iterator
+
+from kgreason.errors import Terminated, UserError
+
+__all__ = [
+    "MANIFEST",
+    "is_plain_name",
+    "sigterm_raises",
+    "user_cache_dir",
+    "check_output_folder",
+    "OutputFolder",
+    "check_output_file",
+    "open_output",
+    "write_output",
+    "read_lines",
+]
+
+#: The file that makes a folder ours: a JSON object whose ``"files"`` lists every other entry.
+MANIFEST = "meta.json"
+
+
+# ------------------------------------------------------------------ signals
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block SIGTERM raises :class:`Terminated` (so ``finally`` blocks clean up).
+
+    The previous handler is restored on exit.  Outside the main thread (where
+    Python cannot install handlers) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise Terminated(signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):  # e.g. an embedded interpreter without signal support
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def user_cache_dir() -> Path:
+    """``$KGREASON_HOME`` or ``~/.cache/kgreason`` (the default-KG and embedding caches live here)."""
+    return Path(os.environ.get("KGREASON_HOME") or Path.home() / ".cache" / "kgreason").expanduser()
+
+
+# ------------------------------------------------------------------ output folders
+def _label(what: str, path: str | os.PathLike) -> str:
+    return f"{what} {path}" if what else str(path)
+
+
+def _manifest_entries(folder: Path) -> set[str] | None:
+    """Names the folder's manifest says were written with it, or None if it has no readable manifest."""
+    try:
+        meta = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
+        return None
+    names = list(meta["files"])
+    if not all(is_plain_name(n) for n in names):
+        return None  # a manifest naming "../x" or "a/b" could make us delete outside the folder
+    return {MANIFEST, *names}
+
+
+def is_plain_name(name: object) -> bool:
+    """A file name without any folder part (what a manifest may list)."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+            and "\0" not in name)
+
+
+def _foreign_entries(folder: Path, what: str) -> tuple[list[str], bool]:
+    """(entries not listed by the manifest, whether the folder has a manifest) of an existing folder."""
+    try:
+        entries = sorted(p.name for p in folder.iterdir())
+    except OSError as exc:
+        raise UserError(f"{_label(what, folder)}: cannot list the folder ({exc.strerror})") from None
+    listed = _manifest_entries(folder)
+    if listed is None:
+        return entries, False
+    return [e for e in entries if e not in listed], True
+
+
+def _show(names: list[str], k: int = 3) -> str:
+    shown = ", ".join(repr(n) for n in names[:k])
+    return shown + (f" and {len(names) - k} more" if len(names) > k else "")
+
+
+def _check_parent(path: Path, what: str) -> Path:
+    parent = Path(os.path.abspath(path)).parent
+    loc = f"{what}: " if what else ""
+    if not parent.is_dir():
+        if parent.exists():
+            raise UserError(f"{loc}{str(parent)!r} is not a folder")
+        raise UserError(f"{loc}folder {str(parent)!r} does not exist (create it first: mkdir -p {parent})")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{loc}folder {str(parent)!r} is not writable")
+    return parent
+
+
+def check_output_folder(path: str | os.PathLike, *, overwrite: bool = False, what: str = "--out") -> Path:
+    """Check that ``path`` may become an output folder; returns it as a :class:`Path`.
+
+    Allowed: a new name in a writable folder, an empty folder, or (with
+    ``overwrite``) an artifact folder holding nothing but what its manifest
+    lists.  Everything else is a :class:`UserError` naming ``what`` and the path,
+    raised before any work is done.
+    """
+    p = Path(path)
+    if str(path) == "":
+        raise UserError(f"{what}: empty path")
+    absolute = Path(os.path.abspath(p))
+    cwd = Path(os.path.abspath(os.getcwd()))
+    if absolute == cwd or absolute in cwd.parents or absolute.parent == absolute:
+        raise UserError(f"{_label(what, path)}: is the current folder or holds it; "
+                        f"give the name of a new folder (e.g. {what} {os.path.join(str(path), 'artifact')})")
+    if p.is_symlink():
+        raise UserError(f"{_label(what, path)}: is a symbolic link; give the real folder's path")
+    if p.exists():
+        if not p.is_dir():
+            raise UserError(f"{_label(what, path)}: is a file, not a folder; give the name of a new folder")
+        foreign, ours = _foreign_entries(p, what)
+        if ours and foreign:
+            raise UserError(f"{_label(what, path)}: the artifact folder also holds {_show(foreign)}, which its "
+                            "meta.json does not list; move them away or choose another folder (nothing was touched)")
+        if not ours and foreign:
+            raise UserError(f"{_label(what, path)}: folder exists and is not an artifact (it holds {_show(foreign)}); "
+                            "choose a new folder (nothing was touched)")
+        if ours and not overwrite:
+            raise UserError(f"{_label(what, path)}: already holds an artifact; pass --overwrite to replace it")
+    _check_parent(p, what)
+    return p
+
+
+class OutputFolder:
+    """Build a folder in a temporary sibling and move it into place atomically.
+
+    ::
+
+        with OutputFolder(out, overwrite=args.overwrite) as tmp:   # checks first
+            write files into tmp
+            ...commit() is called on a clean exit of the block
+
+    Construction runs :func:`check_output_folder`.  Inside the block SIGTERM
+    raises :class:`Terminated`; on any exception (Ctrl-C and SIGTERM included)
+    the temporary folder is removed and the target is left as it was.
+
+    ``commit`` checks the target again (time passed since the first check): a
+    folder that appeared meanwhile is left alone and :class:`OutputExists` is raised.  An
+    artifact being replaced is renamed aside, the new folder renamed in, and
+    only the files its manifest lists are then deleted.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False, what: str = "--out") -> None:
+        self.path = check_output_folder(path, overwrite=overwrite, what=what)
+        self.overwrite = overwrite
+        self.what = what
+        self.tmp: Path | None = None
+        self.committed = False
+        self._signals: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> Path:
+        self._signals = contextlib.ExitStack()
+        self._signals.enter_context(sigterm_raises())
+        parent = Path(os.path.abspath(self.path)).parent
+        try:
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.building-", dir=parent))
+            os.chmod(self.tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the result should look like mkdir's
+        except OSError as exc:
+            self._signals.close()
+            raise UserError(f"{_label(self.what, self.path)}: cannot create a folder in {str(parent)!r} "
+                            f"({exc.strerror})") from None
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None and not self.committed:
+                self.commit()
+        finally:
+            if self.tmp is not None and self.tmp.exists():
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            if self._signals is not None:
+                self._signals.close()
+
+    def commit(self) -> Path:
+        """Move the temporary folder to the target (see the class docstring)."""
+        assert self.tmp is not None, "commit() outside the with block"
+        target = self.path
+        if target.exists() and not target.is_symlink() and target.is_dir():
+            foreign, ours = _foreign_entries(target, self.what)
+            if foreign or (ours and not self.overwrite):
+                raise OutputExists(f"{_label(self.what, target)}: another process wrote there meanwhile; "
+                                   "nothing was replaced")
+            if ours:
+                old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+                os.replace(target, old / "artifact")
+                os.replace(self.tmp, target)
+                self.committed = True
+                _remove_listed(old / "artifact")
+                with contextlib.suppress(OSError):
+                    old.rmdir()
+                return target
+        try:
+            os.rename(self.tmp, target)  # also replaces an empty folder
+        except OSError as exc:
+            raise OutputExists(f"{_label(self.what, target)}: cannot move the result into place ({exc.strerror}); "
+                               f"nothing was replaced") from None
+        self.committed = True
+        return target
+
+
+class OutputExists(UserError, FileExistsError):
+    """The target of an :class:`OutputFolder` was taken by someone else before the commit."""
+
+
+def _remove_listed(folder: Path) -> None:
+    """Delete the entries the folder's manifest lists, then the folder if that left it empty."""
+    listed = _manifest_entries(folder) or set()
+    for name in listed:
+        entry = folder / name
+        if entry.is_file() or entry.is_symlink():
+            with contextlib.suppress(OSError):
+                entry.unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()  # fails (and keeps everything) if something unlisted is in it
+
+
+# ------------------------------------------------------------------ output files
+def check_output_file(path: str | os.PathLike, *, what: str = "--out") -> Path:
+    """Check that ``path`` may be written as a file (before any work); returns it as a :class:`Path`.
+
+    A folder, a missing or read-only parent folder is a :class:`UserError`.  An
+    existing regular file may be replaced (the user named it as the output).
+    """
+    p = Path(path)
+    if str(path) == "":
+        raise UserError(f"{what}: empty path")
+    if p.is_dir():
+        raise UserError(f"{_label(what, path)}: is a folder; give a file name (e.g. {os.path.join(str(path), 'out')})")
+    _check_parent(p.resolve() if p.is_symlink() else p, what)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise UserError(f"{_label(what, path)}: file is not writable")
+    return p
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _new_file_mode(target: Path) -> int:
+    """The replaced file's mode, or what ``open(..., "w")`` would give a new one (mkstemp makes 0600)."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+@contextlib.contextmanager
+def open_output(path: str | os.PathLike, *, what: str = "--out", binary: bool = False,
+                keep_partial: bool = False) -> Iterator[IO]:
+    """Open ``path`` for writing through a temporary sibling renamed into place on success.
+
+    ``keep_partial``: on Ctrl-C or SIGTERM the lines written so far are still
+    moved into place (streamed outputs); otherwise the temporary file is removed
+    and ``path`` keeps its old content.  Any other exception always removes it.
+    A target that is not a regular file (``/dev/stdout``, a FIFO) is written
+    directly.
+    """
+    target = check_output_file(path, what=what)
+    if target.is_symlink():
+        target = target.resolve()
+    if target.exists() and not target.is_file():
+        with open(target, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": "\n"})) as f:
+            yield f
+        return
+    with sigterm_raises():
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.part-", dir=target.parent)
+        tmp = Path(tmp_name)
+        try:
+            os.chmod(tmp, _new_file_mode(target))
+            with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8", newline="\n")) as f:
+                try:
+                    yield f
+                except (KeyboardInterrupt, Terminated):
+                    if not keep_partial:
+                        raise
+                    _finish(f, tmp, target)
+                    raise
+                _finish(f, tmp, target)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+
+
+def _finish(f: IO, tmp: Path, target: Path) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+    os.replace(tmp, target)
+
+
+def write_output(path: str | os.PathLike, data: str | bytes, *, what: str = "--out") -> Path:
+    """Write ``data`` to ``path`` atomically (see :func:`open_output`)."""
+    with open_output(path, what=what, binary=isinstance(data, bytes)) as f:
+        f.write(data)
+    return Path(path)
+
+
+# ------------------------------------------------------------------ text input
+_BOM = b"\xef\xbb\xbf"
+
+
+def read_lines(path: str | os.PathLike, *, what: str = "") -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of every line of a UTF-8 text file, line endings removed.
+
+    Lines end at ``\\n``, ``\\r\\n`` or ``\\r`` (Python's universal newlines);
+    line numbers count every line, blank ones included.  The checks on the path
+    run at once; decoding errors are raised when the bad line is reached, as
+    ``UserError("FILE:LINE: not UTF-8 text ...")``.  ``what`` (e.g. ``--queries``)
+    prefixes the messages about the path itself.
+    """
+    p = Path(path)
+    loc = f"{what}: " if what else ""
+    if p.is_dir():
+        raise UserError(f"{loc}{path} is a folder, expected a file")
+    try:
+        f = open(p, "rb")
+    except FileNotFoundError:
+        raise UserError(f"{loc}file {str(path)!r} does not exist" if what else f"{path}: file not found") from None
+    except OSError as exc:
+        raise UserError(f"{loc}{path}: cannot read ({exc.strerror})") from None
+    return _decoded_lines(f, str(path))
+
+
+def _decoded_lines(f: IO[bytes], name: str) -> Iterator[tuple[int, str]]:
+    with f:
+        lineno = 0
+        for chunk in f:  # binary iteration splits after b"\n" only; splitlines() adds lone "\r"
+            for raw in chunk.splitlines():
+                lineno += 1
+                if lineno == 1 and raw.startswith(_BOM):
+                    raw = raw[len(_BOM):]
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    column = len(raw[: exc.start].decode("utf-8", errors="replace")) + 1
+                    raise UserError(
+                        f"{name}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {column}); "
+                        f"save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8)"
+                    ) from None
+                yield lineno, text

@@ -1,0 +1,80 @@
+"""Fake (meta) kernels of every ``torch.ops.kgreason.*`` op, for FakeTensor / torch.compile tracing.
+
+A fake kernel computes only the outputs' shapes, dtypes and devices, mirroring
+the real kernels (csrc/cpu/*.cpp, csrc/cuda/*.cu) exactly: the opcheck tests
+(tests/test_ops_opcheck.py) compare them, and pin the list of ops so that a new
+op needs a fake.  Imported by :mod:`ops._backend` once the extension has loaded
+(the ops must exist before a fake can be registered).  The multi-relation
+projection's fakes live with its wrapper, in :mod:`ops.project_multi`.
+"""
+from __future__ import annotations
+
+import torch
+from torch.library import register_fake
+
+__all__: list[str] = []
+
+
+def _projection_outputs(x: torch.Tensor, want_argmax: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    torch._check(x.dim() == 2, lambda: f"kgreason: x must be 2-D (B, N), got {x.dim()}-D")
+    torch._check(x.dtype == torch.float32, lambda: f"kgreason: x must be float32, got {x.dtype}")
+    b, n = x.shape
+    y = x.new_empty((b, n))
+    # argmax is (B, N) int32, or an empty (0,) tensor when not asked for
+    a = x.new_empty((b, n) if want_argmax else (0,), dtype=torch.int32)
+    return y, a
+
+
+@register_fake("kgreason::project")
+def _project_fake(x, crow, col, val, ccol, row, tval, strategy, want_argmax):
+    torch._check(crow.shape[0] == x.shape[1] + 1, lambda: "kgreason::project: crow must have N+1 entries")
+    return _projection_outputs(x, want_argmax)
+
+
+@register_fake("kgreason::project_negated")
+def _project_negated_fake(x, crow, col, ccol, row, tval, neg_scale, want_argmax):
+    torch._check(ccol.shape[0] == x.shape[1] + 1, lambda: "kgreason::project_negated: ccol must have N+1 entries")
+    return _projection_outputs(x, want_argmax)
+
+
+@register_fake("kgreason::project_strategy")
+def _project_strategy_fake(x, crow, nnz):
+    # The code (1 push, 2 pull) depends on X's values: a 0-dim int64 tensor stands for it.
+    return x.new_empty((), dtype=torch.int64)
+
+
+@register_fake("kgreason::csr_transpose")
+def _csr_transpose_fake(crow, col, val, n):
+    nnz = val.shape[0]
+    return crow.new_empty((n + 1,)), col.new_empty((nnz,)), val.new_empty((nnz,))
+
+
+@register_fake("kgreason::fuzzy_reduce")
+def _fuzzy_reduce_fake(xs, op):
+    torch._check(len(xs) > 0, lambda: "kgreason::fuzzy_reduce: needs at least one tensor")
+    torch._check(0 <= op <= 3, lambda: f"kgreason::fuzzy_reduce: op must be 0..3, got {op}")
+    for x in xs[1:]:
+        torch._check(x.dim() == xs[0].dim(), lambda: "kgreason::fuzzy_reduce: inputs must share one shape")
+        for a, b in zip(x.shape, xs[0].shape):
+            torch._check(a == b, lambda: "kgreason::fuzzy_reduce: inputs must share one shape")
+    return xs[0].new_empty(xs[0].shape)
+
+
+@register_fake("kgreason::dijkstra")
+def _dijkstra_fake(indptr, tails, rels, relation_costs, sources, targets, heuristic, max_hops, return_predecessors,
+                   heap):
+    torch._check(max_hops >= -1, lambda: f"kgreason::dijkstra: max_hops must be >= -1, got {max_hops}")
+    n = indptr.shape[0] - 1
+    s = sources.shape[0]
+    # The kernel allocates its outputs on the CPU (it has no other device).
+    dist = indptr.new_empty((s, n), dtype=torch.float32, device="cpu")
+    layers = max_hops + 1
+    if return_predecessors:
+        shape = (s, layers, n) if max_hops >= 0 else (s, n)
+        pred_e = indptr.new_empty(shape, dtype=torch.int32, device="cpu")
+        pred_r = indptr.new_empty(shape, dtype=torch.int32, device="cpu")
+    else:
+        pred_e = indptr.new_empty((0,), dtype=torch.int32, device="cpu")
+        pred_r = indptr.new_empty((0,), dtype=torch.int32, device="cpu")
+    hops = indptr.new_empty((s, n) if max_hops >= 0 else (0,), dtype=torch.int32, device="cpu")
+    return dist, pred_e, pred_r, hops

@@ -1,0 +1,459 @@
+"""Issue 9: every reproduction of the bad-input probe gives a right result or one `error: ...` line (exit 2).
+
+One test (or a small group) per item of the issue, in its order; each fails on the code before the fix.
+Tiny KGs are written into tmp_path; pykeen's bundled UMLS is used only for the sampler and the quiet build.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from kge.artifact import FORMAT_VERSION, Artifact, ArtifactVersionError
+from kge.build import main as build_main
+from kge.graph import load_kg
+from kgreason.errors import Terminated, UserError
+from kgreason.files import OutputFolder, check_output_folder, open_output, read_lines
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--rank", "4", "--epochs", "1", "--eval-max-triples", "0", "--quiet"]
+MINI = "a\tr\tb\nb\tr\tc\nc\ts\ta\na\ts\td\n"
+
+
+def one_error_line(capsys, starts: str = "error: ") -> str:
+    err = capsys.readouterr().err
+    assert err.startswith(starts) and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def small_artifact(path: Path, n: int = 6) -> Path:
+    """A saved artifact without training (identity-like matrices), for load/format/paths tests."""
+    names = [f"e{i}" for i in range(n)]
+    rels = ["r", "r^-1"]
+    obs = np.array([[i, 0, (i + 1) % n] for i in range(n)] + [[(i + 1) % n, 1, i] for i in range(n)])
+    m = sp.csr_matrix((np.ones(len(obs), np.float32), (obs[:, 1] * n + obs[:, 0], obs[:, 2])), shape=(2 * n, n))
+    Artifact(entities=names, relations=rels, matrices=m, observed=obs, missing=obs[:2],
+             meta={"source": "test"}).save(path)
+    return path
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def env_with_root(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **extra}
+
+
+# ----------------------------------------------------------------- 1. data loss
+def test_build_out_existing_folder_is_refused_and_untouched(tmp_path, capsys):
+    d = tmp_path / "d"
+    (d / "sub").mkdir(parents=True)
+    (d / "sub" / "x").write_text("keep\n")
+    (d / "mini.tsv").write_text(MINI)
+    before = snapshot(d)
+    assert build_main(["--kg", str(d / "mini.tsv"), "--out", str(d), *TINY]) == 2
+    err = one_error_line(capsys)
+    assert f"--out {d}: folder exists and is not an artifact" in err and "'mini.tsv'" in err
+    assert snapshot(d) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # no temporary folder or checkpoint left
+    # --overwrite does not change that: only artifacts are ever replaced
+    assert build_main(["--kg", str(d / "mini.tsv"), "--out", str(d), "--overwrite", *TINY]) == 2
+    assert "is not an artifact" in one_error_line(capsys) and snapshot(d) == before
+
+
+def test_build_replaces_an_artifact_only_with_overwrite(tmp_path, capsys):
+    kg = tmp_path / "mini.tsv"
+    kg.write_text(MINI)
+    out = small_artifact(tmp_path / "art")
+    before = snapshot(out)
+    assert build_main(["--kg", str(kg), "--out", str(out), *TINY]) == 2
+    assert "already holds an artifact; pass --overwrite to replace it" in one_error_line(capsys)
+    assert snapshot(out) == before
+    (out / "notes.txt").write_text("mine\n")  # a user file inside an artifact folder
+    assert build_main(["--kg", str(kg), "--out", str(out), "--overwrite", *TINY]) == 2
+    assert "also holds 'notes.txt'" in one_error_line(capsys)
+    (out / "notes.txt").unlink()
+    assert build_main(["--kg", str(kg), "--out", str(out), "--overwrite", *TINY]) == 0
+    assert Artifact.load(out).meta["source"] == str(kg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "mini.tsv"]
+
+
+def test_manifest_naming_outside_files_is_not_an_artifact(tmp_path):
+    out = small_artifact(tmp_path / "art")
+    meta = json.loads((out / "meta.json").read_text())
+    meta["files"]["../victim"] = "0" * 64
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="is not an artifact"):
+        check_output_folder(out, overwrite=True)
+
+
+# ----------------------------------------------------------------- 2. names are never changed
+def test_tsv_loader_keeps_spaces_in_names(tmp_path):
+    f = tmp_path / "kg.tsv"
+    f.write_text("a\tr\tb\n a\tr\tc\na \tr\td\nb\t r\tc\n\n")
+    kg = load_kg(f)
+    assert sorted(kg.entities) == [" a", "a", "a ", "b", "c", "d"]
+    assert kg.relations == (" r", " r^-1", "r", "r^-1")
+    pipe = tmp_path / "kg.txt"
+    pipe.write_text("a|r|b\n a|r|c\n")
+    assert sorted(load_kg(pipe).entities) == [" a", "a", "b", "c"]
+
+
+# ----------------------------------------------------------------- 3. tracebacks
+@pytest.mark.parametrize("head", ["n", "p r"])
+def test_deeply_nested_query_is_one_error_line(tmp_path, capsys, head):
+    from engine.answer import main as answer_main
+
+    art = small_artifact(tmp_path / "art")
+    depth = 1000
+    expr = f"({head} " * depth + "e0" + ")" * depth
+    rc = answer_main(["--artifact", str(art), "--expr", expr])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and "Traceback" not in err, err[:300]
+
+
+def test_non_utf8_tsv_names_file_and_line(tmp_path, capsys):
+    f = tmp_path / "latin1.tsv"
+    f.write_bytes("a\tr\tb\nZo\xeb\tr\tc\n".encode("latin-1"))
+    assert build_main(["--kg", str(f), "--out", str(tmp_path / "o"), *TINY]) == 2
+    err = one_error_line(capsys)
+    assert err.startswith(f"error: {f}:2: not UTF-8 text (byte 0xeb at column 3)") and "iconv" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_read_lines_universal_newlines_bom_and_folder(tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_bytes(b"\xef\xbb\xbfone\r\ntwo\rthree\n\nfour")
+    assert list(read_lines(f)) == [(1, "one"), (2, "two"), (3, "three"), (4, ""), (5, "four")]
+    with pytest.raises(UserError, match=r"--queries: .* is a folder, expected a file"):
+        read_lines(tmp_path, what="--queries")
+
+
+def test_unknown_loss_names_closest_before_training(tmp_path, capsys):
+    kg = tmp_path / "mini.tsv"
+    kg.write_text(MINI)
+    t = time.perf_counter()
+    assert build_main(["--kg", str(kg), "--out", str(tmp_path / "o"), "--loss", "crossentropi", *TINY]) == 2
+    err = one_error_line(capsys)
+    assert err.startswith("error: --loss: unknown loss 'crossentropi'; closest known: 'crossentropy'")
+    assert build_main(["--kg", str(kg), "--out", str(tmp_path / "o"), "--loss", "bogus", *TINY]) == 2
+    assert "unknown loss 'bogus'" in one_error_line(capsys)
+    assert time.perf_counter() - t < 30 and sorted(p.name for p in tmp_path.iterdir()) == ["mini.tsv"]
+
+
+def test_drop_edges_that_empties_training_is_refused(tmp_path, capsys):
+    kg = tmp_path / "mini.tsv"
+    kg.write_text(MINI)
+    assert build_main(["--kg", str(kg), "--out", str(tmp_path / "o"), "--drop-edges", "0.99", *TINY]) == 2
+    err = one_error_line(capsys)
+    assert "no training edges left after --drop-edges 0.99 held out 8 of them; use a smaller --drop-edges" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mini.tsv"]
+
+
+@pytest.mark.parametrize("out", [".", "..", "mini.tsv", "missing/parent/o"])
+def test_bad_out_paths_are_refused_before_training(tmp_path, capsys, monkeypatch, out):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mini.tsv").write_text(MINI)
+    assert build_main(["--kg", "mini.tsv", "--out", out, *TINY]) == 2
+    err = one_error_line(capsys)
+    expected = {".": "is the current folder or holds it", "..": "is the current folder or holds it",
+                "mini.tsv": "is a file, not a folder", "missing/parent/o": "does not exist (create it first"}[out]
+    assert expected in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mini.tsv"]  # no ..embeddings.npz, no temp folder
+
+
+@pytest.mark.parametrize("content,message", [
+    ("[1, 2]", "meta.json: expected a JSON object, got list"),
+    ('{"files": {}}', "has no format_version"),
+])
+def test_meta_json_of_the_wrong_type(tmp_path, content, message):
+    art = small_artifact(tmp_path / "art")
+    (art / "meta.json").write_text(content)
+    with pytest.raises(UserError, match=message):
+        Artifact.load(art, verify=False)
+
+
+def test_folders_given_as_files(tmp_path, capsys):
+    from engine.answer import main as answer_main
+    from engine.evaluate import main as evaluate_main
+    from engine.sample import main as sample_main
+
+    art = small_artifact(tmp_path / "art")
+    assert answer_main(["--artifact", str(art), "--queries", str(tmp_path)]) == 2
+    assert one_error_line(capsys).startswith(f"error: --queries: {tmp_path} is a folder, expected a file")
+    assert evaluate_main(["--artifact", str(art), "--queries", str(tmp_path), "--no-progress"]) == 2
+    assert "is a folder, expected a file" in one_error_line(capsys)
+    assert sample_main(["--artifact", str(art), "--out", str(tmp_path), "--no-progress"]) == 2
+    assert one_error_line(capsys).startswith(f"error: --out {tmp_path}: is a folder; give a file name")
+    assert evaluate_main(["--artifact", str(art), "--queries", "q", "--json", str(tmp_path)]) == 2
+    assert "--json" in one_error_line(capsys)
+
+
+def test_paths_only_reads_a_read_only_artifact(tmp_path, capsys, monkeypatch):
+    from engine.paths.__main__ import main as paths_main
+
+    monkeypatch.setenv("KGREASON_HOME", str(tmp_path / "home"))
+    art = small_artifact(tmp_path / "art")
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in art.iterdir()}
+    for p in [*art.iterdir(), art]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    try:
+        argv = ["--artifact", str(art), "--from", "e0", "--plan", "r", "--encoder", "hashing"]
+        assert paths_main(argv) == 0
+        assert paths_main(argv) == 0  # second run: from the cache
+        assert "e1" in capsys.readouterr().out
+    finally:
+        for p in [art, *art.iterdir()]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in art.iterdir()} == before
+    assert len(list((tmp_path / "home" / "relation_embeddings").glob("*.npy"))) == 1
+
+
+def test_broken_pipe_is_quiet(tmp_path):
+    art = small_artifact(tmp_path / "art")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written, as after `| head` exits
+    try:
+        p = subprocess.run([sys.executable, "-m", "engine.answer", "--artifact", str(art), "--expr", "(p r e0)"],
+                           stdout=write_end, stderr=subprocess.PIPE, text=True, env=env_with_root(), timeout=120)
+    finally:
+        os.close(write_end)
+    assert p.returncode == 1 and p.stderr == "", p.stderr
+
+
+def test_pipe_format_collisions_name_file_and_line(tmp_path):
+    f = tmp_path / "kb.txt"
+    f.write_text("a|r|b\nx\ty|r|c\n")
+    with pytest.raises(UserError, match=rf"^{f}:2: field 1 'x\\ty' contains a tab"):
+        load_kg(f)
+    f.write_text("a|r|b\nb|q|c\nc|r^-1|a\n")
+    with pytest.raises(UserError, match=rf"^{f}:3: relation 'r\^-1' is also the name of the inverse of relation 'r' "
+                                        rf"\(relation 'r' first at {f}:1\)"):
+        load_kg(f)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ('{"bogus": 1}', "encoder 'hashing': got an unexpected keyword argument 'bogus' (it takes dim, seed)"),
+    ('{"dim": "x"}', "hashing encoder: dim must be an integer in [1, 65536], got 'x'"),
+])
+def test_bad_encoder_kwargs(tmp_path, capsys, monkeypatch, kwargs, message):
+    from engine.paths.__main__ import main as paths_main
+
+    monkeypatch.setenv("KGREASON_HOME", str(tmp_path / "home"))
+    art = small_artifact(tmp_path / "art")
+    argv = ["--artifact", str(art), "--from", "e0", "--plan", "r", "--encoder", "hashing", "--encoder-kwargs", kwargs]
+    assert paths_main(argv) == 2
+    assert one_error_line(capsys) == f"error: {message}\n"
+
+
+# ----------------------------------------------------------------- 4. the sampler hang
+@pytest.fixture(scope="module")
+def umls_sampling_artifact(tmp_path_factory):
+    """UMLS's real triples (half the training edges held out) with placeholder matrices: the sampler only reads triples."""
+    from kge.graph import drop_edges
+
+    kg = drop_edges(load_kg("umls"), 0.5, 0)
+    n, r = kg.num_entities, kg.num_relations
+    path = tmp_path_factory.mktemp("umls") / "art"
+    Artifact(entities=list(kg.entities), relations=list(kg.relations), matrices=sp.csr_matrix((r * n, n), dtype=np.float32),
+             observed=kg.train, missing=kg.missing, meta={"source": kg.source}).save(path)
+    return path
+
+
+def test_sampler_stops_when_a_structure_is_exhausted(umls_sampling_artifact, tmp_path, capsys):
+    from engine.sample import main as sample_main
+
+    out = tmp_path / "q.jsonl"
+    t = time.perf_counter()
+    assert sample_main(["--artifact", str(umls_sampling_artifact), "--per-structure", "100000", "--structures", "1p",
+                        "--out", str(out), "--no-progress"]) == 0
+    seconds = time.perf_counter() - t
+    err = capsys.readouterr().err
+    lines = out.read_text().splitlines()
+    assert 1000 < len(lines) < 100000 and len({json.loads(x)["expr"] for x in lines}) == len(lines)
+    assert f"note: structure 1p: {len(lines):,} of 100,000 queries (exhausted: no new query in the last" in err
+    assert f"wrote {len(lines):,} queries of 100,000 asked" in err
+    assert seconds < 60, seconds  # 4-5 hours before the fix
+
+
+def test_sampler_verdict_cache_keeps_the_queries(umls_sampling_artifact):
+    """Caching verdicts and sizing batches changes the work done, never which queries are drawn."""
+    from engine.eval.sampling import QuerySampler
+
+    art = Artifact.load(umls_sampling_artifact, load_embeddings=False)
+    s = QuerySampler(art.observed, art.missing, art.num_entities, art.num_relations)
+    a = s.sample("2in", 30, seed=4, chunk=256)
+    b = QuerySampler(art.observed, art.missing, art.num_entities, art.num_relations).sample("2in", 30, seed=4, chunk=7)
+    assert [q.node for q in a] == [q.node for q in b] and len(a) == 30
+
+
+@pytest.mark.slow
+def test_sampler_ctrl_c_keeps_what_was_written(umls_sampling_artifact, tmp_path):
+    out = tmp_path / "q.jsonl"
+    p = subprocess.Popen([sys.executable, "-m", "engine.sample", "--artifact", str(umls_sampling_artifact),
+                          "--per-structure", "100000", "--out", str(out), "--no-progress"],
+                         stderr=subprocess.PIPE, text=True, env=env_with_root())
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(x.stat().st_size > 10_000 for x in tmp_path.glob(".q.jsonl.part-*")):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    lines = out.read_text().splitlines()
+    assert lines and all(json.loads(x)["structure"] for x in lines)
+    assert f"interrupted: kept the {len(lines):,} queries written so far in {out}" in err
+    assert [x.name for x in tmp_path.iterdir()] == ["q.jsonl"]
+
+
+# ----------------------------------------------------------------- 5. quieter wrongs
+def test_betae_ids_without_inverse_edges_are_reported(tmp_path):
+    d = tmp_path / "betae"
+    d.mkdir()
+    (d / "train.txt").write_text("0\t0\t1\n1\t1\t2\n2\t0\t3\n")  # relation 1 is not the inverse of 0
+    (d / "valid.txt").write_text("")
+    (d / "test.txt").write_text("")
+    with pytest.raises(UserError, match=r"train\.txt: 3 of 3 edges have no inverse edge \(e\.g\. 0 0 1 without 1 1 0\).*"
+                                        r"--kg-format folder"):
+        load_kg(d)
+    kg = load_kg(d, format="folder")  # the suggested way: ids become names, inverses are added
+    assert kg.relations == ("0", "0^-1", "1", "1^-1")
+
+
+@pytest.mark.parametrize("version,message", [
+    (None, "has no format_version .*rebuild it with python -m kge.build --kg test --out"),
+    (0, "format version 0 is older than the version 1 .*rebuild it"),
+    (FORMAT_VERSION + 1, "is newer than the version 1 this kgreason reads; upgrade kgreason, or rebuild it"),
+    ("1", "format_version must be an integer"),
+])
+def test_format_version_is_checked(tmp_path, version, message):
+    art = small_artifact(tmp_path / "art")
+    meta = json.loads((art / "meta.json").read_text())
+    assert meta["format_version"] == FORMAT_VERSION
+    if version is None:
+        del meta["format_version"]
+    else:
+        meta["format_version"] = version
+    (art / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactVersionError, match=message):
+        Artifact.load(art, verify=False)
+
+
+def test_meta_without_checksums_needs_verify_false(tmp_path):
+    art = small_artifact(tmp_path / "art")
+    meta = json.loads((art / "meta.json").read_text())
+    del meta["files"]
+    (art / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="lists no checksums.*load it with verify=False"):
+        Artifact.load(art)
+    assert Artifact.load(art, verify=False).num_entities == 6
+
+
+def test_sigterm_during_default_build_leaves_nothing(tmp_path, monkeypatch):
+    from engine.exec import defaults
+
+    monkeypatch.setenv("KGREASON_HOME", str(tmp_path / "home"))
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def killed(out: Path):
+        (out / "entities.tsv").write_text("0\tx\n")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+        raise AssertionError("SIGTERM did not interrupt the build")
+
+    with pytest.raises(Terminated):
+        defaults.default_artifact(builder=killed)
+    assert list((tmp_path / "home" / "artifacts").iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_sigterm_in_a_cli_build_exits_143_and_cleans_up(tmp_path):
+    code = ("import os, signal, sys\n"
+            "from kgreason.files import OutputFolder\n"
+            "from kgreason.errors import cli_main\n"
+            "@cli_main\n"
+            "def main(argv):\n"
+            "    with OutputFolder(argv[0]) as tmp:\n"
+            "        (tmp / 'x').write_text('x')\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "        signal.pause()\n"
+            "sys.exit(main([sys.argv[1]]))\n")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], capture_output=True, text=True,
+                       env=env_with_root(), timeout=60)
+    assert p.returncode == 143 and p.stderr == "terminated\n", p.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_evaluate_rejects_a_label_that_contradicts_the_expression(tmp_path, capsys):
+    from engine.evaluate import main as evaluate_main
+
+    art = small_artifact(tmp_path / "art")
+    q = tmp_path / "q.jsonl"
+    good = {"structure": "2p", "expr": "(p r (p r e0))", "easy": [], "hard": [2]}
+    swapped = {"structure": "2i", "expr": "(i (p r e1) (p r^-1 e3))", "easy": [], "hard": [2]}
+    bad = {"structure": "2i", "expr": "(p r (p r e0))", "easy": [], "hard": [2]}
+    q.write_text("".join(json.dumps(x) + "\n" for x in (good, swapped, bad)))
+    assert evaluate_main(["--artifact", str(art), "--queries", str(q), "--no-progress"]) == 2
+    assert one_error_line(capsys) == f"error: {q}:3: structure label '2i' contradicts expr (its shape is 2p)\n"
+    q.write_text(json.dumps({**good, "structure": "2q"}) + "\n")
+    assert evaluate_main(["--artifact", str(art), "--queries", str(q), "--no-progress"]) == 2
+    assert one_error_line(capsys).startswith(f"error: {q}:1: unknown query structure '2q'; closest known:")
+
+
+# ----------------------------------------------------------------- 6. noise
+@pytest.mark.slow
+def test_quiet_build_prints_nothing(tmp_path):
+    kg = tmp_path / "mini.tsv"
+    kg.write_text(MINI)
+    p = subprocess.run([sys.executable, "-m", "kge.build", "--kg", str(kg), "--out", str(tmp_path / "o"),
+                        "--rank", "4", "--epochs", "1", "--quiet"],
+                       capture_output=True, text=True, env=env_with_root(PYTHONWARNINGS="default"), timeout=300)
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stderr
+
+
+def test_training_progress_moves_per_batch(tmp_path, capsys):
+    from kge.train import TrainConfig, train_complex
+
+    f = tmp_path / "kg.tsv"
+    f.write_text("".join(f"e{i}\tr{i % 3}\te{(i * 7 + 1) % 40}\n" for i in range(120)))
+    train_complex(load_kg(f), TrainConfig(rank=2, epochs=1, batch_size=16, eval_max_triples=0, device="cpu"),
+                  progress=True)
+    err = capsys.readouterr().err
+    assert "Training batches on cpu:   0%|          | 0.00/15.0" in err  # a bar over 240 edges / 16 per batch
+    assert "Warning" not in err and "WARNING" not in err
+
+
+# ----------------------------------------------------------------- the shared helpers
+def test_open_output_is_atomic_and_keeps_partial_streams(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("old\n")
+    with pytest.raises(RuntimeError):
+        with open_output(target) as f:
+            f.write("new\n")
+            raise RuntimeError("boom")
+    assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+    with pytest.raises(KeyboardInterrupt):
+        with open_output(target, keep_partial=True) as f:
+            f.write("line 1\n")
+            raise KeyboardInterrupt
+    assert target.read_text() == "line 1\n" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_output_folder_commit_refuses_a_folder_that_appeared(tmp_path):
+    from kgreason.files import OutputExists
+
+    out = tmp_path / "o"
+    with pytest.raises(OutputExists):
+        with OutputFolder(out) as tmp:
+            (tmp / "meta.json").write_text('{"files": {}}')
+            out.mkdir()
+            (out / "theirs").write_text("x")  # someone else's file, written during the build
+    assert [p.name for p in out.iterdir()] == ["theirs"] and sorted(p.name for p in tmp_path.iterdir()) == ["o"]

@@ -1,0 +1,222 @@
+"""Layering: what importing each package loads (fresh interpreters) and the project's import graph.
+
+The layers, bottom to top::
+
+    kgreason  <-  ops, kge  <-  engine.lang  <-  engine.eval, engine.exec, engine.paths  <-  engine  <-  llm_bridge
+
+A module may import a package of a strictly lower layer (or its own package).
+Entry points (``python -m`` modules: a ``__main__.py`` or an
+``if __name__ == "__main__"`` block) are the application layer on top: a CLI
+may compose everything, e.g. ``engine.answer`` plugging the LLM bridge in.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOP = ("kgreason", "ops", "kge", "engine", "llm_bridge")
+PACKAGES = ["kgreason", "ops", "kge", "engine", "engine.lang", "engine.exec", "engine.eval", "engine.paths",
+            "llm_bridge"]
+#: Layer of each package (imports must go to a strictly lower layer).
+LAYER = {"kgreason": 0, "ops": 1, "kge": 1, "engine.lang": 2, "engine.eval": 3, "engine.exec": 3,
+         "engine.paths": 3, "engine": 4, "llm_bridge": 5}
+APPS = "<entry points>"
+#: Heavy or optional third-party packages no project package may load at import time.
+NEVER_AT_IMPORT = {"pykeen", "sentence_transformers"}
+#: Top-level modules importing (every module of) a package must not load, beyond NEVER_AT_IMPORT.
+FORBIDDEN = {
+    "ops": {"kge", "engine", "llm_bridge", "scipy"},
+    "kge": {"ops", "engine", "llm_bridge"},
+    "engine.lang": {"torch", "ops", "kge", "llm_bridge", "scipy"},
+    "engine.eval": {"llm_bridge"},
+    "engine.exec": {"llm_bridge"},
+    "engine.paths": {"llm_bridge"},
+}
+
+
+# ------------------------------------------------------------------ the project's modules
+@lru_cache(maxsize=None)
+def project_modules() -> dict[str, Path]:
+    """Dotted name -> file of every project module (packages by their ``__init__``)."""
+    out = {}
+    for top in TOP:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def _is_package(name: str) -> bool:
+    return project_modules()[name].name == "__init__.py"
+
+
+def package_of(name: str) -> str:
+    """The package a module belongs to (a package is its own)."""
+    return name if _is_package(name) else name.rsplit(".", 1)[0]
+
+
+def is_entry_point(name: str) -> bool:
+    path = project_modules()[name]
+    if path.name == "__main__.py":
+        return True
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return any(isinstance(n, ast.If) and ast.unparse(n.test).replace("'", '"') == '__name__ == "__main__"'
+               for n in tree.body)
+
+
+def _owner(target: str) -> str | None:
+    """The project module an imported dotted name refers to (a name inside a module -> the module)."""
+    mods = project_modules()
+    while target and target not in mods:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _resolve(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        if node.level:
+            base = module.split(".") if _is_package(module) else module.split(".")[:-1]
+            base = base[: len(base) - node.level + 1]
+            prefix = ".".join(base + ([node.module] if node.module else []))
+        else:
+            prefix = node.module or ""
+        # `from pkg import sub` imports the submodule when there is one, else a name of pkg
+        names = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in project_modules() else prefix for a in node.names]
+    return [o for n in names if n.split(".")[0] in TOP and (o := _owner(n)) is not None]
+
+
+@lru_cache(maxsize=None)
+def imports_of(module: str) -> tuple[tuple[str, bool], ...]:
+    """(imported project module, at import time?) for every import statement of ``module``.
+
+    Imports inside functions run later (lazy); imports under ``if TYPE_CHECKING:`` never run.
+    """
+    tree = ast.parse(project_modules()[module].read_text(encoding="utf-8"))
+    found: list[tuple[str, bool]] = []
+
+    def walk(nodes, lazy: bool) -> None:
+        for n in nodes:
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                found.extend((t, not lazy) for t in _resolve(module, n))
+                continue
+            if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test):
+                walk(n.orelse, lazy)
+                continue
+            inner = lazy or isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            for child in ast.iter_child_nodes(n):
+                walk([child], inner)
+
+    walk(tree.body, False)
+    return tuple(found)
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(u: str) -> list[str] | None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == 1:
+                return stack[stack.index(v):] + [v]
+            if v not in state and (cycle := visit(v)):
+                return cycle
+        stack.pop()
+        state[u] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def _layer_node(module: str) -> str:
+    return APPS if is_entry_point(module) else package_of(module)
+
+
+# ------------------------------------------------------------------ static checks
+def test_every_package_has_a_layer():
+    packages = {package_of(m) for m in project_modules()}
+    assert packages == set(LAYER), f"packages without a layer: {packages - set(LAYER)}"
+
+
+def test_no_import_cycle_between_modules():
+    """Imports that run when a module is imported form no cycle (lazy imports excluded)."""
+    graph = {m: {t for t, eager in imports_of(m) if eager and t != m and not m.startswith(t + ".")}
+             for m in project_modules()}
+    cycle = _find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_cycle_between_packages():
+    """Every import, lazy ones included, between packages (entry points apart) goes one way."""
+    graph: dict[str, set[str]] = {}
+    for m in project_modules():
+        src = _layer_node(m)
+        graph.setdefault(src, set()).update(
+            dst for t, _ in imports_of(m) if (dst := _layer_node(t)) != src and src != APPS)
+    cycle = _find_cycle(graph)
+    assert cycle is None, "package cycle: " + " -> ".join(cycle)
+
+
+def test_imports_go_down_the_layers():
+    bad = []
+    for m in sorted(project_modules()):
+        if is_entry_point(m):
+            continue
+        src = package_of(m)
+        for t, eager in imports_of(m):
+            dst = package_of(t)
+            if dst != src and not LAYER[dst] < LAYER[src]:
+                bad.append(f"{m} ({src}, layer {LAYER[src]}) imports {t} ({dst}, layer {LAYER[dst]})"
+                           f"{'' if eager else ' lazily'}")
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_cycle_finder_finds_cycles():
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+# ------------------------------------------------------------------ fresh interpreters
+def _modules_of(package: str) -> list[str]:
+    """The package and its own modules (not its subpackages' modules)."""
+    return [m for m in project_modules() if m == package or (package_of(m) == package and not _is_package(m))]
+
+
+def loaded_after_import(modules: list[str]) -> set[str]:
+    """Top-level names in ``sys.modules`` after importing ``modules`` in a fresh interpreter."""
+    code = ("import importlib, json, sys\n"
+            f"for m in {modules!r}:\n    importlib.import_module(m)\n"
+            "print(json.dumps(sorted({k.split('.')[0] for k in sys.modules})))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, f"importing {modules} failed:\n{proc.stderr[-3000:]}"
+    return set(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_import_in_fresh_interpreter(package):
+    loaded = loaded_after_import(_modules_of(package))
+    heavy = loaded & NEVER_AT_IMPORT
+    assert not heavy, f"importing {package} loads {sorted(heavy)}"
+    bad = loaded & FORBIDDEN.get(package, set())
+    assert not bad, f"importing {package} loads {sorted(bad)}"
+    if package == "kgreason":  # the base of every layer: the standard library only
+        extra = {m for m in loaded if m not in sys.stdlib_module_names and not m.startswith("_")} - {"kgreason"}
+        assert not extra, f"importing kgreason loads {sorted(extra)}"
