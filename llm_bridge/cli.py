@@ -1,0 +1,171 @@
+"""The ``--llm`` flags of the engine's CLIs, in one place.
+
+A CLI adds them with :func:`add_arguments` (which also adds the client's
+``--llm-base-url``/``--llm-model``/... flags of :mod:`llm_bridge.config`), turns
+the parsed namespace into :class:`LLMOptions` with :func:`options_from_args`
+(``None`` without ``--llm``), and runs with the hooks of :func:`llm_hooks`::
+
+    p = argparse.ArgumentParser(); add_arguments(p)
+    ns = p.parse_args(argv)
+    opts = options_from_args(ns, top_k=ns.top_k)
+    with llm_hooks(opts) as hooks:             # () without --llm: the KG-only path
+        Executor(artifact, hooks=hooks).answer(...)
+
+Nothing here imports ``openai`` unless ``--llm`` is given.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+from kgreason.errors import UserError
+
+from llm_bridge.config import LLMConfig, add_llm_arguments, config_from_args
+
+__all__ = ["LLMOptions", "add_arguments", "options_from_args", "llm_hooks", "compact_notes"]
+
+_DEFAULTS = {"mode": "lgot", "theta": 0.3, "alpha": 0.1, "merge": "max", "confidence": "samples",
+             "relation_questions": "llm", "link_threshold": 90.0}
+# Flags that mean nothing without --llm (their dest names).
+_LLM_DESTS = ("llm_base_url", "llm_model", "llm_api_key_env", "llm_temperature", "llm_n", "llm_max_tokens",
+              "llm_timeout", "llm_max_retries", "llm_concurrency", "llm_budget_calls", "llm_budget_tokens",
+              "llm_logprobs", "llm_cache", "llm_mode", "llm_theta", "llm_alpha", "llm_merge", "llm_inputs",
+              "llm_confidence", "llm_relation_questions", "llm_names_file", "llm_link_threshold")
+
+
+@dataclass(frozen=True)
+class LLMOptions:
+    """What ``--llm`` asked for: the client's :class:`~llm_bridge.config.LLMConfig` and the bridge's settings."""
+
+    config: LLMConfig
+    settings: Any  # llm_bridge.lgot.LGOTSettings (imported lazily: it imports torch and the engine)
+    names_file: str | None = None
+    questions_dir: str | None = None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--llm`` and the bridge's flags (and the client's, :func:`~llm_bridge.config.add_llm_arguments`)."""
+    g = add_llm_arguments(parser)
+    g.add_argument("--llm", action="store_true",
+                   help="answer every sub-question with the LLM too (LGOT); see --llm-mode")
+    g.add_argument("--llm-mode", choices=("lgot", "llm-only"), default=None,
+                   help="lgot: merge filtered LLM answers into the KG's fuzzy sets; llm-only: the LLM's answers "
+                        "alone (default lgot)")
+    g.add_argument("--llm-theta", metavar="T", type=float, default=None,
+                   help="likelihood-ratio filter: keep an LLM answer if p(e)/p_max >= T (default 0.3)")
+    g.add_argument("--llm-alpha", metavar="A", type=float, default=None,
+                   help="merge weight: T[e] = max(T[e], A*p(e)) (default 0.1)")
+    g.add_argument("--llm-merge", choices=("max", "add"), default=None,
+                   help="merge rule: max (default) or LGOT's additive min(1, T[e] + A*p(e))")
+    g.add_argument("--llm-inputs", metavar="K", type=int, default=None,
+                   help="input entities per prompt: the top K of the input node (default min(--top-k, 10))")
+    g.add_argument("--llm-confidence", choices=("samples", "logprobs-first", "logprobs-mean"), default=None,
+                   help="p(e) from sample counts (default) or token log-probabilities (needs --llm-logprobs)")
+    g.add_argument("--llm-relation-questions", choices=("llm", "fallback"), default=None,
+                   help="relation question templates: asked of the LLM once per relation (default) or built "
+                        "from the relation's name")
+    g.add_argument("--llm-names-file", metavar="FILE", default=None,
+                   help="entity aliases for linking answers (e.g. FB15k-237's id2ent.tsv; default: one next to "
+                        "the artifact's source, if any)")
+    g.add_argument("--llm-link-threshold", metavar="S", type=float, default=None,
+                   help="fuzzy linking: accept a match with rapidfuzz score >= S in [0, 100] (default 90)")
+
+
+def options_from_args(ns: argparse.Namespace, *, top_k: int = 10) -> LLMOptions | None:
+    """The :class:`LLMOptions` of parsed flags, or ``None`` without ``--llm`` (then no ``--llm-*`` flag may be given)."""
+    if not getattr(ns, "llm", False):
+        given = [d for d in _LLM_DESTS if getattr(ns, d, None) not in (None, False)]
+        if getattr(ns, "no_llm_cache", False):
+            given.append("no_llm_cache")
+        if given:
+            raise UserError(f"--{given[0].replace('_', '-')} needs --llm")
+        return None
+    from llm_bridge.lgot import LGOTSettings
+
+    config = config_from_args(ns)
+    values = {
+        "mode": ns.llm_mode, "theta": ns.llm_theta, "alpha": ns.llm_alpha, "merge": ns.llm_merge,
+        "confidence": ns.llm_confidence, "relation_questions": ns.llm_relation_questions,
+        "link_threshold": ns.llm_link_threshold,
+        "inputs": ns.llm_inputs if ns.llm_inputs is not None else max(1, min(int(top_k), 10)),
+    }
+    flags = {"theta": "--llm-theta", "alpha": "--llm-alpha", "inputs": "--llm-inputs",
+             "link_threshold": "--llm-link-threshold"}
+    for key, flag in flags.items():
+        v = values[key]
+        lo, hi = (1, 10) if key == "inputs" else (0.0, 100.0) if key == "link_threshold" else (0.0, 1.0)
+        if v is not None and not lo <= v <= hi:
+            raise UserError(f"{flag} must be in [{lo:g}, {hi:g}], got {v:g}")
+    if values["confidence"] in ("logprobs-first", "logprobs-mean") and not config.logprobs:
+        raise UserError(f"--llm-confidence {values['confidence']} needs --llm-logprobs")
+    settings = LGOTSettings(**{k: (_DEFAULTS[k] if v is None else v) for k, v in values.items()})
+    return LLMOptions(config=config, settings=settings, names_file=ns.llm_names_file)
+
+
+@contextlib.contextmanager
+def llm_hooks(options: LLMOptions | None, *, stats_out=None) -> Iterator[Sequence[Any]]:
+    """The executor hooks for ``options`` (``()`` for None), with the client closed on exit.
+
+    On exit a one-line summary of the LLM's use goes to ``stats_out`` (default
+    stderr): prompts, HTTP requests, cache hits, tokens, rows that fell back.
+    """
+    if options is None:
+        yield ()
+        return
+    from llm_bridge.client import LLMClient
+    from llm_bridge.lgot import LGOTHook
+
+    client = LLMClient(options.config)
+    try:
+        hook = LGOTHook(client=client, settings=options.settings, names_file=options.names_file,
+                        questions_dir=options.questions_dir)
+        yield (hook,)
+        st = client.stats
+        summary = {"mode": options.settings.mode, "model": options.config.model, "prompts": hook.stats.prompts,
+                   "calls": st.calls, "requests": st.requests, "cache_hits": st.cache_hits, "retries": st.retries,
+                   "failed_rows": hook.stats.failed_rows, "tokens": st.total_tokens}
+        out = sys.stderr if stats_out is None else stats_out
+        out.write("llm: " + json.dumps(summary, sort_keys=False) + "\n")
+    finally:
+        client.close()
+
+
+def compact_notes(notes: Mapping[str, Any], *, limit: int = 5) -> str:
+    """One line for a trace node's notes (the text output of ``engine.answer``; ``--json`` has them in full).
+
+    The bridge's keys are summarised (``llm``: its summary line and the kept
+    answers, ``merged``: how many, ``llm_set``: its first entities,
+    ``warning`` verbatim); other keys as ``notes {JSON}``, as before.
+    """
+    parts: list[str] = []
+    rest: dict[str, Any] = {}
+    for key, value in notes.items():
+        if key == "llm" and isinstance(value, Mapping):
+            if "failed" in value:
+                continue  # the warning says it
+            if "summary" in value:
+                kept = ", ".join(value.get("kept", [])[:limit])
+                more = len(value.get("kept", [])) - limit
+                parts.append(f"llm: {value['summary']}" + (f" [{kept}{f', +{more}' if more > 0 else ''}]" if kept else ""))
+            elif "skipped" in value:
+                parts.append(f"llm: skipped ({value['skipped']})")
+        elif key == "merged" and isinstance(value, list):
+            parts.append(f"merged {len(value)}")
+        elif key == "llm_set" and isinstance(value, Mapping):
+            if "undefined" in value:
+                parts.append(f"llm set undefined ({value['undefined']})")
+            else:
+                ents = ", ".join(f"{e['entity']} {e['p']:.2f}" for e in value.get("entities", [])[:limit])
+                neg = "not " if value.get("negated") else ""
+                parts.append(f"llm set {neg}{{{ents}}}" + (f" of {value.get('size')}" if value.get("size", 0) > limit else ""))
+        elif key == "warning":
+            parts.append(f"warning: {value}")
+        else:
+            rest[key] = value
+    if rest:  # anything else exactly as engine.answer prints notes it does not know
+        parts.append("notes " + json.dumps(rest, ensure_ascii=False, sort_keys=True))
+    return "; ".join(parts)

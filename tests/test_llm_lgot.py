@@ -1,0 +1,428 @@
+"""LGOT: the likelihood-ratio filter, the merge, LLM answer sets through i/u/n, the executor hook, the CLI.
+
+Unit tests drive the hook with a scripted in-process client (exact values);
+the end-to-end tests run the whole bridge over real HTTP against the
+simulated server (tests/_llm_server.py), including failures and cache replay.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from _llm_server import llm_artifact, simulator  # noqa: F401  (fixture and helper)
+from engine.exec.executor import Executor
+from engine.lang.query import Anchor, parse
+from kge.artifact import Artifact
+from kgreason.errors import UserError
+from llm_bridge import prompts
+from llm_bridge.client import Completion, LLMFailure
+from llm_bridge.lgot import (
+    LGOTHook,
+    LGOTSettings,
+    LLMSet,
+    combine_sets,
+    likelihood_filter,
+    merge_value,
+)
+from llm_bridge.parse import Confidence
+from llm_bridge.relations import RelationQuestions
+
+
+# ------------------------------------------------------------------------------ pure functions
+def _conf(counts: dict[str, int], n: int) -> list[Confidence]:
+    return [Confidence(text=k, p=c / n, count=c, n=n, key=k.lower()) for k, c in counts.items()]
+
+
+def test_filter_theta_boundary_equal_ratio_kept():
+    kept, rejected = likelihood_filter(_conf({"a": 6, "b": 3, "c": 2, "z": 0}, 6), 0.5)
+    assert [c.text for c in kept] == ["a", "b"]  # 3/6 = 0.5 exactly: kept
+    assert [c.text for c in rejected] == ["c", "z"]
+    kept, _ = likelihood_filter(_conf({"a": 6, "b": 3}, 6), 0.5 + 1e-6)
+    assert [c.text for c in kept] == ["a"]
+    assert likelihood_filter([], 0.3) == ([], [])
+    kept, _ = likelihood_filter(_conf({"a": 1, "b": 1}, 6), 1.0)
+    assert len(kept) == 2
+
+
+@pytest.mark.parametrize("n", [3, 6, 7, 10])
+def test_filter_every_count_ratio_at_its_boundary(n):
+    # p = c/n and p_max = m/n: with theta = c/m the answer is kept, just above it is not (float rounding aside)
+    for m in range(1, n + 1):
+        for c in range(1, m + 1):
+            conf = _conf({"top": m, "x": c}, n) if c < m else _conf({"top": m}, n)
+            kept, _ = likelihood_filter(conf, c / m)
+            assert conf[-1] in kept
+            if c < m:
+                kept, _ = likelihood_filter(conf, c / m + 1e-6)
+                assert conf[-1] not in kept
+
+
+def test_merge_value():
+    assert merge_value(0.5, 0.8, alpha=0.1, rule="max") == 0.5
+    assert merge_value(0.02, 0.8, alpha=0.1, rule="max") == pytest.approx(0.08)
+    assert merge_value(0.5, 0.8, alpha=0.1, rule="add") == pytest.approx(0.58)
+    assert merge_value(0.97, 0.8, alpha=0.1, rule="add") == 1.0
+    with pytest.raises(ValueError):
+        merge_value(0.1, 0.1, alpha=0.1, rule="min")
+
+
+def test_combine_sets():
+    a, b = LLMSet({1: 0.9, 2: 0.5, 3: 0.4}), LLMSet({2: 0.7, 3: 0.2, 4: 1.0})
+    neg = LLMSet({3: 0.6}, negated=True)
+    assert combine_sets("i", [a, b]) == (LLMSet({2: 0.5, 3: 0.2}), None)
+    assert combine_sets("u", [a, b])[0].scores == {1: 0.9, 2: 0.7, 3: 0.4, 4: 1.0}
+    assert combine_sets("i", [a, b, neg]) == (LLMSet({2: 0.5}), None)  # difference
+    assert combine_sets("u", [a, neg])[0] is None
+    assert combine_sets("i", [neg, neg])[0] is None
+    assert combine_sets("i", [a, None]) == (None, "a sub-query has no LLM answer set")
+    assert combine_sets("n", [a]) == (LLMSet(a.scores, negated=True), None)
+    assert combine_sets("n", [neg]) == (LLMSet(neg.scores, negated=False), None)
+
+
+def test_settings_validation():
+    with pytest.raises(UserError, match="mode"):
+        LGOTSettings(mode="kg")
+    with pytest.raises(UserError, match="theta"):
+        LGOTSettings(theta=1.5)
+    with pytest.raises(UserError, match="alpha"):
+        LGOTSettings(alpha=-0.1)
+    with pytest.raises(UserError, match="inputs"):
+        LGOTSettings(inputs=11)
+    with pytest.raises(UserError, match="merge"):
+        LGOTSettings(merge="min")
+
+
+# --------------------------------------------------------------------- the hook, scripted client
+ENTS = ["A", "B", "C", "D", "E", "F"]
+RELS = ["r", "r^-1", "s", "s^-1"]
+# r: A->B 1.0, A->C 0.6; s: B->D 1.0, C->E 0.5 (and the inverses)
+EDGES = [(0, 0, 1, 1.0), (0, 0, 2, 0.6), (1, 2, 3, 1.0), (2, 2, 4, 0.5)]
+
+
+def tiny_artifact() -> Artifact:
+    rows, cols, vals = [], [], []
+    n = len(ENTS)
+    for h, r, t, v in EDGES:
+        rows += [r * n + h, (r + 1) * n + t]
+        cols += [t, h]
+        vals += [v, v]
+    m = sp.csr_matrix((np.array(vals, np.float32), (rows, cols)), shape=(len(RELS) * n, n))
+    m.sort_indices()
+    obs = np.array([[h, r, t] for h, r, t, _ in EDGES], dtype=np.int64)
+    return Artifact(entities=ENTS, relations=RELS, matrices=m, observed=obs, missing=np.zeros((0, 3), np.int64))
+
+
+class ScriptedClient:
+    """Answers projection prompts with ``script[(relation, inputs)]`` (reply texts; None = a failure)."""
+
+    def __init__(self, script, *, n=4):
+        self.script = script
+        self.n = n
+        self.rq = RelationQuestions(relations=RELS)
+        self.batches: list[list] = []
+
+    def complete_many_sync(self, batch, **kw):
+        self.batches.append(batch)
+        out = []
+        for msgs in batch:
+            req = prompts.parse_projection_request(msgs)
+            assert req is not None, msgs
+            key = (self.rq.lookup(req.question), tuple(req.entities))
+            texts = self.script.get(key, ["[]"] * self.n)
+            if texts is None:
+                out.append(LLMFailure("server_error", "HTTP 500: scripted", 500, 3))
+                continue
+            out.append(Completion(texts=tuple(texts), logprobs=(None,) * len(texts),
+                                  finish_reasons=("stop",) * len(texts), prompt_tokens=10, completion_tokens=5,
+                                  model="scripted", n_requested=self.n))
+        return out
+
+
+SCRIPT = {
+    ("r", ("A",)): ['["B", "D"]', '["B", "D"]', '["B"]', '["F"]'],  # p: B 0.75, D 0.5, F 0.25
+    ("s", ("B",)): ['["D"]', '["D", "E"]', "I don't know", '["D"]'],  # D 0.75, E 0.25
+}
+
+
+def run(queries, settings=None, script=SCRIPT, explain=True):
+    art = tiny_artifact()
+    client = ScriptedClient(script)
+    hook = LGOTHook(client=client, artifact=art,
+                    settings=settings or LGOTSettings(relation_questions="fallback"))
+    ex = Executor(art, hooks=[hook], backend="reference")
+    res = ex.answer([parse(q) for q in queries], k=6, explain=explain)
+    return res, client, hook
+
+
+def kg_only(queries):
+    return Executor(tiny_artifact(), backend="reference").answer([parse(q) for q in queries], k=6)
+
+
+def scores(result) -> dict[str, float]:
+    return {a.entity: a.score for a in result.answers}
+
+
+def test_lgot_max_merge_exact_values_and_provenance():
+    (res,), client, _ = run(["(p r A)"])
+    f32 = lambda x: float(np.float32(x))  # noqa: E731
+    assert scores(res) == {"B": 1.0, "C": f32(0.6), "D": f32(0.1 * 0.5), "F": f32(0.1 * 0.25)}
+    prov = {a.entity: a.provenance for a in res.answers}
+    assert prov == {"B": "both", "C": "kg", "D": "llm", "F": "llm"}
+    notes = res.trace.root.notes
+    llm = notes["llm"]
+    assert llm["inputs"] == ["A"]
+    assert llm["question"] == prompts.fill_question(prompts.fallback_template("r"), ["A"])
+    assert {a["text"]: a["p"] for a in llm["answers"]} == {"B": 0.75, "D": 0.5, "F": 0.25}
+    assert llm["kept"] == ["B", "D", "F"]  # F: 0.25/0.75 = 1/3 >= 0.3
+    assert [l["entity"] for l in llm["linked"]] == ["B", "D", "F"] and llm["unlinked"] == []
+    assert {m["entity"]: (m["kg"], m["value"]) for m in notes["merged"]} == {
+        "B": (1.0, 1.0), "D": (0.0, round(f32(0.05), 6)), "F": (0.0, round(f32(0.025), 6))}
+    assert len(client.batches) == 1
+
+
+def test_theta_filters_before_merging():
+    (res,), _, _ = run(["(p r A)"], LGOTSettings(relation_questions="fallback", theta=0.5))
+    assert "F" not in scores(res)  # 0.25/0.75 < 0.5
+    assert res.trace.root.notes["llm"]["kept"] == ["B", "D"]
+
+
+def test_additive_merge():
+    (res,), _, _ = run(["(p r A)"], LGOTSettings(relation_questions="fallback", merge="add", alpha=0.5))
+    f32 = lambda x: float(np.float32(x))  # noqa: E731
+    assert scores(res) == {"B": 1.0, "C": f32(0.6), "D": f32(0.25), "F": f32(0.125)}
+
+
+def test_llm_only_replaces_values():
+    (res,), _, _ = run(["(p r A)"], LGOTSettings(relation_questions="fallback", mode="llm-only"))
+    assert scores(res) == {"B": 0.75, "D": 0.5, "F": 0.25}  # C (KG only) is gone
+    assert {a.provenance for a in res.answers} == {"llm"}
+
+
+def test_next_prompt_uses_the_merged_top_entities():
+    settings = LGOTSettings(relation_questions="fallback", inputs=3)
+    (res,), client, _ = run(["(p s (p r A))"], settings)
+    # the r node after merging: B 1.0, C 0.6, D 0.05, F 0.025 -> the top 3 feed the s question
+    assert res.trace.node((0,)).notes["llm"]["inputs"] == ["A"]
+    assert res.trace.root.notes["llm"]["inputs"] == ["B", "C", "D"]
+    assert len(client.batches) == 2  # one call per projection node
+
+
+def test_failed_row_falls_back_to_kg_only_with_a_warning():
+    script = dict(SCRIPT)
+    script[("r", ("C",))] = None  # the second row's call fails
+    queries = ["(p r A)", "(p r C)"]
+    res, client, hook = run(queries, script=script)
+    assert len(client.batches) == 1 and len(client.batches[0]) == 2  # both rows in one complete_many
+    assert "D" in scores(res[0])  # the other row still merged
+    kg = kg_only(queries)
+    assert scores(res[1]) == scores(kg[1])
+    notes = res[1].trace.root.notes
+    assert notes["warning"] == "LLM call failed (server_error); this row is KG-only"
+    assert notes["llm"]["failed"]["reason"] == "server_error"
+    assert hook.stats.failed_rows == 1
+
+
+def test_identical_prompts_are_sent_once():
+    res, client, _ = run(["(p r A)", "(p r A)"])
+    assert len(client.batches[0]) == 1
+    assert scores(res[0]) == scores(res[1])
+
+
+def test_unlinked_answers_are_reported():
+    script = {("r", ("A",)): ['["B", "Nobody Known"]'] * 4}
+    (res,), _, _ = run(["(p r A)"], script=script)
+    llm = res.trace.root.notes["llm"]
+    assert llm["kept"] == ["B", "Nobody Known"]
+    assert [u["text"] for u in llm["unlinked"]] == ["Nobody Known"]
+
+
+def test_intersection_and_negation_combine_llm_sets():
+    script = {
+        ("r", ("A",)): ['["B", "D"]'] * 4,          # {B, D}
+        ("r^-1", ("B",)): ['["A", "D"]'] * 2 + ['["A"]'] * 2,  # {A: 1, D: 0.5}
+        ("s", ("B",)): ['["D"]'] * 4,               # negated below: minus {D}
+    }
+    q = "(i (p r A) (p r^-1 B) (np s B))"
+    (res,), _, _ = run([q], script=script)
+    root = res.trace.root.notes["llm_set"]
+    assert root["op"] == "i" and [e["entity"] for e in root["entities"]] == []  # {B,D} & {A,D} - {D}
+    q2 = "(i (p r A) (np s B))"
+    (res2,), _, _ = run([q2], script=script)
+    assert [e["entity"] for e in res2.trace.root.notes["llm_set"]["entities"]] == ["B"]
+    # LLM-only: the intersection is the LLM's set difference exactly
+    (res3,), _, _ = run([q2], LGOTSettings(relation_questions="fallback", mode="llm-only"), script=script)
+    assert scores(res3) == {"B": 1.0}
+    # union: the LLM sets' union, merged by max where it raises the value
+    (res4,), _, _ = run(["(u (p r A) (p s B))"], script=script)
+    assert {e["entity"] for e in res4.trace.root.notes["llm_set"]["entities"]} == {"B", "D"}
+
+
+def test_set_op_merge_raises_values_only():
+    script = {("r", ("A",)): ['["D"]'] * 4, ("s", ("B",)): ['["D"]'] * 4}
+    (res,), _, _ = run(["(i (p r A) (p s B))"], script=script)
+    # branches: r -> D = 0.1 (LLM), s -> D = 1.0 (KG): product 0.1; the combined set {D: 1} merges 0.1: no raise
+    assert scores(res)["D"] == pytest.approx(0.1)
+    assert res.trace.root.evidence == {} and "merged" not in res.trace.root.notes
+    script = {("r", ("A",)): ['["E"]'] * 4, ("s", ("B",)): ['["E"]'] * 4}
+    (res,), _, _ = run(["(i (p r A) (p s B))"], script=script)
+    # both branches only know E from the LLM: 0.1 * 0.1 = 0.01, raised to alpha * min(p) = 0.1
+    assert scores(res)["E"] == pytest.approx(0.1)
+    assert res.answers[0].provenance == "llm"
+
+
+def test_kg_only_is_the_executor_without_the_hook():
+    queries = ["(p r A)", "(p s (p r A))", "(i (p r A) (np s B))"]
+    kg = kg_only(queries)
+    # an LLM that never answers changes nothing
+    res, _, _ = run(queries, script={})
+    for a, b in zip(kg, res):
+        assert [(x.entity, x.score) for x in a.answers] == [(x.entity, x.score) for x in b.answers]
+
+
+# ---------------------------------------------------------------------- over HTTP (simulator)
+def _client(base_url, tmp_path, **kw):
+    from llm_bridge.client import LLMClient
+    from llm_bridge.config import LLMConfig
+
+    cfg = dict(base_url=base_url, cache_path=tmp_path / "cache.sqlite", n=6, timeout_s=10, backoff_s=0.01)
+    cfg.update(kw)
+    return LLMClient(LLMConfig(**cfg))
+
+
+def _queries(art: Artifact, count: int = 12) -> list:
+    """2p queries over the first anchors with at least one observed edge (deterministic)."""
+    out = []
+    likes = art.relation_id("likes")
+    heads = sorted({int(h) for h, r, _ in art.observed if r == likes})[:count]
+    for h in heads:
+        out.append(parse(f"(p parent_of (p likes {art.entities[h]}))"))
+        out.append(parse(f"(p likes {art.entities[h]})"))
+    return out
+
+
+def test_end_to_end_over_http(llm_artifact, tmp_path):
+    art = Artifact.load(llm_artifact)
+    queries = _queries(art)
+    kg = Executor(art).answer(queries, k=20)
+    with simulator(llm_artifact, recall=0.9, hallucination=0.1, seed=1) as srv, _client(srv.base_url, tmp_path) as c:
+        hook = LGOTHook(client=c, artifact=art, questions_dir=str(tmp_path / "rq"))
+        res = Executor(art, hooks=[hook]).answer(queries, k=20)
+    missing = {(int(h), int(r), int(t)) for h, r, t in art.missing}
+    provs = [a.provenance for r in res for a in r.answers]
+    assert "llm" in provs and "both" in provs
+    # the LLM recovered edges the KG lost: an "llm" answer of a 1p query that is a missing edge
+    likes = art.relation_id("likes")
+    recovered = [(q, a) for q, r in zip(queries, res) if isinstance(q.arg, Anchor)
+                 for a in r.answers if a.provenance == "llm"
+                 and (art.entity_id(q.arg.entity), likes, a.id) in missing]
+    assert recovered
+    # max-merge never lowers a KG score, and leaves every score >= alpha unchanged
+    for k, r in zip(kg, res):
+        got = scores(r)
+        for a in k.answers:
+            if a.score >= 0.1:
+                assert got[a.entity] == a.score
+    # each query's trace holds the parsed answers with p(e), the filter, the links and the merge
+    t = res[0].to_json()["trace"]
+    proj = [n for n in t["nodes"] if n["op"] == "p"]
+    assert all("llm" in n["notes"] for n in proj)
+    note = proj[0]["notes"]["llm"]
+    assert {"question", "inputs", "answers", "kept", "linked", "unlinked", "summary"} <= set(note)
+    assert hook.stats.failed_rows == 0 and hook.stats.linked > 0
+    assert hook.stats.relation_questions == {"likes": "llm", "parent_of": "llm"}  # asked once each
+    assert hook.questions.source("likes") == "llm"
+
+
+@pytest.mark.parametrize("mode", ["status", "hang"])
+def test_server_failures_fall_back_to_kg_only(llm_artifact, tmp_path, mode):
+    art = Artifact.load(llm_artifact)
+    queries = _queries(art, 3)
+    kg = Executor(art).answer(queries, k=10)
+    sim = dict(fail_rate=1.0, fail_mode=mode, fail_status=503, hang_s=1.5)
+    cli = dict(max_retries=1, timeout_s=0.3, use_cache=False)
+    with simulator(llm_artifact, **sim) as srv, _client(srv.base_url, tmp_path, **cli) as c:
+        hook = LGOTHook(client=c, artifact=art, settings=LGOTSettings(relation_questions="fallback"))
+        res = Executor(art, hooks=[hook]).answer(queries, k=10)
+        assert c.stats.retries > 0
+    for a, b in zip(kg, res):
+        assert [(x.entity, x.score) for x in a.answers] == [(x.entity, x.score) for x in b.answers]
+        for node in b.trace.nodes:
+            if node.op == "p" and "llm" in node.notes and "failed" in node.notes["llm"]:
+                want = "timeout" if mode == "hang" else "server_error"
+                assert node.notes["warning"] == f"LLM call failed ({want}); this row is KG-only"
+    assert hook.stats.failed_rows > 0
+
+
+def test_cli_cache_replay_with_the_server_stopped(llm_artifact, tmp_path, monkeypatch, capsys):
+    from engine.answer import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with simulator(llm_artifact, recall=0.8, hallucination=0.2, seed=3) as srv:
+        argv = ["--artifact", str(llm_artifact), "--expr", "(i (p likes Entity_003) (np likes Entity_004))",
+                "--top-k", "5", "--json", "--llm", "--llm-base-url", srv.base_url,
+                "--llm-cache", str(tmp_path / "c.sqlite"), "--llm-max-retries", "0", "--llm-timeout", "5"]
+        assert main(argv) == 0
+        first = capsys.readouterr()
+    assert main(argv) == 0  # the server is gone: everything from the cache
+    second = capsys.readouterr()
+    assert second.out == first.out
+    out = json.loads(first.out)
+    assert {a["provenance"] for a in out["answers"]} <= {"kg", "llm", "both"}
+    assert any("llm" in n.get("notes", {}) for n in out["trace"]["nodes"])
+    assert '"requests": 0' in second.err and '"failed_rows": 0' in second.err
+
+
+def test_cli_llm_only_and_flag_errors(llm_artifact, tmp_path, capsys):
+    from engine.answer import main
+
+    base = ["--artifact", str(llm_artifact), "--expr", "(p likes Entity_003)"]
+    assert main(base + ["--llm-theta", "0.5"]) == 2
+    assert "--llm-theta needs --llm" in capsys.readouterr().err
+    assert main(base + ["--llm", "--llm-theta", "2"]) == 2
+    assert "--llm-theta must be in [0, 1]" in capsys.readouterr().err
+    assert main(base + ["--llm", "--llm-confidence", "logprobs-first"]) == 2
+    assert "needs --llm-logprobs" in capsys.readouterr().err
+    with simulator(llm_artifact, recall=1.0, hallucination=0.0) as srv:
+        assert main(base + ["--json", "--llm", "--llm-mode", "llm-only", "--llm-base-url", srv.base_url,
+                            "--llm-cache", str(tmp_path / "c.sqlite"), "--llm-relation-questions", "fallback"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["answers"] and {a["provenance"] for a in out["answers"]} == {"llm"}
+
+
+def test_logprob_confidence_and_budget_over_http(llm_artifact, tmp_path):
+    art = Artifact.load(llm_artifact)
+    queries = _queries(art, 4)
+    with simulator(llm_artifact, recall=0.9, hallucination=0.1) as srv:
+        with _client(srv.base_url, tmp_path, n=2, logprobs=True) as c:
+            hook = LGOTHook(client=c, artifact=art,
+                            settings=LGOTSettings(confidence="logprobs-first", relation_questions="fallback"))
+            res = Executor(art, hooks=[hook]).answer(queries, k=10)
+        ps = [a["p"] for r in res for n in r.trace.nodes if "llm" in n.notes for a in n.notes["llm"]["answers"]]
+        assert ps and all(0 < p <= 1 for p in ps)
+        assert any(p not in (0.5, 1.0) for p in ps)  # not count/n: the tokens' probabilities
+        # a budget of 1 request: the first prompt is answered, the rest fall back (the batch still completes)
+        with _client(srv.base_url, tmp_path, use_cache=False, budget_calls=1) as c:
+            hook = LGOTHook(client=c, artifact=art, settings=LGOTSettings(relation_questions="fallback"))
+            res = Executor(art, hooks=[hook]).answer(queries, k=10)
+    warnings = [n.notes["warning"] for r in res for n in r.trace.nodes if "warning" in n.notes]
+    assert warnings and set(warnings) == {"LLM call failed (budget); this row is KG-only"}
+    assert hook.stats.failed_rows == len(warnings) < hook.stats.prompts
+
+
+def test_cli_text_output_is_compact(llm_artifact, tmp_path, capsys):
+    from engine.answer import main
+
+    with simulator(llm_artifact, recall=1.0, hallucination=0.0) as srv:
+        assert main(["--artifact", str(llm_artifact), "--expr", "(p parent_of (p likes Entity_003))", "--top-k", "3",
+                     "--llm", "--llm-base-url", srv.base_url, "--llm-cache", str(tmp_path / "c.sqlite"),
+                     "--llm-relation-questions", "fallback"]) == 0
+    out = capsys.readouterr().out
+    trace = [line for line in out[out.index("trace:"):].splitlines()[1:] if line.strip()]
+    assert len(trace) == 2 and all(len(line) < 400 for line in trace)
+    assert "llm: 1 input(s); " in trace[0] and "; merged " in trace[0]
+    assert any(t in out for t in ("[llm]", "[both]"))
