@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
+from kgreason.cli import ArgumentParser as _Parser, check_device, check_seed  # _Parser: one-line UserError, user text escaped
 from kgreason.errors import UserError, cli_main
 
 __all__ = ["AnswerConfig", "main", "run"]
@@ -55,13 +56,6 @@ class AnswerConfig:
     llm: object = None  # llm_bridge.cli.LLMOptions with --llm, else None (KG only)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports mistakes as :class:`UserError` (one line, exit status 2 via ``cli_main``)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UserError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m engine.answer", description="Answer first-order logical queries over a knowledge graph "
                 "(QTO: exact max-product over calibrated relation matrices) and explain each answer.")
@@ -84,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--neg-scale", type=float, default=3.0, help="s in QTO's negation 1-min(1, s*M) (default 3.0)")
     p.add_argument("--negation", choices=NEGATION_MODES, default="qto",
                    help="how --query structures negate: QTO's negated edge or the complement 1-x (default qto)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--seed", type=int, default=0, help="seed of the example query for --query alone (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object per query (JSON lines)")
     p.add_argument("--trace-values", action="store_true",
@@ -108,6 +102,8 @@ def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
         raise UserError(f"--query {ns.query}: give both --anchors and --relations, or neither (for an example query)")
     if ns.top_k < 1:
         raise UserError(f"--top-k must be >= 1, got {ns.top_k}")
+    check_seed(ns.seed)
+    check_device(ns.device)
     return AnswerConfig(
         artifact=ns.artifact, query=ns.query, anchors=tuple(ns.anchors) if ns.anchors else None,
         relations=tuple(ns.relations) if ns.relations else None, expr=ns.expr, queries=ns.queries,

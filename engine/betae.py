@@ -6,14 +6,14 @@ The library functions live in :mod:`engine.eval.betae`.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from kgreason.errors import UserError, cli_main
+from kgreason.cli import ArgumentParser as _Parser  # one-line UserError, user text escaped
+from kgreason.errors import cli_main
 from kgreason.files import check_output_file, write_output
 
 __all__ = ["BetaEArgs", "parse_args", "main"]
@@ -28,15 +28,10 @@ class BetaEArgs:
     progress: bool = True
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit status 2, like every other CLI here
-        raise UserError(f"{self.prog}: {message}")
-
-
 def parse_args(argv: Sequence[str] | None) -> BetaEArgs:
     from engine.lang.structures import NEGATION_MODES
 
-    p = _Parser(prog="python -m engine.betae",
+    p = _Parser(prog="python -m engine.betae", prefix_prog=True,
                 description="Load a BetaE query pickle, recompute easy/hard answers, print counts and timings.")
     p.add_argument("--queries", required=True, type=Path, help="BetaE query pickle (e.g. test-queries.pkl)")
     p.add_argument("--folder", required=True, type=Path, help="BetaE folder with train/valid/test.txt")
@@ -45,7 +40,7 @@ def parse_args(argv: Sequence[str] | None) -> BetaEArgs:
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     if a.json is not None:
-        check_output_file(a.json, what="--json")
+        check_output_file(a.json, what="--json", inputs=[("--queries", a.queries), ("--folder", a.folder)])
     return BetaEArgs(queries=a.queries, folder=a.folder, negation=a.negation, json=a.json,
                      progress=not a.no_progress)
 

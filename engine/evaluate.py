@@ -8,7 +8,6 @@ Prints a per-structure table (percent, 1 decimal) and optionally writes JSON.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -16,19 +15,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
+from kgreason.cli import ArgumentParser as _Parser, check_device  # _Parser: one-line UserError, user text escaped
 from kgreason.errors import UserError, cli_main, unknown_name
 from kgreason.files import check_output_file, write_output
 
 __all__ = ["EvaluateArgs", "parse_args", "main"]
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports mistakes as one :class:`UserError` line (exit status 2 via ``cli_main``)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UserError(message)
 
 
 @dataclass(frozen=True)
@@ -70,7 +61,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
     p.add_argument("--ties", choices=TIES, default="average",
                    help="tie rule of the printed table (all three go to the JSON; default average)")
     p.add_argument("--json", type=Path, help="write the results as JSON here")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
     if (a.queries is None) == (a.betae_queries is None):
@@ -79,6 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
         raise UserError("--betae-queries needs --betae-folder DIR (the triples that define easy/hard answers)")
     if a.betae_folder is not None and a.betae_queries is None:
         raise UserError("--betae-folder is only used with --betae-queries")
+    check_device(a.device)
     if a.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {a.batch_size}")
     if a.limit is not None and a.limit < 1:
@@ -86,7 +78,9 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
     if a.neg_scale <= 0:
         raise UserError(f"--neg-scale must be > 0, got {a.neg_scale}")
     if a.json is not None:
-        check_output_file(a.json, what="--json")
+        check_output_file(a.json, what="--json", inputs=[("--artifact", a.artifact), ("--queries", a.queries),
+                                                         ("--betae-queries", a.betae_queries),
+                                                         ("--betae-folder", a.betae_folder)])
     return EvaluateArgs(
         a.artifact, a.queries, a.betae_queries, a.betae_folder,
         tuple(dict.fromkeys(a.structures)) if a.structures else None,

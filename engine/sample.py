@@ -21,17 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from kgreason.cli import ArgumentParser as _Parser, check_seed  # _Parser: one-line UserError, user text escaped
 from kgreason.errors import Terminated, UserError, cli_main, unknown_name
 from kgreason.files import check_output_file, open_output
 
 __all__ = ["SampleArgs", "parse_args", "main"]
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports mistakes as one :class:`UserError` line (exit status 2 via ``cli_main``)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UserError(message)
 
 
 @dataclass(frozen=True)
@@ -54,8 +48,10 @@ def parse_args(argv: Sequence[str] | None = None) -> SampleArgs:
     p.add_argument("--artifact", required=True, type=Path, help="artifact folder (observed + missing triples)")
     p.add_argument("--structures", nargs="+", default=list(STRUCTURES), metavar="NAME",
                    help=f"structures to sample (default: all 14: {' '.join(STRUCTURES)})")
-    p.add_argument("--per-structure", type=int, default=1000, help="queries per structure (default 1000)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--per-structure", type=int, default=1000,
+                   help="queries per structure (default 1000); a structure with fewer distinct queries stops "
+                        "once exhausted, with what it has")
+    p.add_argument("--seed", type=int, default=0, help="random seed, 0 to 2**32-1 (default 0)")
     p.add_argument("--out", required=True, type=Path, help="output JSON Lines file")
     p.add_argument("--max-answers", type=int, default=100, help="reject queries with more answers (default 100)")
     p.add_argument("--require-hard", action=argparse.BooleanOptionalAction, default=True,
@@ -67,11 +63,12 @@ def parse_args(argv: Sequence[str] | None = None) -> SampleArgs:
     for s in a.structures:
         if s not in STRUCTURES:
             raise unknown_name("query structure", s, list(STRUCTURES), "--structures")
+    check_seed(a.seed)
     if a.per_structure < 1:
         raise UserError(f"--per-structure must be >= 1, got {a.per_structure}")
     if a.max_answers < 1:
         raise UserError(f"--max-answers must be >= 1, got {a.max_answers}")
-    check_output_file(a.out, what="--out")
+    check_output_file(a.out, what="--out", inputs=[("--artifact", a.artifact)])
     return SampleArgs(a.artifact, tuple(dict.fromkeys(a.structures)), a.per_structure, a.seed, a.out,
                       a.max_answers, a.require_hard, a.negation, not a.no_progress)
 

@@ -39,7 +39,7 @@ import scipy.sparse as sp
 from kgreason.errors import UserError, unknown_name
 from kgreason.files import is_plain_name, read_lines, write_output
 
-__all__ = ["Artifact", "ArtifactVersionError", "sha256_file", "INVERSE_SUFFIX", "FORMAT_VERSION"]
+__all__ = ["Artifact", "ArtifactVersionError", "read_meta", "read_vocab", "read_triples", "sha256_file", "INVERSE_SUFFIX", "FORMAT_VERSION"]
 
 INVERSE_SUFFIX = "^-1"
 #: Version of the folder layout written by :meth:`Artifact.save` (1: the layout above).
@@ -131,6 +131,54 @@ def _read_triples(path: Path) -> np.ndarray:
     if arr.shape[1] != 3:
         raise UserError(f"{path}: expected 3 columns, got {arr.shape[1]}")
     return arr
+
+
+def read_meta(path: str | os.PathLike, *, verify: bool = True, required: Sequence[str] = REQUIRED_FILES,
+              files: Sequence[str] | None = None) -> dict[str, Any]:
+    """An artifact folder's ``meta.json``, checked as :meth:`Artifact.load` checks it: a folder, valid
+    UTF-8 JSON holding an object, the format version, the ``required`` files present and (with ``verify``)
+    the sha256 of each file meta.json lists (only those in ``files`` when given).  Every problem is a
+    one-line :class:`UserError` naming the folder or ``meta.json``.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        if path.exists():
+            raise UserError(f"artifact {str(path)!r} is a file; expected an artifact folder")
+        raise UserError(f"artifact folder {str(path)!r} does not exist")
+    # meta.json first: an artifact of another format version may have other files.
+    if not (path / "meta.json").is_file():
+        raise UserError(f"artifact {path}: missing file 'meta.json' (not an artifact folder?)")
+    try:
+        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path / 'meta.json'}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path / 'meta.json'}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    except (OSError, RecursionError) as exc:
+        raise UserError(f"{path / 'meta.json'}: cannot read ({type(exc).__name__})") from None
+    meta = _check_meta(path, meta, verify)
+    for name in required:
+        if not (path / name).is_file():
+            raise UserError(f"artifact {path}: missing file {name!r}")
+    if verify:
+        for name, digest in sorted(meta.get("files", {}).items()):
+            if files is not None and name not in files:
+                continue
+            f = path / name
+            if not f.is_file():
+                raise UserError(f"artifact {path}: file {name!r} listed in meta.json is missing")
+            actual = sha256_file(f)
+            if actual != digest:
+                raise UserError(
+                    f"artifact {path}: checksum mismatch for {name!r} "
+                    f"(meta.json says {digest[:12]}…, file has {actual[:12]}…); rebuild the artifact"
+                )
+    return meta
+
+
+#: Public names of the folder's readers (UTF-8, errors as ``file:line`` UserErrors).
+read_vocab = _read_vocab
+read_triples = _read_triples
 
 
 @dataclass
@@ -307,36 +355,7 @@ class Artifact:
         meta.json lists none.
         """
         path = Path(path)
-        if not path.is_dir():
-            if path.exists():
-                raise UserError(f"artifact {str(path)!r} is a file; expected an artifact folder")
-            raise UserError(f"artifact folder {str(path)!r} does not exist")
-        # meta.json first: an artifact of another format version may have other files.
-        if not (path / "meta.json").is_file():
-            raise UserError(f"artifact {path}: missing file 'meta.json' (not an artifact folder?)")
-        try:
-            meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            raise UserError(f"{path / 'meta.json'}: not UTF-8 text") from None
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path / 'meta.json'}:{exc.lineno}: invalid JSON ({exc.msg})") from None
-        except (OSError, RecursionError) as exc:
-            raise UserError(f"{path / 'meta.json'}: cannot read ({type(exc).__name__})") from None
-        meta = _check_meta(path, meta, verify)
-        for name in REQUIRED_FILES:
-            if not (path / name).is_file():
-                raise UserError(f"artifact {path}: missing file {name!r}")
-        if verify:
-            for name, digest in sorted(meta.get("files", {}).items()):
-                f = path / name
-                if not f.is_file():
-                    raise UserError(f"artifact {path}: file {name!r} listed in meta.json is missing")
-                actual = sha256_file(f)
-                if actual != digest:
-                    raise UserError(
-                        f"artifact {path}: checksum mismatch for {name!r} "
-                        f"(meta.json says {digest[:12]}…, file has {actual[:12]}…); rebuild the artifact"
-                    )
+        meta = read_meta(path, verify=verify)
         entities = _read_vocab(path / "entities.tsv")
         relations = _read_vocab(path / "relations.tsv")
         n, r = len(entities), len(relations)

@@ -7,10 +7,10 @@ Command line::
     python -m kge.build --kg umls --out /tmp/umls-lgot --drop-edges 0.5 --seed 0 --rank 64 --epochs 50
     python -m kge.build --kg umls --out artifacts/umls --overwrite      # replace an earlier artifact
 
-``--out`` must be a new folder, an empty one, or (with ``--overwrite``) an
-artifact folder holding nothing but its own files; anything else is refused
-before the build starts (:mod:`kgreason.files`), so a build never deletes a
-file it did not write.
+``--out`` must be a new folder (missing parent folders are created), an empty
+one, or (with ``--overwrite``) an artifact folder holding nothing but its own
+files; anything else is refused before the build starts (:mod:`kgreason.files`),
+so a build never deletes a file it did not write.
 
 Library::
 
@@ -19,9 +19,9 @@ Library::
 """
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import resource
@@ -36,12 +36,19 @@ import numpy as np
 
 from .artifact import Artifact
 from .calibrate import DEFAULT_DELTA, DEFAULT_THRESHOLD, calibrate, estimate_nnz
+from kgreason.cli import ArgumentParser, check_device, check_seed
 from kgreason.errors import UserError, cli_main
 from kgreason.files import OutputFolder, open_output
-from .graph import drop_edges, load_kg
-from .train import check_loss, check_trainable, default_train_config, size_class, train_complex
+from .graph import LOADERS, drop_edges, load_kg
+from .train import TrainResult, check_loss, check_trainable, default_train_config, size_class, train_complex
 
-__all__ = ["BuildConfig", "build_artifact", "summarize", "main"]
+__all__ = ["BuildConfig", "build_artifact", "summarize", "main", "MAX_LR", "MIN_MATRIX_GB", "MAX_MATRIX_GB"]
+
+#: Largest --lr accepted: far above any useful rate (the size presets use 0.01); larger values are typos.
+MAX_LR = 10.0
+#: Range of --max-matrix-gb: 1 MiB (the tiniest KG's matrices) to 1 PiB (no machine has more).
+MIN_MATRIX_GB = 2.0**-10
+MAX_MATRIX_GB = 2.0**20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,14 +96,16 @@ class BuildConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        if self.lr is not None and not self.lr > 0:
-            raise UserError(f"--lr must be > 0, got {self.lr}")
+        if self.lr is not None and not (math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
+            raise UserError(f"--lr must be in (0, {MAX_LR:g}], got {self.lr}")
         if self.eval_max_triples is not None and self.eval_max_triples < 0:
             raise UserError(f"--eval-max-triples must be >= 0, got {self.eval_max_triples}")
         if not 0.0 <= self.drop_edges < 1.0:
             raise UserError(f"--drop-edges must be in [0, 1), got {self.drop_edges}")
-        if self.max_matrix_gb <= 0:
-            raise UserError(f"--max-matrix-gb must be > 0, got {self.max_matrix_gb}")
+        if not (math.isfinite(self.max_matrix_gb) and MIN_MATRIX_GB <= self.max_matrix_gb <= MAX_MATRIX_GB):
+            raise UserError(f"--max-matrix-gb must be in [{MIN_MATRIX_GB:g}, {MAX_MATRIX_GB:g}], got {self.max_matrix_gb}")
+        check_seed(self.seed)
+        check_device(self.device, allow_auto=True)
         if self.threshold is not None and not 0.0 < self.threshold < 1.0:
             raise UserError(f"--threshold must be in (0, 1), got {self.threshold}")
         if not 0.0 <= self.delta < 1.0:
@@ -124,7 +133,7 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
     Every check on the user's input (the output folder, the loss name, a
     training set left empty by ``drop_edges``) runs before training.
     """
-    output = OutputFolder(config.out, overwrite=config.overwrite, what="--out")
+    output = OutputFolder(config.out, overwrite=config.overwrite, what="--out", create_parents=True)
     if config.loss is not None and config.embeddings is None:
         check_loss(config.loss)
     with output as tmp:  # SIGTERM, Ctrl-C or an error from here on removes the temporary folder
@@ -244,9 +253,9 @@ def _calibrate_and_save(config: BuildConfig, progress: bool, kg, train_cfg, trai
     return artifact
 
 
-def _reuse_embeddings(source: str, kg, train_cfg) -> "TrainResult":
+def _reuse_embeddings(source: str, kg, train_cfg) -> TrainResult:
     """Embeddings of an earlier build (artifact folder or embeddings.npz) instead of training."""
-    from .train import TrainResult, resolve_device
+    from .train import resolve_device
 
     path = Path(source)
     npz = path / "embeddings.npz" if path.is_dir() else path
@@ -362,16 +371,16 @@ def summarize(artifact: Artifact) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kge.build", description="Build a calibrated-matrix artifact from a knowledge graph.")
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m kge.build", description="Build a calibrated-matrix artifact from a knowledge graph.")
     p.add_argument("--kg", required=True, help="TSV file, train/valid/test folder, BetaE folder, or pykeen dataset name (umls)")
-    p.add_argument("--out", required=True, help="artifact folder to write")
-    p.add_argument("--kg-format", choices=["tsv", "folder", "betae", "pykeen"], default=None, help="loader (default: detected)")
+    p.add_argument("--out", required=True, help="artifact folder to write (missing parent folders are created)")
+    p.add_argument("--kg-format", choices=list(LOADERS), default=None, help="loader (default: detected)")
     p.add_argument("--drop-edges", type=float, default=0.0, help="fraction of training edges to hold out (LGOT: 0.5)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of edge dropping, training and sampling (default 0)")
     p.add_argument("--rank", type=int, default=None, help="complex embedding dimension (default: size preset)")
     p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--lr", type=float, default=None, help=f"learning rate in (0, {MAX_LR:g}] (default: size preset)")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--num-negatives", type=int, default=None, help="negatives per positive (sLCWA)")
     p.add_argument("--regularizer-weight", type=float, default=None, help="N3 weight")
@@ -381,10 +390,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=None,
                    help=f"drop calibrated probabilities below this (default {DEFAULT_THRESHOLD:g}, raised if over --max-matrix-gb)")
     p.add_argument("--max-matrix-gb", type=float, default=1.25,
-                   help="memory budget of the matrices (8 bytes per entry); peak RSS is about baseline + 2.5x this")
+                   help=f"memory budget of the matrices in GiB, {MIN_MATRIX_GB:g} to {MAX_MATRIX_GB:g} (8 bytes per entry); "
+                        "peak RSS is about baseline + 2.5x this")
     p.add_argument("--delta", type=float, default=DEFAULT_DELTA)
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per calibration chunk (default: ~16 MB buffers on CPU)")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto: cuda if available)")
     p.add_argument("--embeddings", default=None,
                    help="reuse the embeddings of an earlier artifact folder (or embeddings.npz) instead of training")
     p.add_argument("--overwrite", action="store_true",
@@ -394,13 +404,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[BuildConfig, bool]:
-    parser = _parser()
-
-    def fail(message: str) -> None:
-        raise UserError(message)
-
-    parser.error = fail  # type: ignore[method-assign]  # one-line UserError instead of usage + exit
-    ns = parser.parse_args(argv)
+    ns = _parser().parse_args(argv)  # mistakes: one-line UserError (kgreason.cli.ArgumentParser)
     names = {f.name for f in fields(BuildConfig)}
     cfg = BuildConfig(**{k: v for k, v in vars(ns).items() if k in names})
     return cfg, not ns.quiet

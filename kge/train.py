@@ -21,10 +21,11 @@ import re
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
+from kgreason.cli import check_device, check_seed
 from kgreason.errors import UserError, unknown_name
 from .graph import KnowledgeGraph
 
@@ -94,8 +95,9 @@ class TrainConfig:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.init_std > 0:
             raise UserError(f"init_std must be > 0, got {self.init_std}")
-        if not self.lr > 0:
-            raise UserError(f"lr must be > 0, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise UserError(f"lr must be a finite number > 0, got {self.lr}")
+        check_seed(self.seed, "seed")
         if self.training_loop not in ("slcwa", "lcwa"):
             raise UserError(f"training loop must be 'slcwa' or 'lcwa', got {self.training_loop!r}")
         if self.regularizer_weight < 0:
@@ -103,7 +105,7 @@ class TrainConfig:
 
 
 #: Per-size presets (chosen so UMLS builds in well under a minute and FB15k-237
-#: trains in ~10 minutes on 2 CPU cores; see the README, section "Building an artifact", for measurements).
+#: trains in ~10 minutes on 2 CPU cores; measurements in benchmarks/results/artifact_builds.md).
 SIZE_PRESETS: dict[str, dict[str, Any]] = {
     # N < 2,000 entities (UMLS, Nations, Kinships, Countries)
     # (UMLS: 12 LCWA epochs give filtered MRR 0.803 and a 39 s build at load average 6
@@ -148,11 +150,7 @@ def resolve_device(device: str) -> str:
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device {device!r} requested but CUDA is not available")
-    if device not in ("cpu",) and not device.startswith("cuda"):
-        raise UserError(f"unknown device {device!r}; expected auto, cpu or cuda[:i]")
-    return device
+    return check_device(device, "--device", allow_auto=True)  # cpu, cuda, cuda:N (usable), else UserError
 
 
 def complex_scores(entity: np.ndarray, relation: np.ndarray, triples: np.ndarray) -> np.ndarray:
@@ -223,6 +221,18 @@ def _subsample(triples: np.ndarray, k: int | None, seed: int) -> np.ndarray:
     return triples[np.sort(idx)]
 
 
+@contextlib.contextmanager
+def _diverged_is_user_error(config: TrainConfig) -> Iterator[None]:
+    """pykeen's ``NonFiniteLossError`` (the loss became NaN/inf: training diverged) as a one-line UserError."""
+    from pykeen.training.training_loop import NonFiniteLossError
+
+    try:
+        yield
+    except NonFiniteLossError:
+        raise UserError(f"training diverged (the loss became NaN or infinite) at --lr {config.lr:g}; "
+                        f"try a smaller --lr (e.g. {config.lr / 10:g})") from None
+
+
 def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = True) -> TrainResult:
     """Train pykeen's ComplEx on ``kg.train`` and evaluate filtered MRR on held-out edges.
 
@@ -258,7 +268,7 @@ def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = T
     else:
         loop_kwargs = dict(training_loop="LCWA")
     t0 = time.perf_counter()
-    with _known_pykeen_noise():
+    with _known_pykeen_noise(), _diverged_is_user_error(config):
         result = pipeline(
             training=factory(kg.train),
             testing=factory(eval_triples),

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Callable, Iterable, Sequence
 
-__all__ = ["UserError", "Terminated", "closest_names", "unknown_name", "cli_main"]
+__all__ = ["UserError", "Terminated", "closest_names", "unknown_name", "cli_main", "printable"]
 
 
 class UserError(ValueError):
@@ -45,8 +45,29 @@ def unknown_name(kind: str, name: str, known: Sequence[str], where: str = "") ->
     return UserError(f"{loc}unknown {kind} {name!r}{hint}")
 
 
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (line breaks, control characters, U+2028, ...)
+    written as its Python escape (``\\r``, ``\\x00``, ``\\u2028``), so that echoing user input
+    never moves the cursor or splits an error over lines."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _error_lines(message: str) -> str:
+    """A UserError's message as printed: :func:`printable`, except that a query parse error's
+    echo and caret lines (``message\\n  echo\\n  ^``) stay lines, each made printable."""
+    lines = message.split("\n")
+    if len(lines) == 3 and lines[1].startswith("  ") and lines[2].startswith("  ") and lines[2].strip() == "^":
+        return "\n".join(printable(line) for line in lines)
+    return printable(message)
+
+
 def cli_main(func: Callable[[Sequence[str] | None], int | None]) -> Callable[[Sequence[str] | None], int]:
     """Wrap a CLI ``main(argv)`` so that user errors print one line and return 2.
+
+    The message is printed with non-printable characters escaped (:func:`printable`,
+    line by line), whatever user text it quotes.
 
     ``KeyboardInterrupt`` returns 130 and :class:`Terminated` (SIGTERM during a
     write) 143.  A closed stdout (``... | head``) ends the command quietly with
@@ -61,8 +82,8 @@ def cli_main(func: Callable[[Sequence[str] | None], int | None]) -> Callable[[Se
             # Flush here: a reader that went away (``| head``) must show up inside
             # this try, not as an exception while the interpreter shuts down.
             sys.stdout.flush()
-        except UserError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except UserError as exc:  # user text in the message is escaped: never raw control characters
+            print(f"error: {_error_lines(str(exc))}", file=sys.stderr)
             return 2
         except BrokenPipeError:
             _stdout_to_devnull()

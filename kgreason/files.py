@@ -6,7 +6,10 @@ follow one set of rules:
 
 * every check happens *before* any work: an output that is the current folder
   (or holds it), a file where a folder is expected (or the reverse), a missing
-  or read-only parent folder -> :class:`~kgreason.errors.UserError`;
+  or read-only parent folder -> :class:`~kgreason.errors.UserError` (``kge.build
+  --out`` creates missing parents instead, when the nearest existing one is writable),
+  and an output file that is one of the run's inputs or lies inside an input
+  folder (:func:`check_output_file`'s ``inputs``) -> ``UserError``;
 * a writer never deletes what it did not create: an existing folder is replaced
   only if it is an artifact (its ``meta.json`` lists every other entry in it),
   and only with ``overwrite=True`` (``--overwrite``); any other existing folder
@@ -34,7 +37,7 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterable, Iterator
 
 from kgreason.errors import Terminated, UserError
 
@@ -128,9 +131,23 @@ def _show(names: list[str], k: int = 3) -> str:
     return shown + (f" and {len(names) - k} more" if len(names) > k else "")
 
 
-def _check_parent(path: Path, what: str) -> Path:
+def _check_parent(path: Path, what: str, *, create: bool = False) -> Path:
+    """The parent folder of ``path``, checked to exist and be writable.
+
+    With ``create`` a missing parent is fine when its nearest existing ancestor
+    is a writable folder (the caller creates the missing ones, see :class:`OutputFolder`).
+    """
     parent = Path(os.path.abspath(path)).parent
     loc = f"{what}: " if what else ""
+    if not parent.is_dir() and create:
+        ancestor = parent
+        while not ancestor.exists() and not ancestor.is_symlink() and ancestor.parent != ancestor:
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise UserError(f"{loc}{str(ancestor)!r} is not a folder")
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise UserError(f"{loc}folder {str(ancestor)!r} is not writable (cannot create {str(parent)!r})")
+        return parent
     if not parent.is_dir():
         if parent.exists():
             raise UserError(f"{loc}{str(parent)!r} is not a folder")
@@ -140,11 +157,13 @@ def _check_parent(path: Path, what: str) -> Path:
     return parent
 
 
-def check_output_folder(path: str | os.PathLike, *, overwrite: bool = False, what: str = "--out") -> Path:
+def check_output_folder(path: str | os.PathLike, *, overwrite: bool = False, what: str = "--out",
+                        create_parents: bool = False) -> Path:
     """Check that ``path`` may become an output folder; returns it as a :class:`Path`.
 
-    Allowed: a new name in a writable folder, an empty folder, or (with
-    ``overwrite``) an artifact folder holding nothing but what its manifest
+    Allowed: a new name in a writable folder (with ``create_parents``, in a
+    missing folder whose nearest existing ancestor is writable), an empty
+    folder, or (with ``overwrite``) an artifact folder holding nothing but what its manifest
     lists.  Everything else is a :class:`UserError` naming ``what`` and the path,
     raised before any work is done.
     """
@@ -170,7 +189,7 @@ def check_output_folder(path: str | os.PathLike, *, overwrite: bool = False, wha
                             "choose a new folder (nothing was touched)")
         if ours and not overwrite:
             raise UserError(f"{_label(what, path)}: already holds an artifact; pass --overwrite to replace it")
-    _check_parent(p, what)
+    _check_parent(p, what, create=create_parents)
     return p
 
 
@@ -183,7 +202,9 @@ class OutputFolder:
             write files into tmp
             ...commit() is called on a clean exit of the block
 
-    Construction runs :func:`check_output_folder`.  Inside the block SIGTERM
+    Construction runs :func:`check_output_folder`.  With ``create_parents``
+    missing parent folders are created on entering the block (and removed again,
+    if still empty, when the block fails).  Inside the block SIGTERM
     raises :class:`Terminated`; on any exception (Ctrl-C and SIGTERM included)
     the temporary folder is removed and the target is left as it was.
 
@@ -193,8 +214,10 @@ class OutputFolder:
     only the files its manifest lists are then deleted.
     """
 
-    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False, what: str = "--out") -> None:
-        self.path = check_output_folder(path, overwrite=overwrite, what=what)
+    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False, what: str = "--out",
+                 create_parents: bool = False) -> None:
+        self.path = check_output_folder(path, overwrite=overwrite, what=what, create_parents=create_parents)
+        self.created: list[Path] = []  # parent folders this object made (outermost first)
         self.overwrite = overwrite
         self.what = what
         self.tmp: Path | None = None
@@ -205,10 +228,15 @@ class OutputFolder:
         self._signals = contextlib.ExitStack()
         self._signals.enter_context(sigterm_raises())
         parent = Path(os.path.abspath(self.path)).parent
+        missing = [a for a in reversed([parent, *parent.parents]) if not a.exists()]
         try:
+            for folder in missing:
+                folder.mkdir()
+                self.created.append(folder)
             self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.building-", dir=parent))
             os.chmod(self.tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the result should look like mkdir's
         except OSError as exc:
+            self._remove_created()
             self._signals.close()
             raise UserError(f"{_label(self.what, self.path)}: cannot create a folder in {str(parent)!r} "
                             f"({exc.strerror})") from None
@@ -221,8 +249,19 @@ class OutputFolder:
         finally:
             if self.tmp is not None and self.tmp.exists():
                 shutil.rmtree(self.tmp, ignore_errors=True)
+            if not self.committed:
+                self._remove_created()
             if self._signals is not None:
                 self._signals.close()
+
+    def _remove_created(self) -> None:
+        """Remove the parent folders this object created, innermost first, while they are empty."""
+        for folder in reversed(self.created):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        self.created = []
 
     def commit(self) -> Path:
         """Move the temporary folder to the target (see the class docstring)."""
@@ -268,15 +307,27 @@ def _remove_listed(folder: Path) -> None:
 
 
 # ------------------------------------------------------------------ output files
-def check_output_file(path: str | os.PathLike, *, what: str = "--out") -> Path:
+def check_output_file(path: str | os.PathLike, *, what: str = "--out",
+                      inputs: Iterable[tuple[str, str | os.PathLike | None]] = ()) -> Path:
     """Check that ``path`` may be written as a file (before any work); returns it as a :class:`Path`.
 
     A folder, a missing or read-only parent folder is a :class:`UserError`.  An
-    existing regular file may be replaced (the user named it as the output).
+    existing regular file may be replaced (the user named it as the output),
+    except one of the run's ``inputs`` (``(flag, path)`` pairs; None paths are
+    skipped) or a file inside an input folder: that is refused, naming the flag.
     """
     p = Path(path)
     if str(path) == "":
         raise UserError(f"{what}: empty path")
+    target = Path(os.path.realpath(p))
+    for flag, source in inputs:
+        if source is None or str(source) == "":
+            continue
+        src = Path(os.path.realpath(source))
+        if target == src or src in target.parents:
+            where = f"is the {flag} input" if target == src else f"is inside the {flag} folder"
+            raise UserError(f"{_label(what, path)}: {where} {str(source)!r}; write the output elsewhere "
+                            "(nothing was touched)")
     if p.is_dir():
         raise UserError(f"{_label(what, path)}: is a folder; give a file name (e.g. {os.path.join(str(path), 'out')})")
     _check_parent(p.resolve() if p.is_symlink() else p, what)

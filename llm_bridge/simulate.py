@@ -72,6 +72,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from kgreason.cli import ArgumentParser as _Parser, check_seed  # _Parser: one-line UserError, user text escaped
 from kgreason.errors import UserError, cli_main
 
 from . import prompts
@@ -135,29 +136,6 @@ def _uniform(*parts: Any) -> float:
 
 
 # ----------------------------------------------------------------------------------- knowledge
-def _read_vocab(path: Path) -> list[str]:
-    names = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            idx, sep, name = line.rstrip("\n").partition("\t")
-            if not sep or not idx.isdigit() or int(idx) != len(names):
-                raise UserError(f"{path}:{lineno}: expected 'id<TAB>name' with id {len(names)}")
-            names.append(name)
-    return names
-
-
-def _read_triples(path: Path) -> np.ndarray:
-    if path.stat().st_size == 0:
-        return np.zeros((0, 3), dtype=np.int64)
-    try:
-        arr = np.loadtxt(path, dtype=np.int64, delimiter="\t", ndmin=2)
-    except ValueError as exc:
-        raise UserError(f"{path}: malformed id triples ({exc})") from None
-    if arr.shape[1] != 3:
-        raise UserError(f"{path}: expected 3 columns, got {arr.shape[1]}")
-    return arr
-
-
 class KnowledgeBase:
     """The full KG (observed ∪ missing id triples) indexed by (head, relation), plus relation ↔ question maps.
 
@@ -205,25 +183,15 @@ class KnowledgeBase:
 
     @classmethod
     def from_artifact(cls, path: str | Path) -> "KnowledgeBase":
-        from kge.artifact import sha256_file
+        """The KB of an artifact folder, read and checked by :mod:`kge.artifact`'s own readers
+        (meta.json, format version, checksums of the four files used here): a UserError otherwise."""
+        from kge.artifact import read_meta, read_triples, read_vocab
 
         path = Path(path)
-        if not path.is_dir():
-            raise UserError(f"--artifact: folder {str(path)!r} does not exist")
         files = ("entities.tsv", "relations.tsv", "observed.tsv", "missing.tsv")
-        for name in files + ("meta.json",):
-            if not (path / name).is_file():
-                raise UserError(f"--artifact {path}: missing file {name!r}")
-        try:
-            meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path / 'meta.json'}:{exc.lineno}: invalid JSON ({exc.msg})") from None
-        for name in files:
-            want = meta.get("files", {}).get(name)
-            if want is not None and sha256_file(path / name) != want:
-                raise UserError(f"--artifact {path}: checksum mismatch for {name!r}; rebuild the artifact")
-        triples = np.concatenate([_read_triples(path / "observed.tsv"), _read_triples(path / "missing.tsv")])
-        return cls(entities=_read_vocab(path / "entities.tsv"), relations=_read_vocab(path / "relations.tsv"),
+        read_meta(path, verify=True, required=files, files=files)
+        triples = np.concatenate([read_triples(path / "observed.tsv"), read_triples(path / "missing.tsv")])
+        return cls(entities=read_vocab(path / "entities.tsv"), relations=read_vocab(path / "relations.tsv"),
                    triples=triples)
 
     def tails(self, head: int, relation: int) -> np.ndarray:
@@ -733,10 +701,6 @@ def start_server(artifact: str | Path | KnowledgeBase, config: SimulatorConfig |
 
 
 # ------------------------------------------------------------------------------------------ CLI
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise UserError(message)
-
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m llm_bridge.simulate",
@@ -769,6 +733,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         key = os.environ.get(args.api_key_env)
         if not key:
             raise UserError(f"--api-key-env: environment variable {args.api_key_env} is not set")
+    check_seed(args.seed)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
     config = SimulatorConfig(recall=args.recall, hallucination=args.hallucination, noise=args.noise, seed=args.seed,

@@ -9,7 +9,7 @@ reading each input once) that the ``cpp`` backend uses for the probabilistic
 sum and for k >= 3 inputs; chained torch ops make up to 2k+1 passes over
 memory.  For two inputs of product / min / max a single torch op is already
 one pass and is used on every backend (the fused kernel measured 0.8-1.0x
-of it).  Numbers in the README (section "Fuzzy-set operators").
+of it).  Numbers in benchmarks/results/ops_notes.md (section "Fused k-ary union / intersection").
 """
 from __future__ import annotations
 

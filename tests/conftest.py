@@ -16,6 +16,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# ------------------------------------------------------------------ caches out of the user's home
+# Code that caches (the default UMLS artifact and relation embeddings under $KGREASON_HOME, the LLM
+# response cache under $XDG_CACHE_HOME/kgreason) writes into one folder per test session, never
+# into ~/.cache; a test that sets these variables itself (monkeypatch.setenv) still wins.
+CACHE_ENV = ("KGREASON_HOME", "XDG_CACHE_HOME")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_caches(tmp_path_factory):
+    root = tmp_path_factory.mktemp("caches")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KGREASON_HOME", str(root / "kgreason"))
+        mp.setenv("XDG_CACHE_HOME", str(root / "xdg-cache"))
+        yield root
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     if request.param == "cuda":

@@ -159,14 +159,14 @@ def test_drop_edges_that_empties_training_is_refused(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mini.tsv"]
 
 
-@pytest.mark.parametrize("out", [".", "..", "mini.tsv", "missing/parent/o"])
+@pytest.mark.parametrize("out", [".", "..", "mini.tsv", "mini.tsv/sub/o"])
 def test_bad_out_paths_are_refused_before_training(tmp_path, capsys, monkeypatch, out):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mini.tsv").write_text(MINI)
     assert build_main(["--kg", "mini.tsv", "--out", out, *TINY]) == 2
     err = one_error_line(capsys)
     expected = {".": "is the current folder or holds it", "..": "is the current folder or holds it",
-                "mini.tsv": "is a file, not a folder", "missing/parent/o": "does not exist (create it first"}[out]
+                "mini.tsv": "is a file, not a folder", "mini.tsv/sub/o": "mini.tsv' is not a folder"}[out]
     assert expected in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mini.tsv"]  # no ..embeddings.npz, no temp folder
 
@@ -457,3 +457,285 @@ def test_output_folder_commit_refuses_a_folder_that_appeared(tmp_path):
             out.mkdir()
             (out / "theirs").write_text("x")  # someone else's file, written during the build
     assert [p.name for p in out.iterdir()] == ["theirs"] and sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+
+
+# ----------------------------------------------------------------- fuzz findings F3-F10 (tests/test_fuzz_cli.py)
+def _cli_mains():
+    from engine.answer import main as answer_main
+    from engine.betae import main as betae_main
+    from engine.evaluate import main as evaluate_main
+    from engine.paths.__main__ import main as paths_main
+    from engine.sample import main as sample_main
+    from llm_bridge.simulate import main as simulate_main
+
+    return {"engine.answer": answer_main, "engine.evaluate": evaluate_main, "engine.sample": sample_main,
+            "engine.betae": betae_main, "engine.paths": paths_main, "kge.build": build_main,
+            "llm_bridge.simulate": simulate_main}
+
+
+def test_build_creates_missing_parents_of_out(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mini.tsv").write_text(MINI)
+    # a failing build removes the parents it created
+    assert build_main(["--kg", "mini.tsv", "--out", "missing/parent/o", "--drop-edges", "0.99", *TINY]) == 2
+    assert "no training edges left" in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mini.tsv"]
+    assert build_main(["--kg", "mini.tsv", "--out", "missing/parent/o", *TINY]) == 0
+    assert (tmp_path / "missing" / "parent" / "o" / "meta.json").is_file()
+    assert sorted(p.name for p in (tmp_path / "missing" / "parent").iterdir()) == ["o"]  # no checkpoint left
+    # the refusal to replace an artifact without --overwrite stays
+    assert build_main(["--kg", "mini.tsv", "--out", "missing/parent/o", *TINY]) == 2
+    assert "already holds an artifact; pass --overwrite" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("lr", ["1e30", "7e16", "inf", "nan", "0", "-1"])
+def test_f3_absurd_lr_is_refused_before_training(tmp_path, capsys, lr):
+    (tmp_path / "mini.tsv").write_text(MINI)
+    assert build_main(["--kg", str(tmp_path / "mini.tsv"), "--out", str(tmp_path / "o"), "--lr", lr, *TINY]) == 2
+    assert "--lr must be in (0, 10]" in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mini.tsv"]
+
+
+def test_f3_diverging_training_is_one_error_line(tmp_path, capsys, monkeypatch):
+    import pykeen.pipeline
+    from pykeen.training.training_loop import NonFiniteLossError
+
+    def diverge(**kwargs):
+        raise NonFiniteLossError("Loss is nan.")
+
+    monkeypatch.setattr(pykeen.pipeline, "pipeline", diverge)
+    (tmp_path / "mini.tsv").write_text(MINI)
+    assert build_main(["--kg", str(tmp_path / "mini.tsv"), "--out", str(tmp_path / "o"), "--lr", "5", *TINY]) == 2
+    err = one_error_line(capsys)
+    assert "training diverged" in err and "try a smaller --lr (e.g. 0.5)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mini.tsv"]
+
+
+def test_f4_printable_escapes_control_characters():
+    from kgreason.cli import printable
+
+    assert printable("plain é text") == "plain é text"
+    assert printable("a\rb\u2028c\x00\x1b[2J\n") == "a\\rb\\u2028c\\x00\\x1b[2J\\n"
+
+
+@pytest.mark.parametrize("cli", ["engine.answer", "engine.evaluate", "engine.sample", "engine.betae", "engine.paths",
+                                 "kge.build", "llm_bridge.simulate"])
+def test_f4_unrecognized_arguments_are_escaped(capsys, cli):
+    required = {"engine.answer": [], "engine.evaluate": ["--artifact", "a"], "engine.sample": ["--artifact", "a", "--out", "o"],
+                "engine.betae": ["--queries", "q", "--folder", "f"], "engine.paths": ["--artifact", "a", "--from", "e", "--plan", "r"],
+                "kge.build": ["--kg", "k", "--out", "o"], "llm_bridge.simulate": ["--artifact", "a"]}[cli]
+    assert _cli_mains()[cli]([*required, "--bogus\x1b[2J", "a\rb\u2028c"]) == 2
+    err = one_error_line(capsys)
+    message = err.partition("error: ")[2].rstrip("\n")
+    assert message.isprintable(), err
+    assert "unrecognized arguments: --bogus\\x1b[2J a\\rb\\u2028c" in message, err
+
+
+@pytest.mark.parametrize("value", ["\x1e", "\x1f", "a\nb", "\u2028", "\t"])
+def test_f4_every_user_error_is_printed_escaped(capsys, value):
+    from engine.answer import main as answer_main
+
+    # found by the slow fuzz profile: engine.answer's own check quoted --query raw
+    assert answer_main(["--query", value, "--anchors", "a"]) == 2
+    err = one_error_line(capsys)
+    assert err.rstrip("\n").isprintable() and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: --query {repr(value)[1:-1]}: give both --anchors and --relations"), err
+
+
+def test_f4_parse_error_caret_lines_survive_escaping():
+    from kgreason.errors import _error_lines
+
+    assert _error_lines("q:1:3: bad\n  (p r e)\n    ^") == "q:1:3: bad\n  (p r e)\n    ^"
+    assert _error_lines("x\ny\x1b") == "x\\ny\\x1b"
+
+
+def test_outputs_inside_inputs_are_refused(tmp_path, capsys):
+    from engine.evaluate import main as evaluate_main
+    from engine.sample import main as sample_main
+
+    art = small_artifact(tmp_path / "art")
+    before = snapshot(art)
+    assert sample_main(["--artifact", str(art), "--out", str(art / "meta.json"), "--no-progress"]) == 2
+    assert f"--out {art / 'meta.json'}: is inside the --artifact folder {str(art)!r}" in one_error_line(capsys)
+    assert sample_main(["--artifact", str(art), "--out", str(art / "new.jsonl"), "--no-progress"]) == 2
+    assert "is inside the --artifact folder" in one_error_line(capsys)
+    q = tmp_path / "q.jsonl"
+    q.write_text("")
+    assert evaluate_main(["--artifact", str(art), "--queries", str(q), "--json", str(q)]) == 2
+    assert f"--json {q}: is the --queries input {str(q)!r}" in one_error_line(capsys)
+    assert snapshot(art) == before and q.read_text() == ""
+
+
+def _deep_pickle(levels: int) -> bytes:
+    """A BetaE-style pickle whose structure key nests ``levels`` tuples deep."""
+    return (b"\x80\x04}X\x01\x00\x00\x00e\x85" + b"X\x01\x00\x00\x00r\x85\x86" * levels
+            + b"\x8f(J\x01\x00\x00\x00\x90s.")
+
+
+def test_f5_deep_pickle_is_refused_without_crashing(tmp_path):
+    # 200,000 levels crashed the interpreter (hashing the key recursed in C): run it in a child process.
+    p = tmp_path / "deep.pkl"
+    p.write_bytes(_deep_pickle(200_000))
+    code = ("import sys\nfrom kge.safe_pickle import safe_load\nfrom kgreason.errors import UserError\n"
+            f"try:\n    safe_load({str(p)!r})\nexcept UserError as e:\n    print(e)\n    sys.exit(3)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_with_root(), timeout=120)
+    assert res.returncode == 3, (res.returncode, res.stderr[-2000:])
+    assert res.stdout.strip() == f"{p}: refused pickle: containers nest deeper than 100 levels"
+
+
+def test_f5_nesting_depth_limit_and_ordinary_pickles(tmp_path):
+    import pickle
+
+    from kge.safe_pickle import MAX_DEPTH, nesting_depth, safe_load
+
+    for obj, depth in [(1, 0), ([], 1), ({"a": [1, [2]]}, 3), ({frozenset({(1, (2,))})}, 4),
+                       ({("e", ("r",)): {(5, (3,))}}, 3)]:
+        for proto in (2, 4, 5):
+            assert nesting_depth(pickle.dumps(obj, protocol=proto)) >= depth
+    nested: object = "x"
+    for _ in range(MAX_DEPTH - 1):
+        nested = (nested,)
+    (tmp_path / "ok.pkl").write_bytes(pickle.dumps([nested]))  # exactly MAX_DEPTH levels
+    assert safe_load(tmp_path / "ok.pkl") == [nested]
+    (tmp_path / "deep.pkl").write_bytes(pickle.dumps([[nested]]))
+    with pytest.raises(UserError, match=f"deep.pkl: refused pickle: containers nest deeper than {MAX_DEPTH} levels"):
+        safe_load(tmp_path / "deep.pkl")
+    # A MARK that POP discards (valid: protocol 0 writes it for recursive tuples) does not end the scan early.
+    (tmp_path / "popmark.pkl").write_bytes(b"\x80\x04(0" + _deep_pickle(300)[2:])
+    with pytest.raises(UserError, match="nest deeper than"):
+        safe_load(tmp_path / "popmark.pkl")
+    t: tuple = ([],)
+    t[0].append(t)
+    for proto in range(pickle.HIGHEST_PROTOCOL + 1):
+        (tmp_path / "rec.pkl").write_bytes(pickle.dumps({"t": t}, protocol=proto))
+        assert safe_load(tmp_path / "rec.pkl")["t"][0][0][0] is not None
+    (tmp_path / "trunc.pkl").write_bytes(pickle.dumps({"a": [1, 2]})[:-3])
+    with pytest.raises(UserError, match="trunc.pkl: refused or unreadable pickle"):
+        safe_load(tmp_path / "trunc.pkl")
+
+
+def test_f6_deep_betae_pickle_is_one_error_line(tmp_path, capsys):
+    from engine.betae import main as betae_main
+
+    (tmp_path / "deep.pkl").write_bytes(_deep_pickle(2000))
+    folder = tmp_path / "betae"
+    folder.mkdir()
+    for name in ("train", "valid", "test"):
+        (folder / f"{name}.txt").write_text("0\t0\t1\n1\t1\t0\n")
+    assert betae_main(["--queries", str(tmp_path / "deep.pkl"), "--folder", str(folder), "--no-progress"]) == 2
+    assert "nest deeper than" in one_error_line(capsys)
+
+
+def test_f6_messages_show_pickled_objects_bounded():
+    from engine.eval.betae import _short_repr
+
+    deep: object = 1
+    for _ in range(50_000):
+        deep = (deep,)
+    text = _short_repr(deep)
+    assert len(text) < 100 and "..." in text
+    assert len(_short_repr(KeyError(deep))) < 100
+    assert _short_repr(ValueError("bad id 7")) == "bad id 7"
+
+
+@pytest.mark.parametrize("device", ["meta", "mps", "bogus", "cpu:0", "", "CUDA"])
+def test_f7_unknown_devices_are_refused_at_parse_time(tmp_path, capsys, device):
+    from engine.answer import main as answer_main
+    from engine.evaluate import main as evaluate_main
+
+    art = small_artifact(tmp_path / "art")
+    assert answer_main(["--artifact", str(art), "--expr", "e0", "--device", device]) == 2
+    assert f"error: --device: unknown device {device!r}; choose from cpu, cuda, cuda:N" in one_error_line(capsys)
+    (tmp_path / "q.jsonl").write_text("")
+    assert evaluate_main(["--artifact", str(art), "--queries", str(tmp_path / "q.jsonl"), "--device", device]) == 2
+    assert "choose from cpu, cuda, cuda:N" in one_error_line(capsys)
+    (tmp_path / "mini.tsv").write_text(MINI)
+    assert build_main(["--kg", str(tmp_path / "mini.tsv"), "--out", str(tmp_path / "o"), "--device", device, *TINY]) == 2
+    assert "choose from auto, cpu, cuda, cuda:N" in one_error_line(capsys)
+
+
+def test_f7_cuda_devices_need_cuda(tmp_path, capsys):
+    import torch
+
+    from engine.answer import main as answer_main
+    from kgreason.cli import check_device
+
+    art = small_artifact(tmp_path / "art")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert answer_main(["--artifact", str(art), "--expr", "e0", "--device", f"cuda:{n}"]) == 2
+    err = one_error_line(capsys)
+    assert err.startswith(f"error: --device cuda:{n}: ")
+    assert ("CUDA is not available" in err) if n == 0 else ("no such CUDA device" in err)
+    assert check_device("cpu") == "cpu" and check_device("auto", allow_auto=True) == "auto"
+    from engine.exec.executor import Executor
+
+    with pytest.raises(UserError, match="runs on cpu or cuda"):
+        Executor(Artifact.load(art), device="meta")
+
+
+@pytest.mark.parametrize("seed", ["-1", "-5", str(2**32), "99999999999999999999999"])
+def test_f8_bad_seeds_are_one_error_line(tmp_path, capsys, seed):
+    from engine.answer import main as answer_main
+    from engine.sample import main as sample_main
+    from llm_bridge.simulate import main as simulate_main
+
+    art = small_artifact(tmp_path / "art")
+    expected = f"error: --seed must be in [0, 4294967295], got {int(seed)}\n"
+    (tmp_path / "mini.tsv").write_text(MINI)
+    for main, argv in [
+        (answer_main, ["--artifact", str(art), "--query", "1p"]),
+        (sample_main, ["--artifact", str(art), "--out", str(tmp_path / "q.jsonl"), "--no-progress"]),
+        (build_main, ["--kg", str(tmp_path / "mini.tsv"), "--out", str(tmp_path / "o"), *TINY]),
+        (simulate_main, ["--artifact", str(art)]),
+    ]:
+        assert main([*argv, "--seed", seed]) == 2
+        assert one_error_line(capsys) == expected, main
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "mini.tsv"]
+
+
+@pytest.mark.parametrize("gb", ["inf", "nan", "1e-163", "1e300", "0", "-1"])
+def test_f10_max_matrix_gb_out_of_range(tmp_path, capsys, gb):
+    (tmp_path / "mini.tsv").write_text(MINI)
+    assert build_main(["--kg", str(tmp_path / "mini.tsv"), "--out", str(tmp_path / "o"), "--max-matrix-gb", gb,
+                       *TINY]) == 2
+    assert "--max-matrix-gb must be in [0.000976562, 1.04858e+06]" in one_error_line(capsys)
+
+
+def test_simulator_reads_artifacts_through_kge_artifact(tmp_path, capsys):
+    from llm_bridge.simulate import KnowledgeBase, main as simulate_main
+
+    art = small_artifact(tmp_path / "art")
+    assert len(KnowledgeBase.from_artifact(art).entities) == 6
+    (art / "meta.json").write_text("[1, 2]")
+    with pytest.raises(UserError, match="meta.json: expected a JSON object, got list"):
+        KnowledgeBase.from_artifact(art)
+    assert simulate_main(["--artifact", str(art), "--port", "0"]) == 2
+    assert "meta.json: expected a JSON object, got list" in one_error_line(capsys)
+    with pytest.raises(UserError, match="does not exist"):
+        KnowledgeBase.from_artifact(tmp_path / "nope")
+
+
+def test_sampler_checks_negation_with_the_shared_check():
+    from engine.eval.sampling import QuerySampler
+
+    obs = np.array([[0, 0, 1], [1, 1, 0]])
+    with pytest.raises(UserError, match="unknown negation mode 'bogus'; expected one of qto, complement"):
+        QuerySampler(obs, obs[:1], 2, 2, negation="bogus")
+
+
+def test_kg_format_choices_come_from_the_loader_registry():
+    from kge.build import _parser
+    from kge.graph import LOADERS
+
+    action = next(a for a in _parser()._actions if a.dest == "kg_format")
+    assert list(action.choices) == list(LOADERS)
+
+
+def test_caches_point_into_the_test_session(tmp_path):
+    home = Path.home()
+    for var in ("KGREASON_HOME", "XDG_CACHE_HOME"):
+        value = Path(os.environ[var])
+        assert home / ".cache" not in [value, *value.parents], (var, value)
+    from llm_bridge.config import default_cache_path
+
+    assert Path(os.environ["XDG_CACHE_HOME"]) in default_cache_path().parents

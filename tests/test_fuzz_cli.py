@@ -395,12 +395,21 @@ def _may_change(outs: list[Path], ins: list[Path], overwrite: bool) -> list[Path
     return allowed
 
 
+def _time_limit(cli: str, argv: list[str]) -> int:
+    """Seconds a run may take.  F9: ``engine.sample --per-structure 100000`` samples every distinct query
+    of the tiny KG (~28,000 over the 14 structures, each structure stopping once exhausted, see
+    engine.eval.sampling): ~70 s on 2 idle cores, ~140 s on busy ones; that is work, not a hang."""
+    if cli == "engine.sample" and "100000" in argv:
+        return 600
+    return 120
+
+
 def check_cli(cli: str, parser: argparse.ArgumentParser, argv: list[str], lay: Layout, hits: set[str]) -> None:
     before = snapshot(lay.inputs)
     outs, ins = _named_paths(parser, argv, lay, cli)
     may_change = _may_change(outs, ins, cli == "kge.build" and "--overwrite" in argv)
     t0 = time.perf_counter()
-    res = run_cli(_cli(CLIS[cli]), argv, lay.root, time_limit=120)
+    res = run_cli(_cli(CLIS[cli]), argv, lay.root, time_limit=_time_limit(cli, argv))
     elapsed = time.perf_counter() - t0
     if currently_in_test_context():  # hypothesis statistics (not in the fixed examples)
         event(f"rc={res.rc}" if res.exception is None else f"exception {type(res.exception).__name__}")
@@ -454,31 +463,7 @@ def _run_example(cli: str, parsers, world, scratch, data, hits: set[str]) -> Non
 # recorded instead of failing, and the test is then reported as xfail (strict=False)
 # naming the finding; any other failure still fails.  Drop an entry once it is fixed.
 KNOWN: dict[str, Callable[[str, list[str], Any], bool]] = {
-    # F3: a diverging training run (absurd --lr) ends in pykeen's NonFiniteLossError (kge/train.py).
-    "F3 kge.build absurd --lr -> NonFiniteLossError": lambda cli, argv, res: (
-        cli == "kge.build" and type(res.exception).__name__ == "NonFiniteLossError"),
-    # F7: a torch device other than cpu/cuda (meta, mps) reaches the executor's kernels.
-    "F7 --device meta/mps reaches the executor": lambda cli, argv, res: (
-        res.exception is not None and any(d in argv for d in ("meta", "mps"))
-        and type(res.exception).__name__ in ("RuntimeError", "NotImplementedError")),
-    # F8: a negative --seed reaches numpy / pykeen seeding.
-    "F8 negative --seed -> ValueError (engine.sample, kge.build)": lambda cli, argv, res: (
-        cli in ("engine.sample", "kge.build") and isinstance(res.exception, ValueError)
-        and any(a.startswith("-") and a[1:].isdigit() for a in argv[1:])
-        and ("non-negative" in str(res.exception) or "Seed must be" in str(res.exception))),
-    # F9: --per-structure 100000 on the tiny KG runs for minutes (slow profile only).
-    "F9 engine.sample --per-structure 100000 past the time limit": lambda cli, argv, res: (
-        cli == "engine.sample" and type(res.exception).__name__ == "_Timeout" and "100000" in argv),
-    # F10: --max-matrix-gb inf/nan/absurdly small reaches int() / calibrate's threshold check.
-    "F10 kge.build --max-matrix-gb inf/nan/tiny": lambda cli, argv, res: (
-        cli == "kge.build" and "--max-matrix-gb" in argv and isinstance(res.exception, (OverflowError, ValueError))
-        and ("float" in str(res.exception) or "threshold must be in" in str(res.exception))),
-    # F6: the repr of a deeply nested pickled tuple in engine/eval/betae.py's messages.
-    "F6 deep BetaE pickle -> RecursionError": lambda cli, argv, res: isinstance(res.exception, RecursionError),
-    # F4: argparse's "unrecognized arguments: ..." carries the raw argv (line breaks, control characters).
-    "F4 raw argv in 'unrecognized arguments' error": lambda cli, argv, res: (
-        res.rc == 2 and "error: unrecognized arguments:" in res.stderr
-        and not all(c.isprintable() for c in res.stderr.partition("error: ")[2].rstrip("\n"))),
+    # F1-F10 are fixed (regression examples below and in tests/test_bad_input.py).
 }
 
 
@@ -564,17 +549,30 @@ _EXAMPLES = [
     ("engine.answer", "--artifact {art} --expr " + "(n " * 989 + "e0" + ")" * 989, None),  # item 3: deep query
     ("engine.answer", "--artifact {art} --expr " + "(p r0 " * 500 + "e0" + ")" * 500, None),
     ("engine.paths", "--artifact {art} --from e0 --plan r0 --encoder hashing --encoder-kwargs [1]", None),
-    ("kge.build", "--kg {kg} --out new_art --rank 2 --epochs 2 --loss marginranking --lr 7e16 --quiet", "F3"),
-    ("engine.betae", "--queries {deep_pkl} --folder {betae} --no-progress", "F6"),
-    ("engine.evaluate", "--artifact {art} --betae-queries {deep_pkl} --betae-folder {betae} --no-progress", "F6"),
-    ("engine.answer", "--artifact {art} --expr e0 a\rb\u2028c", "F4"),
-    ("engine.evaluate", "--artifact {art} --queries {jsonl} --no-progress --device meta", "F7"),
-    ("engine.answer", "--artifact {art} --query 1p --device mps", "F7"),
-    ("engine.sample", "--artifact {art} --out o.jsonl --per-structure 1 --no-progress --seed -1", "F8"),
-    ("kge.build", "--kg {kg} --out new_art --rank 2 --epochs 1 --quiet --seed -1", "F8"),
-    ("kge.build", "--kg {kg} --out new_art --embeddings {art} --quiet --max-matrix-gb inf", "F10"),
-    ("kge.build", "--kg {kg} --out new_art --embeddings {art} --quiet --max-matrix-gb nan", "F10"),
-    ("kge.build", "--kg {kg} --out new_art --embeddings {art} --quiet --max-matrix-gb 1e-163", "F10"),
+    ("kge.build", "--kg {kg} --out new_art --rank 2 --epochs 2 --loss marginranking --lr 7e16 --quiet", None),  # F3 (fixed)
+    ("engine.betae", "--queries {deep_pkl} --folder {betae} --no-progress", None),  # F6 (fixed)
+    ("engine.evaluate", "--artifact {art} --betae-queries {deep_pkl} --betae-folder {betae} --no-progress", None),  # F6 (fixed)
+    ("engine.answer", "--artifact {art} --expr e0 a\rb\u2028c", None),  # F4 (fixed)
+    ("engine.evaluate", "--artifact {art} --queries {jsonl} --no-progress --device meta", None),  # F7 (fixed)
+    ("engine.answer", "--artifact {art} --query 1p --device mps", None),  # F7 (fixed)
+    ("engine.sample", "--artifact {art} --out o.jsonl --per-structure 1 --no-progress --seed -1", None),  # F8 (fixed)
+    ("kge.build", "--kg {kg} --out new_art --rank 2 --epochs 1 --quiet --seed -1", None),  # F8 (fixed)
+    ("kge.build", "--kg {kg} --out new_art --embeddings {art} --quiet --max-matrix-gb inf", None),  # F10 (fixed)
+    ("kge.build", "--kg {kg} --out new_art --embeddings {art} --quiet --max-matrix-gb nan", None),  # F10 (fixed)
+    ("kge.build", "--kg {kg} --out new_art --embeddings {art} --quiet --max-matrix-gb 1e-163", None),  # F10 (fixed)
+    ("kge.build", "--kg {kg} --out new_art --embeddings {art} --quiet --max-matrix-gb 1e300", None),
+    ("kge.build", "--kg {kg} --out new_art --rank 2 --epochs 1 --quiet --lr inf", None),
+    ("kge.build", "--kg {kg} --out new_art --rank 2 --epochs 1 --quiet --seed 99999999999999999999999", None),
+    ("kge.build", "--kg {kg} --out new_art --embeddings {art} --quiet --device meta", None),
+    ("kge.build", "--kg {kg} --out missing/deeper/new_art --embeddings {art} --quiet", None),  # parents created
+    ("engine.answer", "--artifact {art} --expr e0 --device cuda:7", None),
+    ("engine.answer", "--artifact {art} --query 1p --seed -5", None),
+    ("engine.evaluate", "--artifact {art} --queries {jsonl} --no-progress --device cpu:0", None),
+    ("engine.sample", "--artifact {art} --out o.jsonl --per-structure 1 --no-progress --bogus \x1b[2J", None),
+    # slow-profile finding: an output file inside an input (the artifact's own meta.json was overwritten)
+    ("engine.sample", "--out {art}/meta.json --artifact {art} --no-progress --per-structure 2", None),
+    ("engine.evaluate", "--artifact {art} --queries {jsonl} --no-progress --json {jsonl}", None),
+    ("engine.betae", "--queries {pkl} --folder {betae} --no-progress --json {betae}/train.txt", None),
 ]
 
 

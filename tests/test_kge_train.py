@@ -54,7 +54,10 @@ def test_size_presets(nations):
     "kwargs,message",
     [
         (dict(rank=0), "rank must be >= 1, got 0"),
-        (dict(lr=-1.0), "lr must be > 0, got -1.0"),
+        (dict(lr=-1.0), "lr must be a finite number > 0, got -1.0"),
+        (dict(lr=float("nan")), "lr must be a finite number > 0, got nan"),
+        (dict(lr=float("inf")), "lr must be a finite number > 0, got inf"),
+        (dict(seed=-1), "seed must be in [0, 4294967295], got -1"),
         (dict(training_loop="1n"), "training loop must be 'slcwa' or 'lcwa', got '1n'"),
         (dict(regularizer_weight=-0.1), "regularizer weight must be >= 0, got -0.1"),
     ],

@@ -17,6 +17,7 @@ easy.  BetaE folders already contain both directions of every edge.
 """
 from __future__ import annotations
 
+import reprlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,20 @@ __all__ = [
     "load_betae_queries",
     "check_betae_ids",
 ]
+
+
+def _short_repr(obj: object) -> str:
+    """A bounded repr of something read from a pickle (a few levels and items, never recursing deeply).
+
+    An exception shows as its message, bounded the same way (its args may hold the pickled object).
+    """
+    r = reprlib.Repr()
+    r.maxlevel, r.maxtuple, r.maxlist, r.maxset, r.maxfrozenset, r.maxdict = 6, 8, 8, 8, 8, 8
+    r.maxstring, r.maxother = 60, 60
+    if isinstance(obj, BaseException):  # its message (a str argument kept up to 300 characters)
+        parts = [(a if len(a) <= 300 else a[:297] + "...") if isinstance(a, str) else r.repr(a) for a in obj.args]
+        return "; ".join(parts) or type(obj).__name__
+    return r.repr(obj)
 
 
 def safe_load_pickle(path: str | Path) -> object:
@@ -116,15 +131,20 @@ def load_betae_queries(
         try:
             name = structure_of(structure)
         except (KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"{pickle_path}: unknown query structure {structure!r} ({exc})") from None
+            raise UserError(f"{pickle_path}: unknown query structure {_short_repr(structure)} ({_short_repr(exc)})") from None
         names_seen.append(name)
         if keep is not None and name not in keep:
             continue
-        for q in sorted(qs):
+        try:
+            ordered = sorted(qs)
+        except (TypeError, RecursionError):
+            raise UserError(f"{pickle_path}: structure {name}: expected a set of query tuples, "
+                            f"got {_short_repr(qs)}") from None
+        for q in ordered:
             try:
                 nodes.append(_betae_to_node(structure, q, negation))
             except (TypeError, ValueError, IndexError) as exc:
-                raise UserError(f"{pickle_path}: structure {name}: malformed query {q!r} ({exc})") from None
+                raise UserError(f"{pickle_path}: structure {name}: malformed query {_short_repr(q)} ({_short_repr(exc)})") from None
             names.append(name)
     if keep is not None:
         unknown = sorted(keep - set(names_seen))

@@ -35,6 +35,11 @@ has, once ``patience`` consecutive draws produced no new query, where
 seen so far, 20 times its mean wait passes without success with probability
 about e^-20, so stopping means the remaining queries are (nearly) exhausted.
 ``max_attempts`` (default ``200 * count + 1000``) bounds the draws regardless.
+Cost: a request larger than a structure's supply samples the whole supply, and
+the draws grow with it (coupon collecting: near exhaustion most draws repeat a
+known query).  On the 16-entity fuzzing KG ``--per-structure 100000`` finds
+~28,000 distinct queries over the 14 structures in ~800,000 draws: 70-140 s on
+2 cores (~0.15 ms a draw, ~5 ms an accepted query), which is work, not a hang.
 :attr:`SamplerStats.stopped` says why a structure got fewer than asked.
 
 For an artifact built from a BetaE folder (observed = train, missing =
@@ -57,8 +62,8 @@ from kgreason.errors import UserError
 from kgreason.files import open_output
 
 from engine.lang.query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union, named, to_sexpr
-from engine.lang.structures import NEGATION_MODES, get_structure
-from engine.eval.symbolic import Graph, answer_sets, answers
+from engine.lang.structures import check_negation, get_structure
+from engine.eval.symbolic import Graph, answer_sets
 
 __all__ = ["SampledQuery", "SamplerStats", "QuerySampler", "sample_queries", "write_jsonl", "query_record",
            "REJECT_REASONS", "DEFAULT_MIN_PATIENCE"]
@@ -144,8 +149,7 @@ class QuerySampler:
         require_hard: bool = True,
         negation: str = "qto",
     ):
-        if negation not in NEGATION_MODES:
-            raise UserError(f"unknown negation mode {negation!r}; expected one of {', '.join(NEGATION_MODES)}")
+        check_negation(negation)
         if max_answers < 1:
             raise UserError(f"max_answers must be >= 1, got {max_answers}")
         self.observed = Graph(observed, num_entities, num_relations)

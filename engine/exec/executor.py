@@ -146,9 +146,7 @@ class _Run:
     """The state of one batch's forward pass.
 
     ``want_arg``: keep projection witnesses; ``record``: path -> final NodeValue
-    (for explanations; ``None`` when not explaining); ``trace``: always kept;
-    ``pristine``: paths of anchor nodes whose value no hook replaced (their
-    projection may use the one-hot gather).
+    (for explanations; ``None`` when not explaining); ``trace``: always kept.
     """
 
     def __init__(self, roots: list[Node], query_indices: list[int], trace: BatchTrace, *, want_arg: bool,
@@ -158,7 +156,6 @@ class _Run:
         self.trace = trace
         self.want_arg = want_arg
         self.record: dict[tuple[int, ...], NodeValue] | None = {} if record else None
-        self.pristine: set[tuple[int, ...]] = set()
 
 
 class Executor:
@@ -175,7 +172,7 @@ class Executor:
             enough rows for a 4 MiB (rows, N) float32 tensor, at least 16; on CUDA,
             no limit).  A batch larger than this runs as several passes: small
             intermediates stay in cache and in the allocator's reuse range, which on
-            CPU is faster than one huge pass (see the README, section "Query engine").
+            CPU is faster than one huge pass (see benchmarks/results/engine_notes.md, "Bounded passes").
         hooks: per-node hooks, called on every node (any op) in this order; see
             :mod:`engine.exec.hooks` and :meth:`add_hook`.
     """
@@ -191,6 +188,8 @@ class Executor:
             self.device = torch.device(device)
         except RuntimeError as exc:
             raise UserError(f"invalid device {device!r} ({exc})") from None
+        if self.device.type not in ("cpu", "cuda"):  # meta, mps, ...: the ops kernels run on CPU and CUDA only
+            raise UserError(f"device {device!r}: the executor runs on cpu or cuda (cuda:N) only")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise UserError(f"device {device!r} requested but CUDA is not available")
         self.artifact = artifact
@@ -343,7 +342,6 @@ class Executor:
         ctx = NodeContext(node=nodes[0], nodes=tuple(nodes), roots=tuple(run.roots), path=path, op=op,
                           relations=rels, anchors=ents, inputs=inputs(), query_indices=tuple(run.query_indices),
                           executor=self, _trace=run.trace)
-        original = value
         for entry in hooks:
             out = entry.hook(ctx, value)
             if out is None or out is value:
@@ -351,8 +349,6 @@ class Executor:
             self._check_hook_value(out, value, entry.name, path)
             run.trace.add_hook(path, entry.name)
             value = out
-        if value is not original and op == "e":
-            run.pristine.discard(path)
         return value
 
     def _check_hook_value(self, out: Any, before: NodeValue, name: str, path: tuple[int, ...]) -> None:
@@ -377,7 +373,6 @@ class Executor:
         return y
 
     def _compute_anchor(self, nodes: list[Node], path: tuple[int, ...], run: _Run):
-        run.pristine.add(path)
         return NodeValue(self._one_hot([q.entity for q in nodes])), lambda: ()
 
     def _compute_projection(self, nodes: list[Node], path: tuple[int, ...], run: _Run):

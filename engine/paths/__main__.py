@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from kgreason.cli import ArgumentParser as _Parser  # one-line UserError, user text escaped
 from kgreason.errors import UserError, cli_main
 
 from .karpa import MODES
@@ -43,13 +44,6 @@ class PathsArgs:
     encoder_kwargs: dict[str, Any] = field(default_factory=dict)
     max_sequences: int = 20_000
     max_entity_paths: int = 3
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports mistakes as one :class:`UserError` line (exit status 2 via ``cli_main``)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UserError(message)
 
 
 def _parser() -> argparse.ArgumentParser:
