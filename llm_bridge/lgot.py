@@ -70,10 +70,10 @@ import torch
 
 from kgreason.errors import UserError
 
-from engine.exec.hooks import Evidence, NodeContext, NodeValue
+from engine.exec.hooks import NodeContext, NodeValue
 from llm_bridge.linking import DEFAULT_THRESHOLD, EntityLinker
 from llm_bridge.parse import Confidence, extract_entities, logprob_confidence, sample_confidence
-from llm_bridge.prompts import MAX_ANSWERS, fill_question, projection_messages
+from llm_bridge.prompts import MAX_ANSWERS, fill_question, projection_messages, projection_response_format
 from llm_bridge.relations import RelationQuestions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -366,7 +366,14 @@ class LGOTHook:
                 if key not in distinct:
                     distinct[key] = len(batch)
                     batch.append(p)
-        results = self.client.complete_many_sync(batch) if batch else []
+        fmt = projection_response_format(getattr(getattr(self.client, "config", None), "json_output", "off"),
+                                         max_answers=s.max_answers)
+        if not batch:
+            results = []
+        elif fmt is None:
+            results = self.client.complete_many_sync(batch)
+        else:
+            results = self.client.complete_many_sync(batch, response_format=fmt)
         self.stats.prompts += sum(p is not None for p in prompts)
         self.stats.unique_prompts += len(batch)
         per_row = [None if p is None else results[distinct[json.dumps(p, sort_keys=True, ensure_ascii=False)]]
