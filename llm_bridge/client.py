@@ -25,6 +25,10 @@ trouble never raises, so a caller can fall back to KG-only answers.
   the missing samples are requested one by one, sample ``j`` with ``seed=j``
   so that they differ and replay identically; the client then remembers that
   the server ignores ``n``.
+* **response_format on servers that reject it**: a request with a
+  ``response_format`` answered HTTP 400/422 is sent once more without it; when
+  that succeeds the client remembers that the server rejects it and drops it
+  from later requests (``stats.response_format_fallbacks`` counts them).
 * **Cache**: complete responses are stored in SQLite (:mod:`llm_bridge.cache`)
   keyed by model + messages + parameters; a hit needs no server.
 * **Secrets**: the API key is never logged, and is scrubbed from failure
@@ -171,6 +175,7 @@ class LLMStats:
     budget_refusals: int = 0
     timeouts: int = 0
     n_fallback_requests: int = 0
+    response_format_fallbacks: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     estimated_token_requests: int = 0
@@ -250,6 +255,8 @@ class LLMClient:
         self._budget_spent: str | None = None
         #: Set once a server answered n > 1 with fewer choices: later prompts go out as n single requests.
         self.server_ignores_n = False
+        #: Set once a server answered a request with ``response_format`` 400/422 and the same request without it.
+        self.server_rejects_response_format = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -544,6 +551,10 @@ class LLMClient:
         """One logical request with retries: (response or failure, HTTP requests made)."""
         cfg = self.config
         attempts = 0
+        if self.server_rejects_response_format and "response_format" in params:
+            params = {k: v for k, v in params.items() if k != "response_format"}
+            with self._lock:
+                self.stats.response_format_fallbacks += 1
         while True:
             refused = self._reserve_request()
             if refused is not None:
@@ -552,6 +563,19 @@ class LLMClient:
             outcome = await self._attempt(params)
             if outcome.response is not None:
                 return outcome.response, attempts
+            if outcome.status in (400, 422) and "response_format" in params:
+                # Perhaps a server without JSON-constrained output: ask once more without it.
+                params = {k: v for k, v in params.items() if k != "response_format"}
+                log.info("LLM request with response_format refused (%s); asking again without it", outcome.message)
+                resp, more = await self._request(params)
+                if not isinstance(resp, LLMFailure):
+                    with self._lock:
+                        if not self.server_rejects_response_format:
+                            log.warning("the LLM server rejects response_format (%s); sending requests without it",
+                                        outcome.message)
+                        self.server_rejects_response_format = True
+                        self.stats.response_format_fallbacks += 1
+                return resp, attempts + more
             retryable = outcome.reason in ("timeout", "connection", "server_error", "rate_limited")
             if not retryable or attempts > cfg.max_retries:
                 with self._lock:

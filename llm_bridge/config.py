@@ -23,12 +23,14 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from kgreason.errors import UserError
 
 __all__ = [
     "LLMConfig",
     "DEFAULT_MODEL",
+    "JSON_OUTPUT_MODES",
     "default_cache_path",
     "add_llm_arguments",
     "config_from_args",
@@ -37,6 +39,8 @@ __all__ = [
 #: Model name used when neither ``--llm-model`` nor ``KGREASON_LLM_MODEL`` is given.
 #: llama.cpp's server and the simulator answer under any model name.
 DEFAULT_MODEL = "gpt-4o-mini"
+#: JSON-constrained output of the projection prompts (see :attr:`LLMConfig.json_output`).
+JSON_OUTPUT_MODES = ("off", "object", "schema")
 #: The placeholder key sent to servers that need none (vLLM, llama.cpp, Ollama, the simulator):
 #: the ``openai`` package refuses to start without some key.
 NO_KEY = "EMPTY"
@@ -75,6 +79,10 @@ class LLMConfig:
         cache_path: SQLite file of cached responses (default :func:`default_cache_path`).
         use_cache: read and write the cache.
         logprobs: ask for token log-probabilities (servers that cannot simply omit them).
+        json_output: JSON-constrained answers to the projection prompts: ``"off"``,
+            ``"object"`` (``response_format={"type": "json_object"}``) or ``"schema"``
+            (llama.cpp's ``{"type": "json_object", "schema": <list of strings>}``).  A
+            server that rejects it (HTTP 400/422) is asked again without it, once per client.
     """
 
     base_url: str | None = None
@@ -93,6 +101,7 @@ class LLMConfig:
     cache_path: Path = field(default_factory=default_cache_path)
     use_cache: bool = True
     logprobs: bool = False
+    json_output: str = "off"
 
     def __post_init__(self) -> None:
         def bad(name: str, message: str) -> UserError:
@@ -138,6 +147,8 @@ class LLMConfig:
         if not isinstance(self.cache_path, Path) or not str(self.cache_path):
             raise bad("cache_path", f"must be a file path, got {self.cache_path!r}")
         object.__setattr__(self, "cache_path", self.cache_path.expanduser())
+        if self.json_output not in JSON_OUTPUT_MODES:
+            raise bad("json_output", f"must be one of {', '.join(JSON_OUTPUT_MODES)}, got {self.json_output!r}")
         for name in ("use_cache", "logprobs"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, f"must be true or false, got {getattr(self, name)!r}")
@@ -189,6 +200,12 @@ class LLMConfig:
             if env.get(var):
                 values[name] = env[var]
         values.update({k: v for k, v in overrides.items() if v is not None})
+        base_url = values.get("base_url")
+        if base_url and "model" not in values and urlsplit(str(base_url)).hostname != "api.openai.com":
+            # The response cache is keyed by model name, not by address: a local server's answers filed
+            # under the default OpenAI model name would later be replayed as that model's.
+            raise UserError(f"--llm-model (or KGREASON_LLM_MODEL) is required with --llm-base-url {base_url}: "
+                            f"name the model that server runs (the default {DEFAULT_MODEL} is an OpenAI model)")
         return cls(**values)
 
 
@@ -228,6 +245,9 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                    help="most prompt+completion tokens per run (default: no limit)")
     g.add_argument("--llm-logprobs", action="store_true", default=None,
                    help="ask the server for token log-probabilities")
+    g.add_argument("--llm-json", choices=JSON_OUTPUT_MODES, default=None,
+                   help="JSON-constrained answers: 'object' sends response_format json_object, 'schema' adds "
+                        "llama.cpp's schema (a list of strings); dropped if the server rejects it (default off)")
     g.add_argument("--llm-cache", metavar="PATH", default=None,
                    help=f"SQLite response cache (default: {default_cache_path()})")
     g.add_argument("--no-llm-cache", action="store_true", default=False, help="neither read nor write the response cache")
@@ -250,6 +270,7 @@ def config_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = Non
         "budget_calls": ns.llm_budget_calls,
         "budget_tokens": ns.llm_budget_tokens,
         "logprobs": getattr(ns, "llm_logprobs", None),
+        "json_output": getattr(ns, "llm_json", None),
         "cache_path": ns.llm_cache,
         "use_cache": False if getattr(ns, "no_llm_cache", False) else None,
     }

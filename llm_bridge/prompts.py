@@ -38,6 +38,7 @@ __all__ = [
     "quote_entities",
     "fill_question",
     "projection_messages",
+    "projection_response_format",
     "relation_question_messages",
     "answer_check_messages",
     "ProjectionRequest",
@@ -166,6 +167,31 @@ def projection_messages(template: str, names: Sequence[str], *, max_answers: int
                      render("projection.user", question=fill_question(template, names), max_answers=max_answers))
 
 
+#: Longest entity name the "schema" output mode lets the model write (bounds a rambling small model).
+SCHEMA_MAX_NAME_CHARS = 60
+# One answer in "schema" mode: a single line without quotes, backslashes, brackets or braces, so a
+# small model cannot hide prose or a second JSON document inside one string.
+_SCHEMA_NAME_PATTERN = '^[^"\\\\\\n\\[\\]{}]{1,%d}$' % SCHEMA_MAX_NAME_CHARS
+
+
+def projection_response_format(mode: str, *, max_answers: int = MAX_ANSWERS) -> dict | None:
+    """The ``response_format`` of a projection prompt for ``LLMConfig.json_output`` ``mode``.
+
+    ``"off"``: None (free text); ``"object"``: ``{"type": "json_object"}``; ``"schema"``:
+    llama.cpp's JSON-schema form, a list of at most ``max_answers`` strings (the reply
+    the prompt asks for), which its server compiles into a grammar.
+    """
+    if mode == "off":
+        return None
+    if mode == "object":
+        return {"type": "json_object"}
+    if mode == "schema":
+        return {"type": "json_object",
+                "schema": {"type": "array", "maxItems": int(max_answers),
+                           "items": {"type": "string", "pattern": _SCHEMA_NAME_PATTERN}}}
+    raise ValueError(f"json output mode must be off, object or schema, got {mode!r}")
+
+
 def relation_question_messages(relation: str, pairs: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
     """Chat messages asking the LLM to rewrite ``relation`` as a question template (LGOT §3.1)."""
     if not pairs:
@@ -233,7 +259,18 @@ def parse_projection_request(prompt: str | Sequence[dict]) -> ProjectionRequest 
     m = _projection_user_regex().fullmatch(text.strip())
     if m is None:
         return None
-    question = m.group("question")
+    split = split_filled_question(m.group("question"))
+    if split is None:
+        return None
+    template, names = split
+    return ProjectionRequest(question=template, entities=names, max_answers=int(m.group("max_answers")))
+
+
+def split_filled_question(question: str) -> tuple[str, list[str]] | None:
+    """A filled sub-question -> (its template with ``{entity}``, the entity names joined by "or"), or ``None``.
+
+    The inverse of filling :data:`ENTITY_SLOT` with ``"a" or "b"`` (JSON-quoted names).
+    """
     first, last = question.find('"'), question.rfind('"')
     if first < 0 or last <= first:
         return None
@@ -244,8 +281,7 @@ def parse_projection_request(prompt: str | Sequence[dict]) -> ProjectionRequest 
         names = [json.loads(q) for q in _QUOTED_ONE.findall(g.group(0))]
     except json.JSONDecodeError:
         return None
-    template = question[:first] + ENTITY_SLOT + question[last + 1 :]
-    return ProjectionRequest(question=template, entities=names, max_answers=int(m.group("max_answers")))
+    return question[:first] + ENTITY_SLOT + question[last + 1:], names
 
 
 def parse_projection_prompt(prompt: str | Sequence[dict]) -> tuple[str, list[str]] | None:

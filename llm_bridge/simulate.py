@@ -4,7 +4,7 @@
 
     python -m llm_bridge.simulate --artifact artifacts/umls-drop50 --port 8099 \\
         --recall 0.7 --hallucination 0.2 --noise 0.1 --seed 0
-    # then: --llm-base-url http://127.0.0.1:8099/v1
+    # then: --llm-base-url http://127.0.0.1:8099/v1 --llm-model sim
 
 It lets tests run the whole bridge over real HTTP and lets experiments measure
 how good an LLM must be for LGOT's merge to pay.  The knowledge is
@@ -408,7 +408,7 @@ class SimulatedLLM:
             answer = json.loads(answer_json)
         except json.JSONDecodeError:
             answer = answer_json
-        parsed = _split_question(question)
+        parsed = prompts.split_filled_question(question)
         if parsed is None or not isinstance(answer, str):
             return _plain("I don't know.")
         template, entities = parsed
@@ -478,25 +478,6 @@ def _match_template(text: str, name: str, *fields: str) -> Any:
         return None
     values = tuple(m.group(f) for f in fields)
     return values[0] if len(values) == 1 else values
-
-
-_QUOTED_GROUP = re.compile(r'"(?:[^"\\]|\\.)*"(?: or "(?:[^"\\]|\\.)*")*')
-_QUOTED_ONE = re.compile(r'"(?:[^"\\]|\\.)*"')
-
-
-def _split_question(question: str) -> tuple[str, list[str]] | None:
-    """A filled question (as in the answer-check prompt) -> (template with {entity}, entity names)."""
-    first, last = question.find('"'), question.rfind('"')
-    if first < 0 or last <= first:
-        return None
-    g = _QUOTED_GROUP.match(question, first)
-    if g is None or g.end() != last + 1:
-        return None
-    try:
-        names = [json.loads(q) for q in _QUOTED_ONE.findall(g.group(0))]
-    except json.JSONDecodeError:
-        return None
-    return question[:first] + prompts.ENTITY_SLOT + question[last + 1:], names
 
 
 # -------------------------------------------------------------------------------------- server

@@ -430,3 +430,14 @@ def test_local_smollm2_answers_through_the_client(local_llm, tmp_path):
         assert client.server_ignores_n and client.stats.n_fallback_requests >= 2
         again = client.complete_sync(msgs, response_format={"type": "json_object"})
         assert again.cached and again.texts == r.texts
+
+
+def test_a_non_openai_base_url_needs_a_model_name(tmp_path):
+    """The cache is keyed by model name: a local server's answers must not be filed under gpt-4o-mini."""
+    from kgreason.errors import UserError
+    from llm_bridge.config import LLMConfig
+
+    with pytest.raises(UserError, match="--llm-model"):
+        LLMConfig.from_env({}, base_url="http://127.0.0.1:8080/v1")
+    assert LLMConfig.from_env({"KGREASON_LLM_MODEL": "smollm2"}, base_url="http://127.0.0.1:8080/v1").model == "smollm2"
+    assert LLMConfig.from_env({}, base_url="https://api.openai.com/v1").model == "gpt-4o-mini"

@@ -364,7 +364,7 @@ def test_cli_cache_replay_with_the_server_stopped(llm_artifact, tmp_path, monkey
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with simulator(llm_artifact, recall=0.8, hallucination=0.2, seed=3) as srv:
         argv = ["--artifact", str(llm_artifact), "--expr", "(i (p likes Entity_003) (np likes Entity_004))",
-                "--top-k", "5", "--json", "--llm", "--llm-base-url", srv.base_url,
+                "--top-k", "5", "--json", "--llm", "--llm-base-url", srv.base_url, "--llm-model", "sim",
                 "--llm-cache", str(tmp_path / "c.sqlite"), "--llm-max-retries", "0", "--llm-timeout", "5"]
         assert main(argv) == 0
         first = capsys.readouterr()
@@ -388,7 +388,7 @@ def test_cli_llm_only_and_flag_errors(llm_artifact, tmp_path, capsys):
     assert main(base + ["--llm", "--llm-confidence", "logprobs-first"]) == 2
     assert "needs --llm-logprobs" in capsys.readouterr().err
     with simulator(llm_artifact, recall=1.0, hallucination=0.0) as srv:
-        assert main(base + ["--json", "--llm", "--llm-mode", "llm-only", "--llm-base-url", srv.base_url,
+        assert main(base + ["--json", "--llm", "--llm-mode", "llm-only", "--llm-base-url", srv.base_url, "--llm-model", "sim",
                             "--llm-cache", str(tmp_path / "c.sqlite"), "--llm-relation-questions", "fallback"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["answers"] and {a["provenance"] for a in out["answers"]} == {"llm"}
@@ -419,7 +419,7 @@ def test_cli_text_output_is_compact(llm_artifact, tmp_path, capsys):
 
     with simulator(llm_artifact, recall=1.0, hallucination=0.0) as srv:
         assert main(["--artifact", str(llm_artifact), "--expr", "(p parent_of (p likes Entity_003))", "--top-k", "3",
-                     "--llm", "--llm-base-url", srv.base_url, "--llm-cache", str(tmp_path / "c.sqlite"),
+                     "--llm", "--llm-base-url", srv.base_url, "--llm-model", "sim", "--llm-cache", str(tmp_path / "c.sqlite"),
                      "--llm-relation-questions", "fallback"]) == 0
     out = capsys.readouterr().out
     trace = [line for line in out[out.index("trace:"):].splitlines()[1:] if line.strip()]

