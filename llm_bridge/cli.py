@@ -29,12 +29,13 @@ from llm_bridge.config import LLMConfig, add_llm_arguments, config_from_args
 __all__ = ["LLMOptions", "add_arguments", "options_from_args", "llm_hooks", "compact_notes"]
 
 _DEFAULTS = {"mode": "lgot", "theta": 0.3, "alpha": 0.1, "merge": "max", "confidence": "samples",
-             "relation_questions": "llm", "link_threshold": 90.0}
+             "relation_questions": "llm", "link_threshold": 90.0, "answer_check": 0, "check_penalty": 0.5}
 # Flags that mean nothing without --llm (their dest names).
 _LLM_DESTS = ("llm_base_url", "llm_model", "llm_api_key_env", "llm_temperature", "llm_n", "llm_max_tokens",
               "llm_timeout", "llm_max_retries", "llm_concurrency", "llm_budget_calls", "llm_budget_tokens",
               "llm_logprobs", "llm_cache", "llm_mode", "llm_theta", "llm_alpha", "llm_merge", "llm_inputs",
-              "llm_confidence", "llm_relation_questions", "llm_names_file", "llm_link_threshold")
+              "llm_confidence", "llm_relation_questions", "llm_names_file", "llm_link_threshold",
+              "llm_answer_check", "llm_check_penalty")
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the artifact's source, if any)")
     g.add_argument("--llm-link-threshold", metavar="S", type=float, default=None,
                    help="fuzzy linking: accept a match with rapidfuzz score >= S in [0, 100] (default 90)")
+    g.add_argument("--llm-answer-check", metavar="K", type=int, default=None,
+                   help="answer check (LGOT 3.3.1): ask the LLM whether each of the top K entities (K <= 10) of "
+                        "every projection answers its sub-question; rejected ones are scaled by --llm-check-penalty "
+                        "(default 0: off)")
+    g.add_argument("--llm-check-penalty", metavar="P", type=float, default=None,
+                   help="factor in [0, 1] for an entity the answer check rejects (default 0.5)")
 
 
 def options_from_args(ns: argparse.Namespace, *, top_k: int = 10) -> LLMOptions | None:
@@ -91,13 +98,16 @@ def options_from_args(ns: argparse.Namespace, *, top_k: int = 10) -> LLMOptions 
         "mode": ns.llm_mode, "theta": ns.llm_theta, "alpha": ns.llm_alpha, "merge": ns.llm_merge,
         "confidence": ns.llm_confidence, "relation_questions": ns.llm_relation_questions,
         "link_threshold": ns.llm_link_threshold,
+        "answer_check": ns.llm_answer_check, "check_penalty": ns.llm_check_penalty,
         "inputs": ns.llm_inputs if ns.llm_inputs is not None else max(1, min(int(top_k), 10)),
     }
     flags = {"theta": "--llm-theta", "alpha": "--llm-alpha", "inputs": "--llm-inputs",
-             "link_threshold": "--llm-link-threshold"}
+             "link_threshold": "--llm-link-threshold", "answer_check": "--llm-answer-check",
+             "check_penalty": "--llm-check-penalty"}
+    ranges = {"inputs": (1, 10), "answer_check": (0, 10), "link_threshold": (0.0, 100.0)}
     for key, flag in flags.items():
         v = values[key]
-        lo, hi = (1, 10) if key == "inputs" else (0.0, 100.0) if key == "link_threshold" else (0.0, 1.0)
+        lo, hi = ranges.get(key, (0.0, 1.0))
         if v is not None and not lo <= v <= hi:
             raise UserError(f"{flag} must be in [{lo:g}, {hi:g}], got {v:g}")
     if values["confidence"] in ("logprobs-first", "logprobs-mean") and not config.logprobs:
@@ -128,6 +138,9 @@ def llm_hooks(options: LLMOptions | None, *, stats_out=None) -> Iterator[Sequenc
         summary = {"mode": options.settings.mode, "model": options.config.model, "prompts": hook.stats.prompts,
                    "calls": st.calls, "requests": st.requests, "cache_hits": st.cache_hits, "retries": st.retries,
                    "failed_rows": hook.stats.failed_rows, "tokens": st.total_tokens}
+        if options.settings.answer_check:
+            summary.update(checks=hook.stats.checks, failed_checks=hook.stats.failed_checks,
+                           penalised=hook.stats.penalised)
         out = sys.stderr if stats_out is None else stats_out
         out.write("llm: " + json.dumps(summary, sort_keys=False) + "\n")
     finally:
@@ -153,6 +166,10 @@ def compact_notes(notes: Mapping[str, Any], *, limit: int = 5) -> str:
                 parts.append(f"llm: {value['summary']}" + (f" [{kept}{f', +{more}' if more > 0 else ''}]" if kept else ""))
             elif "skipped" in value:
                 parts.append(f"llm: skipped ({value['skipped']})")
+        elif key == "check" and isinstance(value, Mapping):
+            pen = value.get("penalised", [])
+            shown = ", ".join(pen[:limit]) + (f", +{len(pen) - limit}" if len(pen) > limit else "")
+            parts.append(f"check {len(value.get('entities', []))}, penalised {len(pen)}" + (f" [{shown}]" if pen else ""))
         elif key == "merged" and isinstance(value, list):
             parts.append(f"merged {len(value)}")
         elif key == "llm_set" and isinstance(value, Mapping):

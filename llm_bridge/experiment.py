@@ -88,6 +88,7 @@ class ExperimentArgs:
     noise: float = 0.1
     theta: tuple[float, ...] = DEFAULT_THETA
     alpha: tuple[float, ...] = DEFAULT_ALPHA
+    answer_check: int = 0
     batch_size: int = 64
     max_answers: int = 100
     relation_questions: str = "llm"
@@ -140,6 +141,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="likelihood-ratio filter thresholds (default 0.3; e.g. 0 0.3 to compare)")
     p.add_argument("--alpha", nargs="+", type=_probability, default=list(DEFAULT_ALPHA), metavar="A",
                    help="LGOT merge weights: T[e] = max(T[e], A*p(e)) (default 0.1)")
+    p.add_argument("--answer-check", type=int, default=0, metavar="K",
+                   help="LGOT's answer check: ask about the top K (<= 10) entities of every projection and scale the "
+                        "rejected ones by 0.5 (default 0: off; LGOTSettings.answer_check)")
     p.add_argument("--batch-size", type=int, default=64, metavar="N",
                    help="queries per executor batch, i.e. per round of LLM calls (default 64)")
     p.add_argument("--max-answers", type=int, default=100, metavar="N",
@@ -180,6 +184,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ExperimentArgs:
     check_device(ns.device)
     if ns.per_structure < 1:
         raise UserError(f"--per-structure must be >= 1, got {ns.per_structure}")
+    if not 0 <= ns.answer_check <= 10:
+        raise UserError(f"--answer-check must be in [0, 10], got {ns.answer_check}")
     if ns.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {ns.batch_size}")
     if ns.max_answers < 1:
@@ -212,7 +218,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ExperimentArgs:
     args = ExperimentArgs(
         artifact=ns.artifact, out=ns.out, structures=tuple(dict.fromkeys(ns.structures)),
         per_structure=ns.per_structure, seed=ns.seed, recall=recall, hallucination=hallucination, noise=noise,
-        theta=tuple(dict.fromkeys(ns.theta)), alpha=tuple(dict.fromkeys(ns.alpha)), batch_size=ns.batch_size,
+        theta=tuple(dict.fromkeys(ns.theta)), alpha=tuple(dict.fromkeys(ns.alpha)), answer_check=ns.answer_check,
+        batch_size=ns.batch_size,
         max_answers=ns.max_answers, relation_questions=ns.relation_questions, name=name,
         replay=not ns.no_replay, sim_latency_ms=ns.sim_latency_ms, device=ns.device, quiet=ns.quiet, overwrite=ns.overwrite, llm=config,
         server=server, questions_dir=ns.questions_dir,
@@ -327,20 +334,22 @@ def evaluate_method(executor, queries, *, batch_size: int, desc: str, quiet: boo
 
 
 def sim_model_name(name: str, recall: float, hallucination: float, noise: float, seed: int, method: str,
-                   theta: float, alpha: float) -> str:
+                   theta: float, alpha: float, answer_check: int = 0) -> str:
     """The model name of one simulator run: the cache key excludes the server's address, so it carries
     everything that changes the answers (and the method and filter, so that every run starts cold)."""
-    return f"sim-{name}-r{recall:g}-h{hallucination:g}-n{noise:g}-s{seed}-{method}-t{theta:g}-a{alpha:g}"
+    check = f"-c{answer_check}" if answer_check else ""
+    return f"sim-{name}-r{recall:g}-h{hallucination:g}-n{noise:g}-s{seed}-{method}-t{theta:g}-a{alpha:g}{check}"
 
 
 def run_llm(executor, artifact, queries, config, *, method: str, theta: float, alpha: float, questions,
-            batch_size: int, desc: str, quiet: bool, linker=None) -> dict[str, Any]:
+            batch_size: int, desc: str, quiet: bool, linker=None, answer_check: int = 0) -> dict[str, Any]:
     """One LLM-only or LGOT run: metrics plus the client's and the hook's counters."""
     from llm_bridge.client import LLMClient
     from llm_bridge.lgot import LGOTHook, LGOTSettings
 
     settings = LGOTSettings(mode="lgot" if method == "lgot" else "llm-only", theta=theta, alpha=alpha,
-                            relation_questions="fallback")  # templates were settled before the runs (shared)
+                            relation_questions="fallback",  # templates were settled before the runs (shared)
+                            answer_check=answer_check)
     with LLMClient(config) as client:
         hook = LGOTHook(client=client, artifact=artifact, settings=settings, questions=questions,
                         linker=linker or _linker(artifact))
@@ -361,6 +370,7 @@ def run_llm(executor, artifact, queries, config, *, method: str, theta: float, a
         "llm_wall_s": st.wall_s, "request_s": st.request_s,
         "answers": hook.stats.answers, "kept": hook.stats.kept, "linked": hook.stats.linked,
         "unlinked": hook.stats.unlinked, "merged": hook.stats.merged,
+        "checks": hook.stats.checks, "failed_checks": hook.stats.failed_checks, "penalised": hook.stats.penalised,
     }
     res["model"] = config.model
     return res
@@ -425,7 +435,7 @@ def run_experiment(args: ExperimentArgs) -> dict[str, Any]:
                f"in {sample_s:.1f} s")
     executor = Executor(artifact, device=args.device)
     record: dict[str, Any] = {
-        "name": args.name, "mode": args.mode, "artifact": str(args.artifact),
+        "name": args.name, "mode": args.mode, "artifact": str(args.artifact), "answer_check": args.answer_check,
         "dataset": {"entities": artifact.num_entities, "relations": artifact.num_relations,
                     "observed": int(len(artifact.observed)), "missing": int(len(artifact.missing)),
                     "source": artifact.meta.get("build_config", {}).get("kg", artifact.meta.get("source")),
@@ -457,7 +467,8 @@ def run_experiment(args: ExperimentArgs) -> dict[str, Any]:
                         continue  # alpha only weighs LGOT's merge
                     desc = f"{method} θ={point['theta']:g}" + (f" α={point['alpha']:g}" if method == "lgot" else "")
                     res = run_llm(executor, artifact, queries, config, method=method, questions=questions,
-                                  batch_size=args.batch_size, desc=desc, quiet=args.quiet, **point)
+                                  batch_size=args.batch_size, desc=desc, quiet=args.quiet,
+                                  answer_check=args.answer_check, **point)
                     runs.append({"method": method, **point, **res})
                     _log(args, f"{desc}: {_fmt(res)}")
             first = dict(grid[0], method="lgot")
@@ -488,12 +499,13 @@ def run_experiment(args: ExperimentArgs) -> dict[str, Any]:
                                 for method in ("llm-only", "lgot"):
                                     if method == "llm-only" and al != args.alpha[0]:
                                         continue  # alpha only weighs LGOT's merge
-                                    model = sim_model_name(args.name, r, h, args.noise, args.seed, method, th, al)
+                                    model = sim_model_name(args.name, r, h, args.noise, args.seed, method, th, al,
+                                                           args.answer_check)
                                     config = base.replace(base_url=srv.base_url, model=model)
                                     desc = f"{method} r={r:g} h={h:g} θ={th:g}" + (f" α={al:g}" if method == "lgot" else "")
                                     res = run_llm(executor, artifact, queries, config, method=method, theta=th,
                                                   alpha=al, questions=questions, batch_size=args.batch_size,
-                                                  desc=desc, quiet=args.quiet)
+                                                  desc=desc, quiet=args.quiet, answer_check=args.answer_check)
                                     runs.append({"method": method, "recall": r, "hallucination": h,
                                                  "noise": args.noise, "theta": th, "alpha": al, **res})
                                     _log(args, f"{desc}: {_fmt(res)}")
@@ -536,7 +548,8 @@ def replay(executor, artifact, queries, args: ExperimentArgs, first: dict, runs:
             cfg = cfg.replace(base_url=srv.base_url)
         try:
             return run_llm(executor, artifact, queries, cfg, method="lgot", questions=questions,
-                           batch_size=args.batch_size, desc=desc, quiet=args.quiet, **point)
+                           batch_size=args.batch_size, desc=desc, quiet=args.quiet,
+                           answer_check=args.answer_check, **point)
         finally:
             if srv is not None:
                 srv.stop()

@@ -45,6 +45,21 @@ merged on its own (it has no finite extension); it acts at the enclosing
 intersection.  In LLM-only mode an ``np`` row becomes ``1 - p(e)`` on the
 LLM's set and 1 elsewhere.
 
+**Answer check** (LGOT §3.3.1, optional: ``answer_check=K > 0``): after the
+merge at a ``p`` node, for each row with a sub-question, its top ``K`` entities
+by merged value (value > 0, ties by id) are checked with the answer-check
+prompt (:func:`~llm_bridge.prompts.answer_check_messages`: the row's filled
+sub-question and the entity's name), all rows' checks in one ``complete_many``
+call (identical prompts once), with the client's n samples and temperature.
+``p_yes`` = yes votes / valid votes (:func:`~llm_bridge.parse.parse_yes_no`;
+undecided replies are not votes).  An entity the LLM rejects (``p_yes < 0.5``
+with at least one valid vote) has its value multiplied by ``check_penalty``
+(evidence ``merge="scale"``: the explanation keeps its KG witness and
+recomputes ``kg * penalty``); accepted or undecided entities are unchanged.
+The row's LLM answer set is not changed by the check.  ``np`` nodes are not
+checked (a negated set acts at the enclosing intersection).  A failed check
+call leaves the row's values unchanged, with a ``"warning"`` note.
+
 **Failures never fail a batch**: a row whose LLM call failed (after the
 client's retries, or with the budget spent) keeps its KG value (both modes),
 its LLM set is undefined, and the trace gets a ``"warning"`` note.
@@ -55,8 +70,12 @@ the filter), ``linked`` / ``unlinked`` (what each kept string became, or the
 closest candidate), ``merged`` (entity, ``p``, merged-in score, value after
 the merge), ``samples``, ``refusals``, ``tokens``, ``summary`` (one line);
 key ``"merged"``: per merged entity its ``p``, the score merged in, the KG
-value before and the value after; at set-operator
-nodes, key ``"llm_set"``.
+value before and the value after; key ``"check"`` (with ``answer_check``):
+``question``, ``entities`` (per checked entity: ``entity``, ``id``, ``p_yes``
+(None when no vote was valid), ``yes``, ``votes``, ``samples``, ``value``
+(before), ``after``, ``penalised``; or ``failed``: the failure's reason),
+``penalised`` (names) and, when some checks failed, ``failed`` (reasons,
+entities); at set-operator nodes, key ``"llm_set"``.
 """
 from __future__ import annotations
 
@@ -72,8 +91,9 @@ from kgreason.errors import UserError
 
 from engine.exec.hooks import NodeContext, NodeValue
 from llm_bridge.linking import DEFAULT_THRESHOLD, EntityLinker
-from llm_bridge.parse import Confidence, extract_entities, logprob_confidence, sample_confidence
-from llm_bridge.prompts import MAX_ANSWERS, fill_question, projection_messages, projection_response_format
+from llm_bridge.parse import Confidence, extract_entities, logprob_confidence, parse_yes_no, sample_confidence
+from llm_bridge.prompts import (MAX_ANSWERS, answer_check_messages, fill_question, projection_messages,
+                                projection_response_format)
 from llm_bridge.relations import RelationQuestions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -112,7 +132,11 @@ class LGOTSettings:
     ``confidence``: one of :data:`CONFIDENCE_MODES` (log-probability modes fall
     back to counts for replies without log-probabilities);
     ``relation_questions``: ``"llm"`` or ``"fallback"``; ``link_threshold``:
-    fuzzy-linking score in [0, 100].
+    fuzzy-linking score in [0, 100]; ``answer_check``: 0 (off) or K in [1, 10]:
+    ask the answer-check prompt (LGOT §3.3.1) about the top K entities of every
+    projection row after the merge; ``check_penalty`` in [0, 1]: the factor a
+    rejected entity's value is multiplied by (rejected: ``p_yes < 0.5`` over
+    the valid yes/no votes, at least one; see the module doc).
     """
 
     mode: str = "lgot"
@@ -124,6 +148,8 @@ class LGOTSettings:
     confidence: str = "samples"
     relation_questions: str = "llm"
     link_threshold: float = DEFAULT_THRESHOLD
+    answer_check: int = 0
+    check_penalty: float = 0.5
 
     def __post_init__(self) -> None:
         def check(ok: bool, what: str) -> None:
@@ -136,13 +162,14 @@ class LGOTSettings:
               f"confidence must be one of {', '.join(CONFIDENCE_MODES)}, got {self.confidence!r}")
         check(self.relation_questions in RELATION_QUESTION_MODES,
               f"relation_questions must be one of {', '.join(RELATION_QUESTION_MODES)}, got {self.relation_questions!r}")
-        for name in ("theta", "alpha"):
+        for name in ("theta", "alpha", "check_penalty"):
             v = getattr(self, name)
             check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0.0 <= v <= 1.0,
                   f"{name} must be in [0, 1], got {v!r}")
-        for name, hi in (("inputs", 10), ("max_answers", 100)):
+        for name, lo, hi in (("inputs", 1, 10), ("max_answers", 1, 100), ("answer_check", 0, 10)):
             v = getattr(self, name)
-            check(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= hi, f"{name} must be in [1, {hi}], got {v!r}")
+            check(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi,
+                  f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
         check(0.0 <= float(self.link_threshold) <= 100.0, f"link_threshold must be in [0, 100], got {self.link_threshold!r}")
 
     def to_json(self) -> dict[str, Any]:
@@ -235,7 +262,9 @@ class _Prefer:
 
 @dataclass
 class HookStats:
-    """Counters over the hook's life: prompts asked, rows that fell back, LLM entities merged."""
+    """Counters over the hook's life: prompts asked, rows that fell back, LLM entities merged;
+    answer checks asked (``checks``, per row and entity; ``unique_checks``: distinct prompts sent),
+    ``failed_checks`` (entities whose check failed) and ``penalised`` (entities scaled)."""
 
     nodes: int = 0
     prompts: int = 0
@@ -246,6 +275,10 @@ class HookStats:
     linked: int = 0
     unlinked: int = 0
     merged: int = 0
+    checks: int = 0
+    unique_checks: int = 0
+    failed_checks: int = 0
+    penalised: int = 0
     relation_questions: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -402,6 +435,7 @@ class LGOTHook:
         kg_rows = value.values.detach().cpu().numpy()
         sets: list[LLMSet | None] = []
         updates: list[tuple[int, dict[int, float], dict[int, dict[str, Any]]]] = []
+        failed: dict[int, str] = {}  # row -> its warning (a failed check adds to it)
         for row in range(ctx.rows):
             res = results[row]
             if questions[row] is None:
@@ -416,7 +450,8 @@ class LGOTHook:
                 reason = getattr(res, "reason", "unknown")
                 info["failed"] = {"reason": reason, "message": getattr(res, "message", "")}
                 ctx.note(row, "llm", info)
-                ctx.note(row, "warning", f"LLM call failed ({reason}); this row is KG-only")
+                failed[row] = f"LLM call failed ({reason}); this row is KG-only"
+                ctx.note(row, "warning", failed[row])
                 sets.append(None)
                 continue
             conf, refusals, _ = self._confidence(res)
@@ -456,7 +491,87 @@ class LGOTHook:
                     ctx.note(row, "llm_set", {**sets[row].to_json(names),  # type: ignore[union-attr]
                                               "merged": "no (a negated set acts at the enclosing intersection)"})
             return None, sets
-        return self._write(ctx, value, updates), sets
+        out = self._write(ctx, value, updates)
+        if s.answer_check > 0:
+            out = self._check(ctx, value if out is None else out, questions, failed) or out
+        return out, sets
+
+    # ---------------------------------------------------------------------------- answer check
+    def _check(self, ctx: NodeContext, value: NodeValue, questions: Sequence[str | None],
+               warnings: Mapping[int, str]) -> NodeValue | None:
+        """LGOT §3.3.1: ask whether each row's top-K entities answer its sub-question; scale the rejected."""
+        s = self.settings
+        names = self.artifact.entities
+        k = min(s.answer_check, value.values.shape[1])
+        vals, ids = torch.sort(value.values, dim=1, descending=True, stable=True)
+        vals, ids = vals[:, :k].cpu().numpy(), ids[:, :k].cpu().numpy()
+        todo: list[tuple[int, list[tuple[int, float]]]] = []
+        distinct: dict[str, int] = {}
+        batch: list[Any] = []
+        slots: dict[tuple[int, int], int] = {}  # (row, entity) -> index into batch
+        for row in range(ctx.rows):
+            q = questions[row]
+            cand = [(int(e), float(v)) for v, e in zip(vals[row], ids[row]) if v > 0]
+            if q is None or not cand:
+                continue
+            todo.append((row, cand))
+            for e, _ in cand:
+                msgs = answer_check_messages(q, names[e])
+                key = json.dumps(msgs, sort_keys=True, ensure_ascii=False)
+                if key not in distinct:
+                    distinct[key] = len(batch)
+                    batch.append(msgs)
+                slots[(row, e)] = distinct[key]
+        if not batch:
+            return None
+        results = self.client.complete_many_sync(batch)
+        self.stats.checks += len(slots)
+        self.stats.unique_checks += len(batch)
+        edit = value.edit()
+        touched = False
+        for row, cand in todo:
+            recs: list[dict[str, Any]] = []
+            bad: list[dict[str, Any]] = []
+            penal: list[int] = []
+            for e, v in cand:
+                res = results[slots[(row, e)]]
+                rec: dict[str, Any] = {"entity": names[e], "id": e}
+                if not getattr(res, "ok", False):
+                    rec["failed"] = getattr(res, "reason", "unknown")
+                    bad.append(rec)
+                    recs.append(rec)
+                    continue
+                votes = [parse_yes_no(t) for t in res.texts]
+                valid = [x for x in votes if x is not None]
+                yes = sum(valid)
+                p_yes = yes / len(valid) if valid else None
+                reject = p_yes is not None and p_yes < 0.5
+                after = float(np.float32(v * s.check_penalty)) if reject else v  # what the edit writes
+                rec.update(p_yes=None if p_yes is None else round(p_yes, 6), yes=yes, votes=len(valid),
+                           samples=len(res.texts), value=round(v, 6), after=round(after, 6), penalised=reject)
+                if reject:
+                    penal.append(e)
+                recs.append(rec)
+            note: dict[str, Any] = {"question": questions[row], "entities": recs,
+                                    "penalised": [names[e] for e in penal]}
+            if bad:
+                self.stats.failed_checks += len(bad)
+                reasons = sorted({r["failed"] for r in bad})
+                note["failed"] = {"reasons": reasons, "entities": [r["entity"] for r in bad]}
+                msg = (f"answer check failed ({', '.join(reasons)}) for {len(bad)} of {len(cand)} "
+                       f"entit{'y' if len(cand) == 1 else 'ies'}; their scores are unchanged")
+                prev = warnings.get(row)
+                ctx.note(row, "warning", msg if prev is None else f"{prev}; {msg}")
+            if penal:
+                edit.merge(row, penal, [s.check_penalty] * len(penal), source="llm", merge="scale",
+                           detail=[{"check": "rejected", "p_yes": next(r["p_yes"] for r in recs if r["id"] == e)}
+                                   for e in penal])
+                touched = True
+                self.stats.penalised += len(penal)
+            ctx.note(row, "check", note)
+        if not touched:
+            return None
+        return edit.done()
 
     # ------------------------------------------------------------------------------ writing
     def _write(self, ctx: NodeContext, value: NodeValue,

@@ -530,6 +530,11 @@ def test_evidence_rules_and_provenance_labels():
     assert chained.merged(0.1) == pytest.approx(0.8) and chained.sources() == {"llm", "sim"}
     assert Evidence("b", 0.2, prior=Evidence("a", 0.5, merge="replace")).discards_kg()
     assert Evidence("llm", 0.0).sources() == frozenset()  # a zero score contributes nothing
+    # "scale": a factor (the answer check's penalty); it adds no positive part, so no source of its own
+    scaled = Evidence("llm", 0.5, merge="scale", prior=Evidence("sim", 0.6))
+    assert scaled.merged(0.2) == pytest.approx(0.3) and scaled.sources() == {"sim"} and not scaled.discards_kg()
+    assert Evidence("llm", 0.5, merge="scale").merged(0.8) == pytest.approx(0.4)
+    assert Evidence("llm", 0.5, merge="scale").sources() == frozenset()
     for bad in (dict(source=""), dict(merge="min"), dict(score=1.2)):
         with pytest.raises(ValueError):
             Evidence(**({"source": "llm", "score": 0.1} | bad))

@@ -85,6 +85,7 @@ def test_existing_outputs_need_overwrite(sim_run, capsys):
     (["--per-structure", "0"], "--per-structure"),
     (["--structures", "9p"], "9p"),
     (["--no-such-flag"], "unrecognized"),
+    (["--answer-check", "11"], "--answer-check"),
     (["--recall", "0.5", "--llm-base-url", "http://127.0.0.1:1/v1"], "--recall"),
 ])
 def test_bad_flags_are_one_line_errors(llm_artifact, tmp_path, capsys, bad, needle):
@@ -117,3 +118,16 @@ def test_server_mode_against_any_openai_compatible_server(llm_artifact, tmp_path
     assert rec["setup"]["mode"] == "llm" and rec["setup"]["prompts"] > 0
     assert rec["replay"]["warm"]["requests"] == 0 and cache.is_file()
     assert (tmp_path / "tiny_server_some-model.png").is_file() and (tmp_path / "tiny_server_some-model.md").is_file()
+
+
+def test_answer_check_is_passed_through(llm_artifact, tmp_path):
+    out = tmp_path / "o"
+    argv = ["--artifact", str(llm_artifact), "--out", str(out), "--name", "chk", "--structures", "1p",
+            "--per-structure", "3", "--recall", "1.0", "--hallucination", "0", "--no-replay", "--quiet",
+            "--answer-check", "2"]
+    assert main(argv) == 0
+    record = json.loads((out / "chk_sim.json").read_text(encoding="utf-8"))
+    assert record["answer_check"] == 2
+    for run in record["runs"]:
+        assert 0 < run["cost"]["checks"] <= 2 * 3 and run["cost"]["failed_checks"] == 0
+        assert run["model"].endswith("-c2")

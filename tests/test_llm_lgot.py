@@ -426,3 +426,124 @@ def test_cli_text_output_is_compact(llm_artifact, tmp_path, capsys):
     assert len(trace) == 2 and all(len(line) < 400 for line in trace)
     assert "llm: 1 input(s); " in trace[0] and "; merged " in trace[0]
     assert any(t in out for t in ("[llm]", "[both]"))
+
+
+# ------------------------------------------------------------------------------ answer check (LGOT §3.3.1)
+def test_answer_check_settings_validation():
+    assert LGOTSettings().answer_check == 0 and LGOTSettings().check_penalty == 0.5
+    for bad in (-1, 11, 2.5, True):
+        with pytest.raises(UserError, match="answer_check must be an integer in \\[0, 10\\]"):
+            LGOTSettings(answer_check=bad)
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(UserError, match="check_penalty must be in \\[0, 1\\]"):
+            LGOTSettings(check_penalty=bad)
+
+
+def _with_wrong_edge(art: Artifact) -> tuple[Artifact, str, int, int]:
+    """``art`` with one false ``likes`` edge (value 0.9, not in the full KG) from a head with observed likes tails."""
+    likes = art.relation_id("likes")
+    n = art.num_entities
+    truth = {(int(h), int(t)) for h, r, t in np.concatenate([art.observed, art.missing]) if r == likes}
+    head = min(h for h, _ in truth)
+    wrong = next(t for t in range(n) if t != head and (head, t) not in truth)
+    m = art.matrices.tolil(copy=True)
+    m[likes * n + head, wrong] = 0.9
+    m[(likes + 1) * n + wrong, head] = 0.9
+    m = m.tocsr()
+    m.sort_indices()
+    bad = Artifact(entities=art.entities, relations=art.relations, matrices=m, observed=art.observed,
+                   missing=art.missing)
+    return bad, art.entities[head], head, wrong
+
+
+def _answer(art, hook, queries):
+    return Executor(art, hooks=[hook]).answer(queries, k=20, explain=True)
+
+
+def test_answer_check_penalises_a_wrong_kg_answer_and_keeps_right_ones(llm_artifact, tmp_path):
+    art, head_name, head, wrong = _with_wrong_edge(Artifact.load(llm_artifact))
+    queries = [parse(f"(p likes {head_name})"), parse(f"(p parent_of (p likes {head_name}))")]
+    with simulator(llm_artifact, recall=1.0, hallucination=0.0, noise=0.0) as srv:
+        with _client(srv.base_url, tmp_path, use_cache=False) as c:
+            off = LGOTHook(client=c, artifact=art, settings=LGOTSettings(relation_questions="fallback"))
+            base = _answer(art, off, queries)
+            assert c.stats.calls == off.stats.prompts  # answer_check=0: no check prompt is asked
+        assert off.stats.checks == 0
+        assert all("check" not in n.notes for r in base for n in r.trace.nodes)
+        with _client(srv.base_url, tmp_path, use_cache=False) as c:
+            on = LGOTHook(client=c, artifact=art, settings=LGOTSettings(relation_questions="fallback", answer_check=10))
+            res = _answer(art, on, queries)
+            assert c.stats.calls == on.stats.prompts + on.stats.unique_checks
+            assert c.stats.failures == 0
+    assert 0 < on.stats.unique_checks <= on.stats.checks <= 10 * 3  # at most K per projection row
+    before, after = scores(base[0]), scores(res[0])
+    w = art.entities[wrong]
+    assert before[w] == pytest.approx(0.9)
+    assert after[w] == float(np.float32(np.float32(0.9) * 0.5))  # the wrong KG answer: penalised
+    for e, v in before.items():  # every right answer is kept as it was
+        if e != w:
+            assert after[e] == v
+    assert on.stats.penalised >= 1
+    # provenance and explanation: the penalised answer is still a KG answer and recomputes its score
+    ans = next(a for a in res[0].answers if a.entity == w)
+    assert ans.provenance == "kg"
+    assert ans.explanation.evidence.merge == "scale" and ans.explanation.children
+    assert ans.explanation.recompute("product") == pytest.approx(ans.score, abs=1e-6)
+    for r in res:
+        for a in r.answers:
+            assert a.explanation.recompute("product") == pytest.approx(a.score, abs=1e-6)
+    # the trace: the checked entities with p_yes, which were penalised; the JSON output carries it
+    node = next(n for n in res[0].trace.nodes if n.op == "p")
+    note = node.notes["check"]
+    assert note["question"] == node.notes["llm"]["question"]
+    rec = {x["entity"]: x for x in note["entities"]}
+    assert rec[w]["p_yes"] == 0.0 and rec[w]["penalised"] and rec[w]["votes"] == 6
+    assert note["penalised"] == [w]
+    assert all(x["p_yes"] == 1.0 and not x["penalised"] for e, x in rec.items() if e != w)
+    assert len(note["entities"]) == min(10, sum(v > 0 for v in before.values()))  # the top K
+    js = res[0].to_json()["trace"]
+    assert any("check" in n.get("notes", {}) for n in js["nodes"])
+
+
+def test_answer_check_failures_leave_scores_unchanged(llm_artifact, tmp_path):
+    art, head_name, _, _ = _with_wrong_edge(Artifact.load(llm_artifact))
+    queries = [parse(f"(p likes {head_name})")]
+    settings = LGOTSettings(relation_questions="fallback")
+    with simulator(llm_artifact, recall=1.0, hallucination=0.0) as srv:
+        with _client(srv.base_url, tmp_path, model="sim") as c:  # fills the cache with the projections
+            base = _answer(art, LGOTHook(client=c, artifact=art, settings=settings), queries)
+    # every request now fails (503): the projections come from the cache, the checks fail
+    sim = dict(fail_rate=1.0, fail_status=503)
+    with simulator(llm_artifact, **sim) as srv:
+        with _client(srv.base_url, tmp_path, model="sim", max_retries=1) as c:
+            hook = LGOTHook(client=c, artifact=art,
+                            settings=LGOTSettings(relation_questions="fallback", answer_check=3))
+            res = _answer(art, hook, queries)
+            assert c.stats.cache_hits == hook.stats.prompts and c.stats.failures == hook.stats.unique_checks > 0
+    assert [(a.entity, a.score) for a in res[0].answers] == [(a.entity, a.score) for a in base[0].answers]
+    node = next(n for n in res[0].trace.nodes if n.op == "p")
+    assert node.notes["warning"] == "answer check failed (server_error) for 3 of 3 entities; their scores are unchanged"
+    assert node.notes["check"]["failed"]["reasons"] == ["server_error"]
+    assert node.notes["check"]["penalised"] == [] and hook.stats.failed_checks == 3 and hook.stats.penalised == 0
+    assert hook.stats.failed_rows == 0
+
+
+def test_cli_answer_check_flags(llm_artifact, tmp_path, capsys):
+    from engine.answer import main
+
+    base = ["--artifact", str(llm_artifact), "--expr", "(p likes Entity_003)"]
+    assert main(base + ["--llm-answer-check", "3"]) == 2
+    assert "--llm-answer-check needs --llm" in capsys.readouterr().err
+    assert main(base + ["--llm", "--llm-answer-check", "11"]) == 2
+    assert "--llm-answer-check must be in [0, 10], got 11" in capsys.readouterr().err
+    assert main(base + ["--llm", "--llm-check-penalty", "1.5"]) == 2
+    assert "--llm-check-penalty must be in [0, 1], got 1.5" in capsys.readouterr().err
+    with simulator(llm_artifact, recall=1.0, hallucination=0.0) as srv:
+        assert main(base + ["--json", "--llm", "--llm-base-url", srv.base_url, "--llm-model", "sim",
+                            "--llm-cache", str(tmp_path / "c.sqlite"), "--llm-relation-questions", "fallback",
+                            "--llm-answer-check", "2", "--llm-check-penalty", "0.25"]) == 0
+    got = capsys.readouterr()
+    out = json.loads(got.out)
+    checks = [n["notes"]["check"] for n in out["trace"]["nodes"] if "check" in n.get("notes", {})]
+    assert checks and len(checks[0]["entities"]) == 2
+    assert '"checks": 2' in got.err

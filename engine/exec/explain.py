@@ -11,7 +11,8 @@ the witness source entity (the argmax) and the atom's truth value
   of the children for ``i``/``u``, ``1 - child`` for ``n``, the anchor atom for ``e``);
 * evidence ``"max"``:     ``max(kg, evidence.score)``;
 * evidence ``"add"``:     ``min(1, kg + evidence.score)``;
-* evidence ``"replace"``: ``evidence.score`` (no KG part).
+* evidence ``"replace"``: ``evidence.score`` (no KG part);
+* evidence ``"scale"``:   ``kg * evidence.score`` (a factor: the LLM answer check's penalty).
 
 Provenance (``Explanation.source``, ``Answer.provenance``) is the set of
 sources that contributed a positive part to the score, anywhere in the

@@ -44,6 +44,8 @@ Merge rules (``Evidence.merge``), with ``kg`` the node's value before the merge:
 * ``"max"``:     ``merged = max(kg, score)``
 * ``"add"``:     ``merged = min(1, kg + score)``
 * ``"replace"``: ``merged = score`` (the KG value is discarded)
+* ``"scale"``:   ``merged = kg * score`` (a factor, e.g. a penalty; it adds no
+  positive part, so its source does not count towards provenance)
 
 Several merges into the same (node, row, entity) chain: each new
 :class:`Evidence` keeps the one before it in ``prior`` and
@@ -80,7 +82,7 @@ __all__ = [
 #: Node ops, as in :class:`~engine.exec.explain.Explanation` (``"e"`` is an anchor).
 OPS = ("e", "p", "np", "i", "u", "n")
 #: Merge rules of :class:`Evidence`.
-MERGES = ("max", "add", "replace")
+MERGES = ("max", "add", "replace", "scale")
 _NO_EVIDENCE: Mapping[int, "Evidence"] = MappingProxyType({})
 
 
@@ -97,7 +99,7 @@ class Evidence:
 
     ``source`` names who gave it (``"llm"``, ``"kg"`` is reserved for the
     executor's own values); ``score`` in [0, 1] is the score merged in by rule
-    ``merge`` (``"max"``, ``"add"`` or ``"replace"``, see the module doc);
+    ``merge`` (``"max"``, ``"add"``, ``"replace"`` or ``"scale"``, see the module doc);
     ``detail`` is JSON-serialisable data for the trace (the LLM's p(e), the
     string that was linked, ...); ``prior`` is the evidence this one was merged
     on top of, if any (several hooks, or one hook merging twice).
@@ -125,6 +127,8 @@ class Evidence:
             return max(base, s)
         if self.merge == "add":
             return min(1.0, base + s)
+        if self.merge == "scale":
+            return base * s
         return s  # replace
 
     def chain(self) -> list["Evidence"]:
@@ -140,9 +144,9 @@ class Evidence:
         """Sources that contribute to the merged value: those after the last replace, with a score > 0."""
         out: set[str] = set()
         for e in self.chain():
-            if e.merge == "replace":
+            if e.merge == "replace" or (e.merge == "scale" and e.score <= 0):
                 out.clear()
-            if e.score > 0:
+            if e.score > 0 and e.merge != "scale":  # a factor adds no positive part
                 out.add(e.source)
         return frozenset(out)
 
@@ -316,6 +320,8 @@ class ValueEdit:
                 out[e] = max(c, s)
             elif merge == "add":
                 out[e] = min(1.0, c + s)  # rounded to float32 when written below
+            elif merge == "scale":
+                out[e] = c * s
             else:
                 out[e] = s
         keys = list(out)
