@@ -23,7 +23,7 @@ from typing import Sequence
 
 from kgreason.cli import ArgumentParser as _Parser, check_seed  # _Parser: one-line UserError, user text escaped
 from kgreason.errors import Terminated, UserError, cli_main, unknown_name
-from kgreason.files import check_output_file, open_output
+from kgreason.files import check_output_file, interrupts_deferred, open_output
 
 __all__ = ["SampleArgs", "parse_args", "main"]
 
@@ -91,9 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with open_output(args.out, what="--out", keep_partial=True) as f:
             for q in sampler.iter_many(args.structures, args.per_structure, seed=args.seed, progress=args.progress):
-                f.write(query_record(q, artifact))
-                f.flush()  # a killed run leaves whole lines in the temporary file
-                n += 1
+                line = query_record(q, artifact)
+                with interrupts_deferred():  # a Ctrl-C lands before or after a whole line and its count
+                    f.write(line)
+                    f.flush()  # a killed run leaves whole lines in the temporary file
+                    n += 1
     except (KeyboardInterrupt, Terminated):
         print(f"interrupted: kept the {n:,} queries written so far in {args.out}", file=sys.stderr)
         raise

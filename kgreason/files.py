@@ -37,7 +37,7 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 from kgreason.errors import Terminated, UserError
 
@@ -45,6 +45,7 @@ __all__ = [
     "MANIFEST",
     "is_plain_name",
     "sigterm_raises",
+    "interrupts_deferred",
     "user_cache_dir",
     "check_output_folder",
     "OutputFolder",
@@ -82,6 +83,42 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM during a block that must not be cut in half; deliver them after it.
+
+    E.g. writing one record and counting it: a Ctrl-C between the two would leave
+    the count and the file disagreeing.  A signal that arrives inside the block
+    runs its previous handler (``KeyboardInterrupt``, :class:`Terminated`, ...) as
+    the block exits.  Outside the main thread this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[tuple[int, Any]] = []
+    previous: dict[int, Any] = {}
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, lambda n, frame: pending.append((n, frame)))
+    except (ValueError, OSError):
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        yield
+        return
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if pending:
+            signum, frame = pending[0]
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 def user_cache_dir() -> Path:

@@ -739,3 +739,22 @@ def test_caches_point_into_the_test_session(tmp_path):
     from llm_bridge.config import default_cache_path
 
     assert Path(os.environ["XDG_CACHE_HOME"]) in default_cache_path().parents
+
+
+def test_interrupts_deferred_delivers_ctrl_c_after_the_block():
+    """A Ctrl-C inside the block lands as KeyboardInterrupt after it: the block's work is never cut in half."""
+    import os as _os
+
+    from kgreason.files import interrupts_deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            _os.kill(_os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler has run (deferred) by now
+            done.append("whole")
+    assert done == ["whole"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with interrupts_deferred():  # no signal: nothing raised
+        done.append("again")
+    assert done == ["whole", "again"]
