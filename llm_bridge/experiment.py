@@ -297,37 +297,13 @@ def evaluate_method(executor, queries, *, batch_size: int, desc: str, quiet: boo
 
     Returns ``{"structures": {s: {tie: {metric: value}}}, "mean": {tie: {metric: value}}, "wall_s", "queries"}``.
     """
-    import torch
+    from engine.eval.metrics import TIES, evaluate_queries
 
-    from engine.eval.metrics import TIES, rank_batch
-
-    groups: dict[str, list] = {}
-    for q in queries:
-        groups.setdefault(q.structure, []).append(q)
-    bar = None
-    if not quiet:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(queries), desc=desc, unit="q", file=sys.stderr, leave=False)
     t0 = time.perf_counter()
-    per: dict[str, dict[str, dict[str, float]]] = {}
-    for name, group in groups.items():
-        sums: dict[str, dict[str, float]] = {t: {} for t in TIES}
-        for lo in range(0, len(group), batch_size):
-            chunk = group[lo:lo + batch_size]
-            scores = executor.scores([q.node for q in chunk], batch_size=batch_size)
-            if not isinstance(scores, torch.Tensor):
-                scores = torch.as_tensor(scores)
-            for tie, metrics in rank_batch(scores, chunk).items():
-                for m, v in metrics.items():
-                    sums[tie][m] = sums[tie].get(m, 0.0) + float(v.sum())
-            if bar is not None:
-                bar.update(len(chunk))
-                bar.set_postfix_str(name)
-        per[name] = {t: {m: v / len(group) for m, v in ms.items()} for t, ms in sums.items()}
+    # Every experiment query has a hard answer (sampled with require_hard), so none is skipped.
+    results = evaluate_queries(executor, queries, batch_size=batch_size, progress=not quiet, desc=desc, leave=False)
     wall = time.perf_counter() - t0
-    if bar is not None:
-        bar.close()
+    per: dict[str, dict[str, dict[str, float]]] = {r.structure: r.metrics for r in results}
     mean = {t: {m: float(np.mean([per[s][t][m] for s in per])) for m in per[next(iter(per))][t]} for t in TIES}
     return {"structures": per, "mean": mean, "wall_s": wall, "queries": len(queries),
             "wall_ms_per_query": 1000.0 * wall / max(1, len(queries))}

@@ -164,6 +164,8 @@ def evaluate_queries(
     *,
     batch_size: int = 1024,
     progress: bool = True,
+    desc: str = "evaluate",
+    leave: bool = True,
 ) -> list[StructureResult]:
     """Score every query with ``executor.scores`` and average the filtered metrics per structure.
 
@@ -178,7 +180,8 @@ def evaluate_queries(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=sum(len(v) for v in by_structure.values()), desc="evaluate", unit="q", file=sys.stderr)
+        bar = tqdm(total=sum(len(v) for v in by_structure.values()), desc=desc, unit="q", file=sys.stderr,
+                   leave=leave)
     results = []
     for name, group in by_structure.items():
         sums: dict[str, dict[str, float]] = {t: {} for t in TIES}
