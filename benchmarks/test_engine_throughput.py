@@ -121,24 +121,31 @@ def queries(artifact):
     return out
 
 
-def loop_eval(ex: Executor, node: Node) -> torch.Tensor:
-    """The baseline: evaluate one query on a (1, N) vector with the ops operators, node by node."""
+def eval_tree(node: Node, n: int, project) -> torch.Tensor:
+    """One query on a (1, N) vector, node by node; ``project(x, node)`` computes (negated) projections."""
     if isinstance(node, Anchor):
-        x = torch.zeros(1, ex.num_entities)
+        x = torch.zeros(1, n)
         x[0, node.entity] = 1.0
         return x
-    if isinstance(node, Projection):
-        return ops.project(loop_eval(ex, node.arg), ex.matrix(node.relation), validate=False)
-    if isinstance(node, NegatedProjection):
-        return ops.project_negated(loop_eval(ex, node.arg), ex.matrix(node.relation), neg_scale=NEG_SCALE,
-                                   validate=False)
+    if isinstance(node, (Projection, NegatedProjection)):
+        return project(eval_tree(node.arg, n, project), node)
     if isinstance(node, Intersection):
-        return ops.intersect(*[loop_eval(ex, a) for a in node.args], tnorm=TNORM, validate=False)
+        return ops.intersect(*[eval_tree(a, n, project) for a in node.args], tnorm=TNORM, validate=False)
     if isinstance(node, Union):
-        return ops.union(*[loop_eval(ex, a) for a in node.args], tnorm=TNORM, validate=False)
+        return ops.union(*[eval_tree(a, n, project) for a in node.args], tnorm=TNORM, validate=False)
     if isinstance(node, Complement):
-        return ops.negate(loop_eval(ex, node.arg), validate=False)
+        return ops.negate(eval_tree(node.arg, n, project), validate=False)
     raise TypeError(node)
+
+
+def loop_eval(ex: Executor, node: Node) -> torch.Tensor:
+    """The baseline: evaluate one query on a (1, N) vector with the ops operators, node by node."""
+    def project(x: torch.Tensor, p: Node) -> torch.Tensor:
+        if isinstance(p, NegatedProjection):
+            return ops.project_negated(x, ex.matrix(p.relation), neg_scale=NEG_SCALE, validate=False)
+        return ops.project(x, ex.matrix(p.relation), validate=False)
+
+    return eval_tree(node, ex.num_entities, project)
 
 
 QTO_QUERIES = int(os.environ.get("ENGINE_BENCH_QTO_QUERIES", "4"))
@@ -160,23 +167,14 @@ class DenseQTO:
         crow = self.crow[r * self.n:(r + 1) * self.n + 1] - lo
         return torch.sparse_csr_tensor(crow, self.col[lo:hi], self.val[lo:hi], (self.n, self.n)).to_dense()
 
+    def project(self, x: torch.Tensor, node: Node) -> torch.Tensor:
+        m = self.dense(node.relation)
+        if isinstance(node, NegatedProjection):  # 1 - min(1, s * M), 1 where M has no entry
+            m.mul_(NEG_SCALE).clamp_(max=1.0).neg_().add_(1.0)
+        return m.mul_(x.reshape(-1, 1)).amax(dim=0).reshape(1, -1)
+
     def eval(self, node: Node) -> torch.Tensor:
-        if isinstance(node, Anchor):
-            x = torch.zeros(1, self.n)
-            x[0, node.entity] = 1.0
-            return x
-        if isinstance(node, (Projection, NegatedProjection)):
-            x, m = self.eval(node.arg), self.dense(node.relation)
-            if isinstance(node, NegatedProjection):  # 1 - min(1, s * M), 1 where M has no entry
-                m.mul_(NEG_SCALE).clamp_(max=1.0).neg_().add_(1.0)
-            return m.mul_(x.reshape(-1, 1)).amax(dim=0).reshape(1, -1)
-        if isinstance(node, Intersection):
-            return ops.intersect(*[self.eval(a) for a in node.args], tnorm=TNORM, validate=False)
-        if isinstance(node, Union):
-            return ops.union(*[self.eval(a) for a in node.args], tnorm=TNORM, validate=False)
-        if isinstance(node, Complement):
-            return ops.negate(self.eval(node.arg), validate=False)
-        raise TypeError(node)
+        return eval_tree(node, self.n, self.project)
 
 
 def _record(structure: str, mode: str, benchmark, nq: int) -> None:
