@@ -38,6 +38,8 @@ class EvaluateArgs:
     json: Path | None
     device: str
     progress: bool
+    frontier_k: int | None = None
+    row_cache_gb: float | None = None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
@@ -62,6 +64,10 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
                    help="tie rule of the printed table (all three go to the JSON; default average)")
     p.add_argument("--json", type=Path, help="write the results as JSON here")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--frontier-k", type=int, default=None, metavar="K",
+                   help="keep the K best entities of every projection's input (as CQD-beam; default: all, exact)")
+    p.add_argument("--row-cache-gb", type=float, default=None, metavar="G",
+                   help="lazy artifacts: calibrated-row cache budget in GiB (default: as built)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
     if (a.queries is None) == (a.betae_queries is None):
@@ -75,6 +81,12 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
         raise UserError(f"--batch-size must be >= 1, got {a.batch_size}")
     if a.limit is not None and a.limit < 1:
         raise UserError(f"--limit must be >= 1, got {a.limit}")
+    if a.frontier_k is not None and a.frontier_k < 1:
+        raise UserError(f"--frontier-k must be >= 1, got {a.frontier_k}")
+    if a.row_cache_gb is not None:
+        from kge.lazy import check_row_cache_gb
+
+        check_row_cache_gb(a.row_cache_gb, "--row-cache-gb")
     if a.neg_scale <= 0:
         raise UserError(f"--neg-scale must be > 0, got {a.neg_scale}")
     if a.json is not None:
@@ -85,6 +97,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
         a.artifact, a.queries, a.betae_queries, a.betae_folder,
         tuple(dict.fromkeys(a.structures)) if a.structures else None,
         a.negation, a.tnorm, a.neg_scale, a.batch_size, a.limit, a.ties, a.json, a.device, not a.no_progress,
+        a.frontier_k, a.row_cache_gb,
     )
 
 
@@ -102,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if s not in known:
             raise unknown_name("query structure", s, known, "--structures")
     t0 = time.perf_counter()
-    artifact = Artifact.load(args.artifact, verify=False, load_embeddings=False)
+    artifact = Artifact.load(args.artifact, verify=False, load_embeddings=False, row_cache_gb=args.row_cache_gb)
     info: dict = {}
     if args.queries is not None:
         queries = load_jsonl_queries(args.queries, artifact, structures=args.structures)
@@ -136,14 +149,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if no_hard:
         print(f"note: {no_hard} of {len(queries)} queries have no hard answer and are not ranked", file=sys.stderr)
     t1 = time.perf_counter()
-    executor = Executor(artifact, tnorm=args.tnorm, neg_scale=args.neg_scale, device=args.device)
+    executor = Executor(artifact, tnorm=args.tnorm, neg_scale=args.neg_scale, device=args.device,
+                        frontier_k=args.frontier_k)
     results = evaluate_queries(executor, queries, batch_size=args.batch_size, progress=args.progress)
     t2 = time.perf_counter()
     if not results:
         raise UserError(f"{source}: no query has a hard answer: nothing to rank")
     print(format_table(results, ties=args.ties))
     print(f"({sum(r.num_queries for r in results)} queries, ties={args.ties}, tnorm={args.tnorm}, "
-          f"negation={args.negation or 'as written'}; load {t1 - t0:.1f} s, evaluate {t2 - t1:.1f} s)")
+          f"negation={args.negation or 'as written'}"
+          + (f", frontier_k={args.frontier_k}" if args.frontier_k is not None else "")
+          + (", lazy rows" if artifact.is_lazy else "") + f"; load {t1 - t0:.1f} s, evaluate {t2 - t1:.1f} s)")
     if args.json is not None:
         record = {
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
@@ -152,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "results": results_to_json(results),
             "load_s": t1 - t0,
             "evaluate_s": t2 - t1,
+            **({"lazy_rows": artifact.matrices.stats.as_dict()} if artifact.is_lazy else {}),
             **info,
         }
         write_output(args.json, json.dumps(record, indent=2) + "\n", what="--json")

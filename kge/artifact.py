@@ -6,12 +6,18 @@ Folder layout (readable without this package)::
     relations.tsv     id<TAB>name, ids from 0; the inverse of relation ``X`` is named ``X^-1``
     matrices.npz      stacked CSR of shape (R*N, N): indptr int64 (R*N+1,), indices int32
                       (sorted within each row), data float32; row r*N + h holds M_r[h, :]
+                      [absent in a lazy artifact]
     embeddings.npz    entity (N, d) and relation (R, d) complex64 with
-                      score(h, r, t) = Re(sum(e_h * w_r * conj(e_t)))   [optional]
+                      score(h, r, t) = Re(sum(e_h * w_r * conj(e_t)))   [optional; required when lazy]
     observed.tsv      h<TAB>r<TAB>t id triples the matrices treat as known (value 1.0)
     missing.tsv       h<TAB>r<TAB>t id triples held out (dropped edges, valid/test splits)
     meta.json         {"format_version": 1}, source, counts, parameters, package versions and
                       {"files": {name: sha256}} for every other file in the folder
+
+A *lazy* artifact (``meta.json["matrices"] == "lazy"``, threshold and delta in
+``meta.json["calibration"]``) has no ``matrices.npz``: its ``matrices`` is a
+:class:`kge.lazy.LazyMatrices` that computes calibrated rows from the
+embeddings when a query needs them.  :meth:`Artifact.load` reads either kind.
 
 ``format_version`` (:data:`FORMAT_VERSION`) names this layout; loading an
 artifact of another (or no) version is an :class:`ArtifactVersionError` that
@@ -31,7 +37,7 @@ import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -39,12 +45,27 @@ import scipy.sparse as sp
 from kgreason.errors import UserError, unknown_name
 from kgreason.files import is_plain_name, read_lines, write_output
 
-__all__ = ["Artifact", "ArtifactVersionError", "read_meta", "read_vocab", "read_triples", "sha256_file", "INVERSE_SUFFIX", "FORMAT_VERSION"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .lazy import LazyMatrices
+
+__all__ = ["Artifact", "ArtifactVersionError", "read_meta", "read_vocab", "read_triples", "sha256_file", "INVERSE_SUFFIX", "FORMAT_VERSION",
+           "LAZY_REQUIRED_FILES"]
 
 INVERSE_SUFFIX = "^-1"
 #: Version of the folder layout written by :meth:`Artifact.save` (1: the layout above).
 FORMAT_VERSION = 1
 REQUIRED_FILES = ("entities.tsv", "relations.tsv", "matrices.npz", "observed.tsv", "missing.tsv", "meta.json")
+#: The files of a lazy artifact: the embeddings stand in for the matrices.
+LAZY_REQUIRED_FILES = ("entities.tsv", "relations.tsv", "embeddings.npz", "observed.tsv", "missing.tsv", "meta.json")
+
+
+def _matrices_kind(path: Path, meta: dict[str, Any]) -> str:
+    """``meta.json["matrices"]``: "eager" (the default, as written before lazy artifacts) or "lazy"."""
+    kind = meta.get("matrices", "eager")
+    if kind not in ("eager", "lazy"):
+        raise UserError(f"{path / 'meta.json'}: 'matrices' must be \"eager\" or \"lazy\", got {kind!r}; "
+                        f"rebuild the artifact")
+    return kind
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
@@ -108,7 +129,7 @@ def _check_meta(path: Path, meta: Any, verify: bool) -> dict[str, Any]:
     files = meta.get("files", {})
     if not isinstance(files, dict) or not all(is_plain_name(k) and isinstance(v, str) for k, v in files.items()):
         raise UserError(f"{where}: 'files' must map file names to sha256 digests; rebuild the artifact")
-    if verify and not any(name in files for name in REQUIRED_FILES):
+    if verify and not any(name in files for name in REQUIRED_FILES + LAZY_REQUIRED_FILES):
         raise UserError(f"artifact {path}: meta.json lists no checksums, so its files cannot be verified; "
                         f"{rebuild}, or load it with verify=False to skip the check")
     return meta
@@ -133,10 +154,11 @@ def _read_triples(path: Path) -> np.ndarray:
     return arr
 
 
-def read_meta(path: str | os.PathLike, *, verify: bool = True, required: Sequence[str] = REQUIRED_FILES,
+def read_meta(path: str | os.PathLike, *, verify: bool = True, required: Sequence[str] | None = None,
               files: Sequence[str] | None = None) -> dict[str, Any]:
     """An artifact folder's ``meta.json``, checked as :meth:`Artifact.load` checks it: a folder, valid
-    UTF-8 JSON holding an object, the format version, the ``required`` files present and (with ``verify``)
+    UTF-8 JSON holding an object, the format version, the ``required`` files present (default: those of
+    the artifact's kind, :data:`REQUIRED_FILES` or, lazy, :data:`LAZY_REQUIRED_FILES`) and (with ``verify``)
     the sha256 of each file meta.json lists (only those in ``files`` when given).  Every problem is a
     one-line :class:`UserError` naming the folder or ``meta.json``.
     """
@@ -157,8 +179,14 @@ def read_meta(path: str | os.PathLike, *, verify: bool = True, required: Sequenc
     except (OSError, RecursionError) as exc:
         raise UserError(f"{path / 'meta.json'}: cannot read ({type(exc).__name__})") from None
     meta = _check_meta(path, meta, verify)
+    lazy = _matrices_kind(path, meta) == "lazy"
+    if required is None:
+        required = LAZY_REQUIRED_FILES if lazy else REQUIRED_FILES
     for name in required:
         if not (path / name).is_file():
+            if lazy and name == "embeddings.npz":
+                raise UserError(f"artifact {path}: lazy matrices need 'embeddings.npz', which is missing; rebuild "
+                                f"the artifact (python -m kge.build ... --matrices lazy)")
             raise UserError(f"artifact {path}: missing file {name!r}")
     if verify:
         for name, digest in sorted(meta.get("files", {}).items()):
@@ -186,13 +214,14 @@ class Artifact:
     """A knowledge graph compiled into calibrated sparse relation matrices.
 
     Shapes: ``N = num_entities``, ``R = num_relations``; ``matrices`` is a scipy
-    CSR of shape ``(R*N, N)``; ``observed``/``missing`` are ``(E, 3)`` int64
-    ``(head, relation, tail)`` arrays.
+    CSR of shape ``(R*N, N)``, or, in a lazy artifact, a :class:`kge.lazy.LazyMatrices`
+    of that shape that computes rows on demand (:attr:`is_lazy`); ``observed``/``missing``
+    are ``(E, 3)`` int64 ``(head, relation, tail)`` arrays.
     """
 
     entities: list[str]
     relations: list[str]
-    matrices: sp.csr_matrix
+    matrices: sp.csr_matrix | LazyMatrices
     observed: np.ndarray
     missing: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
@@ -200,15 +229,22 @@ class Artifact:
     path: Path | None = None
 
     def __post_init__(self) -> None:
+        from .lazy import LazyMatrices
+
         n, r = len(self.entities), len(self.relations)
         m = self.matrices
-        if not sp.isspmatrix_csr(m) and not isinstance(m, sp.csr_array):
-            raise ValueError(f"matrices must be scipy CSR, got {type(m).__name__}")
+        lazy = isinstance(m, LazyMatrices)
+        if not lazy and not sp.isspmatrix_csr(m) and not isinstance(m, sp.csr_array):
+            raise ValueError(f"matrices must be scipy CSR or kge.lazy.LazyMatrices, got {type(m).__name__}")
         if m.shape != (r * n, n):
             raise ValueError(f"matrices has shape {m.shape}, expected (R*N, N) = ({r * n}, {n})")
-        m.indptr = m.indptr.astype(np.int64, copy=False)
-        m.indices = m.indices.astype(np.int32, copy=False)
-        m.data = m.data.astype(np.float32, copy=False)
+        if lazy:
+            # The lazy matrices compute from these arrays: the artifact saves the same ones.
+            self.embeddings = {"entity": m.entity, "relation": m.relation}
+        else:
+            m.indptr = m.indptr.astype(np.int64, copy=False)
+            m.indices = m.indices.astype(np.int32, copy=False)
+            m.data = m.data.astype(np.float32, copy=False)
         self.observed = np.asarray(self.observed, dtype=np.int64).reshape(-1, 3)
         self.missing = np.asarray(self.missing, dtype=np.int64).reshape(-1, 3)
         self._entity_index = {name: i for i, name in enumerate(self.entities)}
@@ -258,11 +294,24 @@ class Artifact:
         return self._relation_index.get(inv, -1)
 
     # --------------------------------------------------------------- matrices
+    @property
+    def is_lazy(self) -> bool:
+        """True when the matrices are computed on demand (:class:`kge.lazy.LazyMatrices`)."""
+        from .lazy import LazyMatrices
+
+        return isinstance(self.matrices, LazyMatrices)
+
     def relation_block(self, r: int) -> sp.csr_matrix:
-        """M_r as a scipy CSR (N, N) sharing memory with the stacked matrix."""
+        """M_r as a scipy CSR (N, N) sharing memory with the stacked matrix.
+
+        Lazy artifacts compute all N rows of M_r now (N rows of the calibration's
+        cost; see :meth:`kge.lazy.LazyMatrices.estimate_seconds`).
+        """
         n = self.num_entities
         if not 0 <= r < self.num_relations:
             raise IndexError(f"relation id {r} out of range [0, {self.num_relations})")
+        if self.is_lazy:
+            return self.matrices.relation_block(r)
         ip = self.matrices.indptr
         lo, hi = int(ip[r * n]), int(ip[(r + 1) * n])
         indptr = ip[r * n : (r + 1) * n + 1] - lo
@@ -291,24 +340,47 @@ class Artifact:
         return t
 
     def nnz_per_relation(self) -> np.ndarray:
+        """Entries of each M_r: int64 (R,).  Unknown for lazy matrices (a :class:`UserError`)."""
+        if self.is_lazy:
+            raise UserError(f"artifact {self.path or ''}: lazy matrices have no stored entries to count "
+                            "(materialize them with Artifact.materialize() or build with --matrices eager)")
         n = self.num_entities
         ip = self.matrices.indptr
         return ip[n :: n][: self.num_relations] - ip[0 : self.num_relations * n : n]
 
+    def materialize(self, *, max_matrix_gb: float | None = None, progress: bool = True) -> "Artifact":
+        """This artifact with eager matrices: ``self`` when already eager, else a new Artifact whose
+        stacked CSR is computed now (all R*N rows, as ``python -m kge.build --matrices eager`` would;
+        ``max_matrix_gb`` bounds it, see :meth:`kge.lazy.LazyMatrices.materialize`)."""
+        if not self.is_lazy:
+            return self
+        lazy = self.matrices
+        meta = {k: v for k, v in self.meta.items() if k not in ("files", "matrices")}
+        return Artifact(entities=list(self.entities), relations=list(self.relations),
+                        matrices=lazy.materialize(max_matrix_gb=max_matrix_gb, progress=progress),
+                        observed=self.observed, missing=self.missing, meta=meta,
+                        embeddings={"entity": lazy.entity, "relation": lazy.relation})
+
     # -------------------------------------------------------------- save/load
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the folder (overwriting its files) and return its path."""
+        """Write the folder (overwriting its files) and return its path.
+
+        A lazy artifact writes no ``matrices.npz`` (its embeddings are the matrices)
+        and records ``"matrices": "lazy"`` with the threshold and delta in meta.json.
+        """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         _write_vocab(path / "entities.tsv", self.entities)
         _write_vocab(path / "relations.tsv", self.relations)
         m = self.matrices
-        m.sort_indices()
-        # copy=False: __post_init__ already fixed the dtypes, and a copy of a
-        # 100M-entry matrix would add ~8 bytes per entry to the build's peak memory.
-        np.savez(path / "matrices.npz", indptr=m.indptr.astype(np.int64, copy=False),
-                 indices=m.indices.astype(np.int32, copy=False), data=m.data.astype(np.float32, copy=False),
-                 shape=np.array(m.shape, dtype=np.int64))
+        lazy = self.is_lazy
+        if not lazy:
+            m.sort_indices()
+            # copy=False: __post_init__ already fixed the dtypes, and a copy of a
+            # 100M-entry matrix would add ~8 bytes per entry to the build's peak memory.
+            np.savez(path / "matrices.npz", indptr=m.indptr.astype(np.int64, copy=False),
+                     indices=m.indices.astype(np.int32, copy=False), data=m.data.astype(np.float32, copy=False),
+                     shape=np.array(m.shape, dtype=np.int64))
         if self.embeddings is not None:
             np.savez(path / "embeddings.npz", **self.embeddings)
         _write_triples(path / "observed.tsv", self.observed)
@@ -316,12 +388,23 @@ class Artifact:
         meta = dict(self.meta)
         meta["num_entities"] = self.num_entities
         meta["num_relations"] = self.num_relations
-        meta["nnz"] = int(self.matrices.nnz)
         meta["num_observed"] = int(len(self.observed))
         meta["num_missing"] = int(len(self.missing))
         meta["format_version"] = FORMAT_VERSION
         files = dict(meta.get("files", {}))
-        for name in ("entities.tsv", "relations.tsv", "matrices.npz", "embeddings.npz", "observed.tsv", "missing.tsv"):
+        if lazy:
+            meta["matrices"] = "lazy"
+            meta.pop("nnz", None)
+            calib = dict(meta.get("calibration", {}))
+            calib.update(threshold=m.threshold, delta=m.delta)
+            calib.setdefault("row_cache_gb", m.row_cache_gb)
+            meta["calibration"] = calib
+            files.pop("matrices.npz", None)  # a lazy artifact's meta never vouches for a stale matrix file
+        else:
+            meta["matrices"] = "eager"
+            meta["nnz"] = int(self.matrices.nnz)
+        for name in ("entities.tsv", "relations.tsv", "embeddings.npz", "observed.tsv", "missing.tsv") + \
+                (() if lazy else ("matrices.npz",)):
             if (path / name).exists():
                 files[name] = sha256_file(path / name)
         meta["files"] = files
@@ -347,35 +430,48 @@ class Artifact:
         return target
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, verify: bool = True, load_embeddings: bool = True) -> "Artifact":
+    def load(cls, path: str | os.PathLike, *, verify: bool = True, load_embeddings: bool = True,
+             row_cache_gb: float | None = None) -> "Artifact":
         """Read an artifact folder; with ``verify`` every file's sha256 is checked against meta.json.
 
         The format version is always checked (:class:`ArtifactVersionError`);
         ``verify=False`` skips the checksums, and is needed to load a folder whose
-        meta.json lists none.
+        meta.json lists none.  A lazy artifact always loads its embeddings (they
+        are its matrices), whatever ``load_embeddings`` says; ``row_cache_gb``
+        overrides the row-cache budget its build recorded (default 1 GiB).
         """
+        from .lazy import check_row_cache_gb
+
         path = Path(path)
+        if row_cache_gb is not None:
+            check_row_cache_gb(row_cache_gb, "row_cache_gb")
         meta = read_meta(path, verify=verify)
+        lazy = _matrices_kind(path, meta) == "lazy"
         entities = _read_vocab(path / "entities.tsv")
         relations = _read_vocab(path / "relations.tsv")
         n, r = len(entities), len(relations)
         try:
-            with np.load(path / "matrices.npz", allow_pickle=False) as z:
-                matrices = sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=(r * n, n), copy=False)
+            matrices = None
+            if not lazy:
+                with np.load(path / "matrices.npz", allow_pickle=False) as z:
+                    matrices = sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=(r * n, n), copy=False)
             embeddings = None
-            if load_embeddings and (path / "embeddings.npz").is_file():
+            if (load_embeddings or lazy) and (path / "embeddings.npz").is_file():
                 with np.load(path / "embeddings.npz", allow_pickle=False) as z:
                     embeddings = {k: z[k] for k in z.files}
         except (KeyError, ValueError, OSError, zipfile.BadZipFile) as exc:
             # Only reachable with verify=False (checksums catch changed files): say so instead of a scipy trace.
             raise UserError(f"artifact {path}: unreadable matrices/embeddings ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0] if str(exc) else ''}); rebuild the artifact") from None
+        observed = _read_triples(path / "observed.tsv")
         try:
+            if lazy:
+                matrices = _lazy_matrices(path, meta, embeddings, observed, n, r, row_cache_gb)
             return cls(
                 entities=entities,
                 relations=relations,
                 matrices=matrices,
-                observed=_read_triples(path / "observed.tsv"),
+                observed=observed,
                 missing=_read_triples(path / "missing.tsv"),
                 meta=meta,
                 embeddings=embeddings,
@@ -385,3 +481,32 @@ class Artifact:
             raise
         except ValueError as exc:
             raise UserError(f"artifact {path}: {exc}; rebuild the artifact") from None
+
+
+def _lazy_matrices(path: Path, meta: dict[str, Any], embeddings: dict[str, np.ndarray] | None, observed: np.ndarray,
+                   n: int, r: int, row_cache_gb: float | None) -> "LazyMatrices":
+    """The :class:`~kge.lazy.LazyMatrices` a lazy artifact's meta.json and embeddings describe."""
+    from .lazy import DEFAULT_ROW_CACHE_GB, LazyMatrices, check_row_cache_gb
+
+    rebuild = "rebuild the artifact (python -m kge.build ... --matrices lazy)"
+    if embeddings is None or "entity" not in embeddings or "relation" not in embeddings:
+        raise UserError(f"artifact {path}: lazy matrices need 'embeddings.npz' with arrays 'entity' and "
+                        f"'relation'; {rebuild}")
+    ent, rel = embeddings["entity"], embeddings["relation"]
+    if ent.ndim != 2 or rel.ndim != 2 or ent.shape[0] != n or rel.shape[0] != r or ent.shape[1] != rel.shape[1]:
+        raise UserError(f"artifact {path}: embeddings of shape {ent.shape}/{rel.shape} do not fit {n} entities and "
+                        f"{r} relations; {rebuild}")
+    calib = meta.get("calibration")
+    calib = calib if isinstance(calib, dict) else {}
+    threshold, delta = calib.get("threshold"), calib.get("delta")
+    if not (isinstance(threshold, (int, float)) and 0.0 < threshold < 1.0):
+        raise UserError(f"{path / 'meta.json'}: lazy matrices need calibration.threshold in (0, 1), got {threshold!r}; "
+                        f"{rebuild}")
+    if not (isinstance(delta, (int, float)) and 0.0 <= delta < 1.0):
+        raise UserError(f"{path / 'meta.json'}: lazy matrices need calibration.delta in [0, 1), got {delta!r}; "
+                        f"{rebuild}")
+    if row_cache_gb is None:
+        recorded = calib.get("row_cache_gb", DEFAULT_ROW_CACHE_GB)
+        row_cache_gb = check_row_cache_gb(recorded, f"{path / 'meta.json'}: calibration.row_cache_gb")
+    return LazyMatrices(entity=ent, relation=rel, observed=observed, threshold=float(threshold), delta=float(delta),
+                        row_cache_gb=row_cache_gb)

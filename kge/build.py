@@ -40,7 +40,8 @@ from kgreason.cli import ArgumentParser, check_device, check_seed
 from kgreason.errors import UserError, cli_main
 from kgreason.files import OutputFolder, open_output
 from .graph import LOADERS, drop_edges, load_kg
-from .train import TrainResult, check_loss, check_trainable, default_train_config, size_class, train_complex
+from .lazy import DEFAULT_ROW_CACHE_GB, MATRIX_MODES, LazyMatrices, check_row_cache_gb
+from .train import TRAINING_LOOPS, TrainResult, check_loss, check_trainable, default_train_config, size_class, train_complex
 
 __all__ = ["BuildConfig", "build_artifact", "summarize", "main", "MAX_LR", "MIN_MATRIX_GB", "MAX_MATRIX_GB"]
 
@@ -62,6 +63,12 @@ class BuildConfig:
     an explicit threshold over the budget is an error that names the threshold
     that would fit.
 
+    ``matrices``: ``"eager"`` computes and stores every calibrated row;
+    ``"lazy"`` stores none (the engine computes rows from the embeddings on
+    demand, :mod:`kge.lazy`, caching up to ``row_cache_gb`` GiB), so the
+    threshold is never raised; ``"auto"`` is lazy when the eager matrices
+    would exceed ``max_matrix_gb`` at the threshold (estimated from a sample).
+
     ``out`` is written atomically: the artifact is built in a temporary sibling
     folder and moved into place only when complete, so a failed build leaves a
     previous artifact intact.  An existing artifact at ``out`` is replaced only
@@ -81,10 +88,15 @@ class BuildConfig:
     num_negatives: int | None = None
     regularizer_weight: float | None = None
     training_loop: str | None = None
+    optimizer: str | None = None
+    train_minutes: float | None = None
+    precision: str | None = None
     loss: str | None = None
     eval_max_triples: int | None = 5000
     threshold: float | None = None
     max_matrix_gb: float = 1.25
+    matrices: str = "eager"
+    row_cache_gb: float = DEFAULT_ROW_CACHE_GB
     delta: float = DEFAULT_DELTA
     chunk_rows: int | None = None
     device: str = "auto"
@@ -104,6 +116,9 @@ class BuildConfig:
             raise UserError(f"--drop-edges must be in [0, 1), got {self.drop_edges}")
         if not (math.isfinite(self.max_matrix_gb) and MIN_MATRIX_GB <= self.max_matrix_gb <= MAX_MATRIX_GB):
             raise UserError(f"--max-matrix-gb must be in [{MIN_MATRIX_GB:g}, {MAX_MATRIX_GB:g}], got {self.max_matrix_gb}")
+        if self.matrices not in MATRIX_MODES:
+            raise UserError(f"--matrices must be one of {', '.join(MATRIX_MODES)}, got {self.matrices!r}")
+        check_row_cache_gb(self.row_cache_gb, "--row-cache-gb")
         check_seed(self.seed)
         check_device(self.device, allow_auto=True)
         if self.threshold is not None and not 0.0 < self.threshold < 1.0:
@@ -157,6 +172,7 @@ def _build(config: BuildConfig, progress: bool, output: OutputFolder, tmp: Path)
         kg, rank=config.rank, epochs=config.epochs, lr=config.lr, batch_size=config.batch_size,
         num_negatives=config.num_negatives, regularizer_weight=config.regularizer_weight,
         training_loop=config.training_loop, loss=config.loss, seed=config.seed, device=config.device,
+        optimizer=config.optimizer, train_minutes=config.train_minutes, precision=config.precision,
     )
     train_cfg = type(train_cfg)(**{**asdict(train_cfg), "eval_max_triples": config.eval_max_triples})
     t = time.perf_counter()
@@ -195,29 +211,59 @@ def _build(config: BuildConfig, progress: bool, output: OutputFolder, tmp: Path)
 
 def _calibrate_and_save(config: BuildConfig, progress: bool, kg, train_cfg, trained, timings: dict[str, float],
                         tmp: Path) -> Artifact:
-    t = time.perf_counter()
-    threshold, estimate_info = choose_threshold(config, trained.entity, trained.relation, kg.train, trained.device)
-    timings["estimate_nnz"] = time.perf_counter() - t
-    if progress:
-        print(estimate_info["message"], file=sys.stderr)
+    formula = "p = softmax_t(score) * max(1, #observed tails); p < threshold -> 0; min(p, 1-delta); observed -> 1"
+    mode, estimated = config.matrices, None
+    if mode == "auto":
+        t = time.perf_counter()
+        mode, estimated = _auto_matrices(config, trained, kg)
+        timings["estimate_nnz"] = time.perf_counter() - t
+        if progress:
+            print(estimated[1]["message"], file=sys.stderr)
+    if mode == "lazy":
+        # Nothing is stored, so QTO's threshold (or --threshold) is never raised for memory.
+        threshold = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD
+        matrices = LazyMatrices(entity=trained.entity, relation=trained.relation, observed=kg.train,
+                                threshold=threshold, delta=config.delta, row_cache_gb=config.row_cache_gb,
+                                chunk_rows=config.chunk_rows)
+        calibration: dict[str, Any] = {"threshold": threshold, "delta": config.delta, "row_cache_gb": config.row_cache_gb,
+                                       "formula": formula}
+        if estimated is not None:
+            calibration["nnz_estimate"] = estimated[1]
+    else:
+        if estimated is None:
+            t = time.perf_counter()
+            estimated = choose_threshold(config, trained.entity, trained.relation, kg.train, trained.device)
+            timings["estimate_nnz"] = time.perf_counter() - t
+            if progress:
+                print(estimated[1]["message"], file=sys.stderr)
+        threshold, estimate_info = estimated
 
-    t = time.perf_counter()
-    budget_nnz = int(config.max_matrix_gb * (1 << 30) / 8)
-    matrices, cstats = calibrate(
-        trained.entity, trained.relation, kg.train, threshold=threshold, delta=config.delta,
-        chunk_rows=config.chunk_rows, device=trained.device, progress=progress,
-        max_nnz=budget_nnz, adapt_threshold=config.threshold is None,
-    )
-    threshold = cstats.threshold
-    if cstats.threshold_raises:
-        estimate_info["raised_during_calibration"] = cstats.threshold_raises
-    timings["calibrate"] = time.perf_counter() - t
+        t = time.perf_counter()
+        budget_nnz = int(config.max_matrix_gb * (1 << 30) / 8)
+        matrices, cstats = calibrate(
+            trained.entity, trained.relation, kg.train, threshold=threshold, delta=config.delta,
+            chunk_rows=config.chunk_rows, device=trained.device, progress=progress,
+            max_nnz=budget_nnz, adapt_threshold=config.threshold is None,
+        )
+        threshold = cstats.threshold
+        if cstats.threshold_raises:
+            estimate_info["raised_during_calibration"] = cstats.threshold_raises
+        timings["calibrate"] = time.perf_counter() - t
+        calibration = {
+            "threshold": threshold,
+            "nnz_estimate": estimate_info,
+            "delta": config.delta,
+            "rows": cstats.rows,
+            "chunk_rows": cstats.chunk_rows,
+            "matmul_gflops_per_s": cstats.flop_rate / 1e9,
+            "formula": formula,
+        }
 
     meta: dict[str, Any] = {
         "source": kg.source,
         "kg_stats": dict(kg.stats),
         "build_config": asdict(config),
-        "train_config": asdict(train_cfg),
+        "train_config": asdict(trained.config),  # the rank a time budget chose, not None
         "size_preset": size_class(kg.num_entities),
         "inverse_relations": "relation 2k+1 is the inverse of 2k (named X^-1)",
         "train": {
@@ -226,15 +272,8 @@ def _calibrate_and_save(config: BuildConfig, progress: bool, kg, train_cfg, trai
             "device": trained.device,
             **trained.metrics,
         },
-        "calibration": {
-            "threshold": threshold,
-            "nnz_estimate": estimate_info,
-            "delta": config.delta,
-            "rows": cstats.rows,
-            "chunk_rows": cstats.chunk_rows,
-            "matmul_gflops_per_s": cstats.flop_rate / 1e9,
-            "formula": "p = softmax_t(score) * max(1, #observed tails); p < threshold -> 0; min(p, 1-delta); observed -> 1",
-        },
+        "matrices": mode,
+        "calibration": calibration,
         "versions": _versions(),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_at_end": list(os.getloadavg())},
     }
@@ -302,6 +341,25 @@ def _release_memory() -> None:
         pass
 
 
+def _auto_matrices(config: BuildConfig, trained, kg) -> tuple[str, tuple[float, dict[str, Any]]]:
+    """``--matrices auto``: ``("eager", choose_threshold's result)`` when the matrices fit
+    ``--max-matrix-gb`` at QTO's threshold (or ``--threshold``), else ``("lazy", (threshold, info))``:
+    a lazy artifact never needs the threshold raised."""
+    floor = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD
+    try:
+        threshold, info = choose_threshold(config, trained.entity, trained.relation, kg.train, trained.device)
+    except UserError as exc:  # an explicit --threshold whose matrices would not fit
+        info = {"message": f"--matrices auto: lazy ({exc})"}
+        return "lazy", (floor, info)
+    if "raised_threshold" not in info:
+        info["message"] += "; --matrices auto: eager"
+        return "eager", (threshold, info)
+    info["message"] = (f"--matrices auto: lazy (the eager matrices at threshold {floor:g} would exceed "
+                       f"--max-matrix-gb {config.max_matrix_gb:g}: {info[f'nnz_at_{floor:g}']:,} estimated entries)")
+    del info["raised_threshold"]
+    return "lazy", (floor, info)
+
+
 def choose_threshold(config: BuildConfig, entity: np.ndarray, relation: np.ndarray, observed: np.ndarray,
                      device: str) -> tuple[float, dict[str, Any]]:
     """The calibration threshold for ``config`` and a record of the nnz estimate behind it."""
@@ -339,7 +397,15 @@ def _fmt_bytes(b: float) -> str:
 def summarize(artifact: Artifact) -> str:
     """Human-readable summary: sizes, nnz per relation, MRR, time per stage, peak memory."""
     m = artifact.meta
-    nnz = artifact.nnz_per_relation()
+    if artifact.is_lazy:
+        lz = artifact.matrices
+        nnz_line = (f"matrices      lazy: rows computed on demand at threshold {lz.threshold:.3g} "
+                    f"(row cache {lz.row_cache_gb:g} GiB)")
+    else:
+        nnz = artifact.nnz_per_relation()
+        nnz_line = (f"nnz           total {int(nnz.sum()):,}; per relation min {int(nnz.min()):,} / median "
+                    f"{int(np.median(nnz)):,} / max {int(nnz.max()):,}"
+                    f" ({nnz.sum() / max(1, artifact.num_entities * artifact.num_relations):.1f} per row)")
     lines = [
         f"artifact      {artifact.path}",
         f"source        {m.get('source', '?')}",
@@ -347,8 +413,7 @@ def summarize(artifact: Artifact) -> str:
         f"relations     {artifact.num_relations:,} (inverses included)",
         f"observed      {len(artifact.observed):,} edges",
         f"missing       {len(artifact.missing):,} edges (dropped + valid + test)",
-        f"nnz           total {int(nnz.sum()):,}; per relation min {int(nnz.min()):,} / median {int(np.median(nnz)):,} / max {int(nnz.max()):,}"
-        f" ({nnz.sum() / max(1, artifact.num_entities * artifact.num_relations):.1f} per row)",
+        nnz_line,
     ]
     tr = m.get("train", {})
     if "mrr" in tr:
@@ -384,7 +449,13 @@ def _parser() -> ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--num-negatives", type=int, default=None, help="negatives per positive (sLCWA)")
     p.add_argument("--regularizer-weight", type=float, default=None, help="N3 weight")
-    p.add_argument("--training-loop", choices=["slcwa", "lcwa"], default=None)
+    p.add_argument("--training-loop", choices=list(TRAINING_LOOPS), default=None,
+                   help="1n: the project's fast 1-N ComplEx-N3 loop (default); lcwa/slcwa: pykeen's own loops")
+    p.add_argument("--optimizer", default=None, help="adagrad (1n default), adam, or a pykeen optimizer name for lcwa/slcwa")
+    p.add_argument("--train-minutes", type=float, default=None,
+                   help="training time budget in minutes (1n loop; large KGs: picks the rank, default 30)")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
+                   help="1n loop GEMMs: bf16 where the CPU/GPU has it (auto, default) or fp32")
     p.add_argument("--loss", default=None, help="pykeen loss name (default crossentropy)")
     p.add_argument("--eval-max-triples", type=int, default=5000, help="held-out edges used for the MRR (0 = skip)")
     p.add_argument("--threshold", type=float, default=None,
@@ -392,6 +463,13 @@ def _parser() -> ArgumentParser:
     p.add_argument("--max-matrix-gb", type=float, default=1.25,
                    help=f"memory budget of the matrices in GiB, {MIN_MATRIX_GB:g} to {MAX_MATRIX_GB:g} (8 bytes per entry); "
                         "peak RSS is about baseline + 2.5x this")
+    p.add_argument("--matrices", choices=list(MATRIX_MODES), default="eager",
+                   help="eager: compute and store every calibrated row; lazy: store none, the engine computes the "
+                        "rows a query needs from the embeddings (threshold never raised); auto: lazy when the eager "
+                        "matrices would exceed --max-matrix-gb (default eager)")
+    p.add_argument("--row-cache-gb", type=float, default=DEFAULT_ROW_CACHE_GB,
+                   help=f"lazy matrices: byte budget of the engine's calibrated-row cache in GiB, > 0 "
+                        f"(default {DEFAULT_ROW_CACHE_GB:g}; recorded in meta.json)")
     p.add_argument("--delta", type=float, default=DEFAULT_DELTA)
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per calibration chunk (default: ~16 MB buffers on CPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto: cuda if available)")

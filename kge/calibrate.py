@@ -20,6 +20,10 @@ in float32.  The softmax and the threshold then run in place on that one
 a per-row cutoff ``threshold * Z / k``; only the surviving entries are
 gathered (``nonzero``, which yields columns sorted within each row).  Nothing
 of size ``N x N`` per relation, let alone ``R x N x N``, is ever allocated.
+
+The per-chunk formula is :meth:`RowCalibrator.compute`, for any list of rows:
+:func:`calibrate` calls it on contiguous chunks, lazy artifacts
+(:mod:`kge.lazy`) on the rows a query needs, so both get the same floats.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import scipy.sparse as sp
 
 from kgreason.errors import UserError
 
-__all__ = ["calibrate", "estimate_nnz", "NnzEstimate", "CalibrationStats", "calibrated_rows_reference", "observed_row_counts", "DEFAULT_THRESHOLD", "DEFAULT_DELTA"]
+__all__ = ["calibrate", "RowCalibrator", "estimate_nnz", "NnzEstimate", "CalibrationStats", "calibrated_rows_reference", "observed_row_counts", "DEFAULT_THRESHOLD", "DEFAULT_DELTA"]
 
 DEFAULT_THRESHOLD = 2e-4
 DEFAULT_DELTA = 1e-4
@@ -117,6 +121,128 @@ def _chunks(ranges: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int
             yield a, min(a + size, hi)
 
 
+class RowCalibrator:
+    """Computes calibrated rows ``M_r[h, :]`` for any flattened row keys ``r*N + h``.
+
+    The one implementation of the formula: :func:`calibrate` (the eager build)
+    and :class:`kge.lazy.LazyMatrices` (rows computed on demand) both call
+    :meth:`compute`, so lazy rows equal eager rows by construction.
+
+    ``entity`` (N, d) and ``relation`` (R, d) complex; ``observed`` (E, 3) int
+    ``(h, r, t)``.  The embeddings are moved to ``device`` once; the observed
+    edges stay on the host, sorted by flattened row (nothing of size R*N is
+    allocated, so the same object serves KGs whose R*N rows could never be
+    stored).
+    """
+
+    def __init__(self, entity: np.ndarray, relation: np.ndarray, observed: np.ndarray, *,
+                 threshold: float = DEFAULT_THRESHOLD, delta: float = DEFAULT_DELTA, device: str = "cpu",
+                 chunk_rows: int | None = None) -> None:
+        import torch
+
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {threshold}")
+        if not 0.0 <= delta < 1.0:
+            raise ValueError(f"delta must be in [0, 1), got {delta}")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.num_entities, self.dim = (int(x) for x in entity.shape)
+        self.num_relations = int(relation.shape[0])
+        self.threshold = float(threshold)
+        self.delta = float(delta)
+        self.device = str(device)
+        self.chunk_rows = int(chunk_rows or default_chunk_rows(self.num_entities, self.device))
+        dev = torch.device(device)
+        ent = torch.from_numpy(np.ascontiguousarray(entity, dtype=np.complex64))
+        rel = torch.from_numpy(np.ascontiguousarray(relation, dtype=np.complex64))
+        self._e_re, self._e_im = ent.real.contiguous().to(dev), ent.imag.contiguous().to(dev)
+        self._w_re, self._w_im = rel.real.contiguous().to(dev), rel.imag.contiguous().to(dev)
+        self._tails_t = torch.cat([self._e_re, self._e_im], dim=1).t().contiguous()  # (2d, N)
+        observed = np.asarray(observed, dtype=np.int64).reshape(-1, 3)
+        # Observed edges sorted by flattened row (then tail), for per-row lookups by binary search.
+        obs_key = observed[:, 1] * self.num_entities + observed[:, 0]
+        order = np.lexsort((observed[:, 2], obs_key))
+        self._obs_key = np.ascontiguousarray(obs_key[order])
+        self._obs_tail = np.ascontiguousarray(observed[order, 2])
+        self._buf = None
+
+    @property
+    def total_rows(self) -> int:
+        return self.num_relations * self.num_entities
+
+    def matmul_flops(self, rows: int) -> float:
+        """Useful FLOPs of the score matmul for ``rows`` rows."""
+        return 2.0 * rows * 2 * self.dim * self.num_entities
+
+    def _buffer(self, c: int):
+        import torch
+
+        if self._buf is None or self._buf.shape[0] < c:
+            self._buf = torch.empty((max(c, self.chunk_rows), self.num_entities),
+                                    dtype=torch.float32, device=self._tails_t.device)
+        return self._buf[:c]
+
+    def release(self) -> None:
+        """Drop the score buffer (it is reallocated on the next call)."""
+        self._buf = None
+
+    def compute(self, keys: np.ndarray, *, threshold: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Calibrated rows ``keys`` (int64 (c,), any order, c <= ``chunk_rows`` for bounded memory) in one matmul.
+
+        Returns ``(row_nnz, cols, vals)`` on the host: int64 (c,) entries per row,
+        then the rows' entries in the order of ``keys``, columns int32 ascending
+        within each row, values float32 in [threshold, 1 - delta] or exactly 1.0
+        (observed edges).  ``threshold`` overrides the object's (the eager build
+        raises it while calibrating).
+        """
+        import torch
+
+        thr = self.threshold if threshold is None else float(threshold)
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        c = len(keys)
+        n = self.num_entities
+        if c == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32)
+        if c == 1:
+            # A one-row matmul goes down BLAS's gemv path, whose sums differ from gemm's in the last
+            # bit (measured with MKL; row sums too); computed twice, a row gets the same floats as
+            # in any chunk, so a lazy row is the eager row bit for bit.
+            nnz2, cols2, vals2 = self.compute(np.repeat(keys, 2), threshold=threshold)
+            k0 = int(nnz2[0])
+            return nnz2[:1], cols2[:k0], vals2[:k0]
+        dev = self._tails_t.device
+        with torch.inference_mode():
+            rows = torch.from_numpy(keys).to(dev)
+            r_ids, h_ids = torch.div(rows, n, rounding_mode="floor"), rows % n
+            hr, hi_ = self._e_re[h_ids], self._e_im[h_ids]
+            wr, wi = self._w_re[r_ids], self._w_im[r_ids]
+            q = torch.cat([hr * wr - hi_ * wi, hr * wi + hi_ * wr], dim=1)  # (c, 2d) = [Re, Im] of e_h*w_r
+            s = self._buffer(c)
+            torch.mm(q, self._tails_t, out=s)  # scores (c, N)
+            # softmax in place: s <- exp(s - max), then Z = row sums
+            s.sub_(s.amax(dim=1, keepdim=True)).exp_()
+            z = s.sum(dim=1, keepdim=True)
+            a = np.searchsorted(self._obs_key, keys, side="left")
+            b = np.searchsorted(self._obs_key, keys, side="right")
+            counts = b - a
+            k = torch.from_numpy(np.maximum(counts, 1).astype(np.float32)).to(dev)
+            scale = k.unsqueeze(1) / z  # p = s * scale
+            total = int(counts.sum())
+            if total:
+                o_rows = np.repeat(np.arange(c), counts)
+                o_pos = np.repeat(a - (np.cumsum(counts) - counts), counts) + np.arange(total)
+                o_cols = self._obs_tail[o_pos]
+                s[torch.from_numpy(o_rows).to(dev), torch.from_numpy(o_cols).to(dev)] = math.inf  # -> exactly 1.0
+            # p >= threshold  <=>  s >= threshold / scale (one compare pass, no p matrix)
+            keep = s >= (thr / scale)
+            idx = keep.nonzero()  # row-major: columns sorted within each row
+            rr, cc = idx[:, 0], idx[:, 1]
+            p = s[rr, cc] * scale[rr, 0]
+            p = torch.where(torch.isinf(p), torch.ones_like(p), p.clamp_(max=1.0 - self.delta))
+            row_nnz = torch.bincount(rr, minlength=c).cpu().numpy().astype(np.int64, copy=False)
+            return row_nnz, cc.to(torch.int32).cpu().numpy(), p.to(torch.float32).cpu().numpy()
+
+
 def default_chunk_rows(num_entities: int, device: str) -> int:
     """Rows per chunk: ~64 MB score buffers on CPU, ~1 GB on GPU.
 
@@ -149,34 +275,12 @@ def calibrate(
     relations (other rows stay empty).  Returns the CSR (float32 data, int32
     indices sorted per row, int64 indptr) and :class:`CalibrationStats`.
     """
-    import torch
     from tqdm.auto import tqdm
 
-    if not 0.0 < threshold < 1.0:
-        raise ValueError(f"threshold must be in (0, 1), got {threshold}")
-    if not 0.0 <= delta < 1.0:
-        raise ValueError(f"delta must be in [0, 1), got {delta}")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    n, d = entity.shape
-    num_rel = relation.shape[0]
-    observed = np.asarray(observed, dtype=np.int64).reshape(-1, 3)
-    chunk = int(chunk_rows or default_chunk_rows(n, device))
-    dev = torch.device(device)
-
-    ent = torch.from_numpy(np.ascontiguousarray(entity, dtype=np.complex64))
-    rel = torch.from_numpy(np.ascontiguousarray(relation, dtype=np.complex64))
-    e_re, e_im = ent.real.contiguous().to(dev), ent.imag.contiguous().to(dev)
-    w_re, w_im = rel.real.contiguous().to(dev), rel.imag.contiguous().to(dev)
-    tails_t = torch.cat([e_re, e_im], dim=1).t().contiguous()  # (2d, N)
-
-    # Observed edges sorted by flattened row, for per-chunk slicing.
-    obs_key = observed[:, 1] * n + observed[:, 0]
-    order = np.lexsort((observed[:, 2], obs_key))
-    obs_key_sorted = obs_key[order]
-    obs_tail_sorted = observed[order, 2]
-    counts = np.bincount(obs_key, minlength=num_rel * n)
-    k_factor = torch.from_numpy(np.maximum(counts, 1).astype(np.float32))
+    calib = RowCalibrator(entity, relation, observed, threshold=threshold, delta=delta, device=device,
+                          chunk_rows=chunk_rows)
+    device, chunk = calib.device, calib.chunk_rows
+    n, num_rel = calib.num_entities, calib.num_relations
 
     _fixed_mmap_threshold()
     ranges = _row_ranges(n, num_rel, relations)
@@ -185,63 +289,41 @@ def calibrate(
     pieces_idx: list[np.ndarray] = []
     pieces_val: list[np.ndarray] = []
     piece_rows: list[tuple[int, int]] = []
-    buf = torch.empty((chunk, n), dtype=torch.float32, device=dev)
-    cap = 1.0 - delta
     t0 = time.perf_counter()
     kept_total = 0
     done_rows = 0
     raised: list[float] = []
     bar = tqdm(total=total_rows, unit="row", unit_scale=True, desc="calibrating", disable=not progress, mininterval=1.0)
-    with torch.inference_mode():
-        # Chunks in a fixed shuffled order: the running nnz then projects the total
-        # without bias (relations differ a lot in density), which the memory bound uses.
-        chunk_list = list(_chunks(ranges, chunk))
-        for ci in np.random.default_rng(0).permutation(len(chunk_list)):
-            lo, hi = chunk_list[ci]
-            c = hi - lo
-            rows = torch.arange(lo, hi, device=dev)
-            r_ids, h_ids = torch.div(rows, n, rounding_mode="floor"), rows % n
-            hr, hi_ = e_re[h_ids], e_im[h_ids]
-            wr, wi = w_re[r_ids], w_im[r_ids]
-            q = torch.cat([hr * wr - hi_ * wi, hr * wi + hi_ * wr], dim=1)  # (c, 2d) = [Re, Im] of e_h*w_r
-            s = buf[:c]
-            torch.mm(q, tails_t, out=s)  # scores (c, N)
-            # softmax in place: s <- exp(s - max), then Z = row sums
-            s.sub_(s.amax(dim=1, keepdim=True)).exp_()
-            z = s.sum(dim=1, keepdim=True)
-            scale = k_factor[lo:hi].to(dev).unsqueeze(1) / z  # p = s * scale
-            a, b = np.searchsorted(obs_key_sorted, [lo, hi])
-            if b > a:
-                o_rows = torch.from_numpy(obs_key_sorted[a:b] - lo).to(dev)
-                o_cols = torch.from_numpy(obs_tail_sorted[a:b]).to(dev)
-                s[o_rows, o_cols] = math.inf  # survives the cut, becomes exactly 1.0 below
-            # p >= threshold  <=>  s >= threshold / scale (one compare pass, no p matrix)
-            keep = s >= (threshold / scale)
-            idx = keep.nonzero()  # row-major: columns sorted within each row
-            rr, cc = idx[:, 0], idx[:, 1]
-            p = s[rr, cc] * scale[rr, 0]
-            p = torch.where(torch.isinf(p), torch.ones_like(p), p.clamp_(max=cap))
-            row_nnz[lo:hi] = torch.bincount(rr, minlength=c).cpu().numpy()
-            pieces_idx.append(cc.to(torch.int32).cpu().numpy())
-            pieces_val.append(p.to(torch.float32).cpu().numpy())
-            piece_rows.append((lo, hi))
-            kept_total += int(rr.shape[0])
-            done_rows += c
-            bar.update(c)
-            if max_nnz is not None:
-                projected = kept_total * total_rows / done_rows
-                over = kept_total > max_nnz or (done_rows >= 0.02 * total_rows and projected > max_nnz)
-                if over and not adapt_threshold:
-                    raise UserError(
-                        f"calibration at threshold {threshold:g} keeps {kept_total:,} entries after "
-                        f"{done_rows:,} of {total_rows:,} rows (projected {projected:,.0f} > limit {max_nnz:,}); "
-                        f"raise the threshold or the memory budget"
-                    )
-                if over:
-                    threshold = _raise_threshold(pieces_val, threshold, target=0.8 * max_nnz * done_rows / total_rows)
-                    kept_total = _refilter(pieces_idx, pieces_val, piece_rows, row_nnz, threshold)
-                    raised.append(threshold)
-                    bar.set_postfix(threshold=f"{threshold:.3g}")
+    # Chunks in a fixed shuffled order: the running nnz then projects the total
+    # without bias (relations differ a lot in density), which the memory bound uses.
+    chunk_list = list(_chunks(ranges, chunk))
+    for ci in np.random.default_rng(0).permutation(len(chunk_list)):
+        lo, hi = chunk_list[ci]
+        c = hi - lo
+        # The row formula lives in RowCalibrator.compute, shared with lazy artifacts (kge.lazy).
+        nnz_c, cols_c, vals_c = calib.compute(np.arange(lo, hi, dtype=np.int64), threshold=threshold)
+        row_nnz[lo:hi] = nnz_c
+        pieces_idx.append(cols_c)
+        pieces_val.append(vals_c)
+        piece_rows.append((lo, hi))
+        kept_total += len(vals_c)
+        done_rows += c
+        bar.update(c)
+        if max_nnz is not None:
+            projected = kept_total * total_rows / done_rows
+            over = kept_total > max_nnz or (done_rows >= 0.02 * total_rows and projected > max_nnz)
+            if over and not adapt_threshold:
+                raise UserError(
+                    f"calibration at threshold {threshold:g} keeps {kept_total:,} entries after "
+                    f"{done_rows:,} of {total_rows:,} rows (projected {projected:,.0f} > limit {max_nnz:,}); "
+                    f"raise the threshold or the memory budget"
+                )
+            if over:
+                threshold = _raise_threshold(pieces_val, threshold, target=0.8 * max_nnz * done_rows / total_rows)
+                kept_total = _refilter(pieces_idx, pieces_val, piece_rows, row_nnz, threshold)
+                raised.append(threshold)
+                bar.set_postfix(threshold=f"{threshold:.3g}")
+    calib.release()
     bar.close()
     seconds = time.perf_counter() - t0
     nnz = int(row_nnz.sum())
@@ -262,7 +344,7 @@ def calibrate(
     mat.data, mat.indices, mat.indptr = data, indices, indptr
     mat.has_sorted_indices = True
     stats = CalibrationStats(
-        rows=total_rows, nnz=nnz, seconds=seconds, matmul_flops=2.0 * total_rows * 2 * d * n,
+        rows=total_rows, nnz=nnz, seconds=seconds, matmul_flops=calib.matmul_flops(total_rows),
         chunk_rows=chunk, device=device, threshold=threshold, threshold_raises=raised,
     )
     return mat, stats

@@ -63,6 +63,10 @@ def _n3_class():
 _N3 = None
 
 
+#: ``1n``: this project's 1-N ComplEx-N3 loop (kge.complex_n3); ``lcwa``/``slcwa``: pykeen's own loops.
+TRAINING_LOOPS = ("1n", "lcwa", "slcwa")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Hyper-parameters of one ComplEx training run (defaults: see :func:`default_train_config`).
@@ -73,7 +77,7 @@ class TrainConfig:
     evaluation, None = all of them).
     """
 
-    rank: int = 128
+    rank: int | None = 128
     epochs: int = 100
     lr: float = 0.01
     batch_size: int = 1024
@@ -88,35 +92,57 @@ class TrainConfig:
     eval_max_triples: int | None = 5000
     eval_batch_size: int = 256
     num_threads: int | None = None
+    # --- the 1n loop only (kge.complex_n3) ---
+    precision: str = "auto"
+    train_minutes: float | None = None
+    min_epochs: int = 20
+    eval_every: int = 1
+    patience: int = 3
+    valid_max_triples: int | None = 5000
+    checkpoint: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("rank", "epochs", "batch_size", "num_negatives", "eval_batch_size"):
-            if getattr(self, name) < 1:
+        for name in ("rank", "epochs", "batch_size", "num_negatives", "eval_batch_size", "min_epochs", "eval_every"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.rank is None and not (self.training_loop == "1n" and self.train_minutes):
+            raise UserError("rank may be left to the time budget only with the 1n loop and train_minutes")
+        if self.train_minutes is not None and not (math.isfinite(self.train_minutes) and self.train_minutes > 0):
+            raise UserError(f"train minutes must be a finite number > 0, got {self.train_minutes}")
+        if self.patience < 0:
+            raise UserError(f"patience must be >= 0, got {self.patience}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise UserError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
         if not self.init_std > 0:
             raise UserError(f"init_std must be > 0, got {self.init_std}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise UserError(f"lr must be a finite number > 0, got {self.lr}")
         check_seed(self.seed, "seed")
-        if self.training_loop not in ("slcwa", "lcwa"):
-            raise UserError(f"training loop must be 'slcwa' or 'lcwa', got {self.training_loop!r}")
+        if self.training_loop not in TRAINING_LOOPS:
+            raise UserError(f"training loop must be one of {', '.join(TRAINING_LOOPS)}, got {self.training_loop!r}")
+        if self.training_loop == "1n" and self.optimizer not in ("adagrad", "adam"):
+            raise UserError(f"optimizer of the 1n loop must be 'adagrad' or 'adam', got {self.optimizer!r}")
+        if self.training_loop == "1n" and self.loss != "crossentropy":
+            raise UserError(f"the 1n loop trains with the softmax cross-entropy only, got loss {self.loss!r}")
         if self.regularizer_weight < 0:
             raise UserError(f"regularizer weight must be >= 0, got {self.regularizer_weight}")
 
 
-#: Per-size presets (chosen so UMLS builds in well under a minute and FB15k-237
-#: trains in ~10 minutes on 2 CPU cores; measurements in benchmarks/results/artifact_builds.md).
+#: Per-size presets (measurements in benchmarks/results/kge_train.md).  Both use the
+#: project's 1-N ComplEx-N3 loop (kge.complex_n3) with Lacroix et al.'s recipe:
+#: Adagrad at lr 0.1, init std 1e-3, N3 weight 5e-2, reciprocal relations,
+#: early stopping on the validation MRR.
 SIZE_PRESETS: dict[str, dict[str, Any]] = {
-    # N < 2,000 entities (UMLS, Nations, Kinships, Countries)
-    # (UMLS: 12 LCWA epochs give filtered MRR 0.803 and a 39 s build at load average 6
-    # on 2 cores; 20 epochs give 0.829 but 66 s)
-    "small": dict(rank=128, epochs=12, lr=0.01, batch_size=256, training_loop="lcwa", regularizer_weight=1e-3),
-    # larger graphs (FB15k-237: 14,505 entities, 544k training edges with inverses).
-    # 1-N scoring (LCWA) here: with pykeen on 2 CPU cores one LCWA epoch (147
-    # batches of 1024 (h, r) pairs) took ~250 s against ~300 s for one sLCWA epoch
-    # (4096 x 16 negatives), and its softmax cross-entropy over all tails is the
-    # very softmax the calibration applies.
-    "large": dict(rank=64, epochs=2, lr=0.01, batch_size=1024, training_loop="lcwa", regularizer_weight=1e-3),
+    # N < 2,000 entities (UMLS, Nations, Kinships, Countries): a fixed rank, a
+    # fixed epoch cap, seconds of training.
+    "small": dict(rank=128, epochs=100, lr=0.1, batch_size=256, training_loop="1n", optimizer="adagrad",
+                  regularizer_weight=5e-2, init_std=1e-3, eval_every=5, patience=3),
+    # larger graphs (FB15k-237: 14,505 entities, 544k training edges with
+    # inverses): a time budget; the rank is the largest whose min_epochs fit the
+    # budget at the GEMM rate measured at start (rank 256 for FB15k-237 in 30
+    # minutes on 2 Sapphire Rapids cores with bf16 GEMMs).
+    "large": dict(rank=None, train_minutes=30.0, min_epochs=15, epochs=1000, lr=0.1, batch_size=1000,
+                  training_loop="1n", optimizer="adagrad", regularizer_weight=5e-2, init_std=1e-3, patience=2),
 }
 
 
@@ -240,6 +266,8 @@ def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = T
     ``config.eval_max_triples`` (recorded in ``metrics``); filtering removes every
     known edge (train, dropped, valid, test).
     """
+    if config.training_loop == "1n":
+        return _train_1n_and_evaluate(kg, config, progress=progress)
     import torch
     from pykeen.pipeline import pipeline
     from pykeen.triples import CoreTriplesFactory
@@ -352,3 +380,99 @@ def config_dict(config: TrainConfig) -> dict[str, Any]:
 
 def with_overrides(config: TrainConfig, **kw: Any) -> TrainConfig:
     return replace(config, **{k: v for k, v in kw.items() if v is not None})
+
+
+def resolve_rank(kg: KnowledgeGraph, config: TrainConfig, *, device: str) -> tuple[TrainConfig, dict[str, Any]]:
+    """``config`` with a concrete rank: the largest whose ``min_epochs`` fit ``train_minutes``, timed on real steps."""
+    from .complex_n3 import choose_rank, resolve_precision
+
+    if config.rank is not None:
+        return config, {}
+    rank, info = choose_rank(kg, minutes=config.train_minutes, min_epochs=config.min_epochs,
+                             batch_size=config.batch_size, precision=resolve_precision(config.precision, device),
+                             device=device, optimizer=config.optimizer)
+    return replace(config, rank=rank), info
+
+
+def _train_1n_and_evaluate(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool) -> TrainResult:
+    """The 1n loop (:mod:`kge.complex_n3`), then pykeen's filtered evaluator on held-out edges."""
+    import sys
+
+    from .complex_n3 import train_1n
+
+    device = resolve_device(config.device)
+    check_trainable(kg)
+    if config.num_threads:
+        import torch
+
+        torch.set_num_threads(config.num_threads)
+    config, rank_info = resolve_rank(kg, config, device=device)
+    if rank_info and progress:
+        print(f"training: rank {config.rank} for a {config.train_minutes:g}-minute budget "
+              f"(~{rank_info['predicted_seconds_per_epoch']:.0f} s per epoch, timed on real steps)", file=sys.stderr)
+    result = train_1n(kg, config, progress=progress)
+    result.config = config
+    result.metrics.update(rank_info)
+    held_out = kg.missing
+    if config.eval_max_triples != 0 and len(held_out) > 0:
+        eval_triples = _subsample(held_out, config.eval_max_triples, config.seed)
+        t = time.perf_counter()
+        result.metrics.update(pykeen_link_metrics(result.entity, result.relation, eval_triples,
+                                                  np.concatenate([kg.train, held_out]), device=device,
+                                                  batch_size=config.eval_batch_size, progress=progress))
+        result.metrics["eval_triples_available"] = int(len(held_out))
+        result.metrics["eval_seconds"] = round(time.perf_counter() - t, 3)
+    result.metrics["train_seconds_incl_eval"] = round(result.seconds + result.metrics.get("eval_seconds", 0.0), 3)
+    return result
+
+
+#: Triples per pykeen evaluate() call in :func:`pykeen_link_metrics` (bounds the evaluator's memory).
+EVAL_CHUNK = 4000
+
+
+def pykeen_link_metrics(entity: np.ndarray, relation: np.ndarray, triples: np.ndarray, known: np.ndarray, *,
+                        device: str = "cpu", batch_size: int = 256, progress: bool = False) -> dict[str, Any]:
+    """Filtered link-prediction metrics of complex64 embeddings with pykeen's ``RankBasedEvaluator``.
+
+    ``triples`` (E, 3) hold both directions of each edge (relation ``2k+1`` is
+    the inverse of ``2k``), so the ``tail`` side over them is the standard
+    reciprocal protocol (Lacroix et al. 2018): ``mrr``/``hits_at_k`` report it.
+    pykeen's ``both`` side (head predictions through the non-reciprocal
+    relation too) is kept as ``mrr_both`` for comparison with earlier builds.
+    """
+    import torch
+    from pykeen.evaluation import RankBasedEvaluator
+
+    from .complex_n3 import to_pykeen_model
+
+    model = to_pykeen_model(entity, relation, device=device)
+    # pykeen's ComplEx scores all tails by broadcasting (batch, N, d) complex products: cap that buffer at
+    # ~1 GiB (a batch of 256 at FB15k-237 size and rank 256 is 7.6 GB, and the process was OOM-killed)
+    n, d = entity.shape
+    batch_size = max(1, min(batch_size, (1 << 30) // max(1, n * d * 16)))
+    triples = np.array(triples, dtype=np.int64)  # a copy: torch refuses read-only arrays
+    filter_triples = [torch.as_tensor(np.array(known, dtype=np.int64))]
+    # pykeen's evaluator holds on to memory in proportion to the triples of one evaluate() call (FB15k-237's
+    # 40,876 test edges were OOM-killed at 24 GB after 31k): evaluate chunks and average.  Every metric here
+    # is a mean over (triple, side) of a per-rank value, so the count-weighted mean of the chunks is exact.
+    sums: dict[str, float] = {}
+    keys = {"mrr": "tail.realistic.inverse_harmonic_mean_rank", "hits_at_1": "tail.realistic.hits_at_1",
+            "hits_at_3": "tail.realistic.hits_at_3", "hits_at_10": "tail.realistic.hits_at_10",
+            "mrr_both": "both.realistic.inverse_harmonic_mean_rank"}
+    for start in range(0, len(triples), EVAL_CHUNK):
+        part = triples[start:start + EVAL_CHUNK]
+        with _known_pykeen_noise():
+            res = RankBasedEvaluator(filtered=True).evaluate(
+                model, torch.as_tensor(part), batch_size=batch_size, additional_filter_triples=filter_triples,
+                use_tqdm=progress, device=torch.device(device),
+            )
+        for name, key in keys.items():
+            sums[name] = sums.get(name, 0.0) + float(res.get_metric(key)) * len(part)
+        del res
+    out: dict[str, Any] = {name: v / max(1, len(triples)) for name, v in sums.items()}
+    return {
+        **out,
+        "eval_triples": int(len(triples)),
+        "eval_protocol": "pykeen RankBasedEvaluator, filtered (train+held-out), tail side over both directions "
+                         "(reciprocal protocol), realistic ranks; mrr_both: both sides",
+    }

@@ -301,7 +301,9 @@ def test_sampler_ctrl_c_keeps_what_was_written(umls_sampling_artifact, tmp_path)
     out = tmp_path / "q.jsonl"
     p = subprocess.Popen([sys.executable, "-m", "engine.sample", "--artifact", str(umls_sampling_artifact),
                           "--per-structure", "100000", "--out", str(out), "--no-progress"],
-                         stderr=subprocess.PIPE, text=True, env=env_with_root())
+                         stderr=subprocess.PIPE, text=True, env=env_with_root(),
+                         # a shell's background job starts with SIGINT ignored, and children inherit that
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline and not any(x.stat().st_size > 10_000 for x in tmp_path.glob(".q.jsonl.part-*")):
         time.sleep(0.2)
@@ -431,6 +433,19 @@ def test_training_progress_moves_per_batch(tmp_path, capsys):
     assert "Warning" not in err and "WARNING" not in err
 
 
+def test_1n_training_progress_moves_per_batch(tmp_path, capsys):
+    from kge.train import TrainConfig, train_complex
+
+    f = tmp_path / "kg.tsv"
+    f.write_text("".join(f"e{i}\tr{i % 3}\te{(i * 7 + 1) % 40}\n" for i in range(120)))
+    train_complex(load_kg(f), TrainConfig(rank=2, epochs=2, batch_size=16, eval_max_triples=0, device="cpu",
+                                          training_loop="1n", optimizer="adagrad"), progress=True)
+    err = capsys.readouterr().err
+    assert "epoch 1/2:   0%|          | 0/15" in err  # a bar per epoch over 240 edges / 16 per batch
+    assert "epoch 2/2: 100%|##########| 15/15" in err or "epoch 2/2: 100%|██████████| 15/15" in err
+    assert "Warning" not in err and "WARNING" not in err
+
+
 # ----------------------------------------------------------------- the shared helpers
 def test_open_output_is_atomic_and_keeps_partial_streams(tmp_path):
     target = tmp_path / "out.txt"
@@ -505,9 +520,29 @@ def test_f3_diverging_training_is_one_error_line(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(pykeen.pipeline, "pipeline", diverge)
     (tmp_path / "mini.tsv").write_text(MINI)
-    assert build_main(["--kg", str(tmp_path / "mini.tsv"), "--out", str(tmp_path / "o"), "--lr", "5", *TINY]) == 2
+    assert build_main(["--kg", str(tmp_path / "mini.tsv"), "--out", str(tmp_path / "o"), "--lr", "5", *TINY,
+                       "--training-loop", "lcwa"]) == 2
     err = one_error_line(capsys)
     assert "training diverged" in err and "try a smaller --lr (e.g. 0.5)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mini.tsv"]
+
+
+def test_f3_diverging_1n_training_is_one_error_line(tmp_path, capsys, monkeypatch):
+    import torch
+
+    import kge.complex_n3
+
+    real = kge.complex_n3.batch_loss
+
+    def diverge(*args, **kwargs):
+        loss, ce, n3 = real(*args, **kwargs)
+        return loss * torch.tensor(float("nan")), ce, n3
+
+    monkeypatch.setattr(kge.complex_n3, "batch_loss", diverge)
+    (tmp_path / "mini.tsv").write_text(MINI)
+    assert build_main(["--kg", str(tmp_path / "mini.tsv"), "--out", str(tmp_path / "o"), "--lr", "5", *TINY]) == 2
+    err = one_error_line(capsys)
+    assert "training diverged (the loss became nan) at --lr 5; try a smaller --lr (e.g. 0.5)" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mini.tsv"]
 
 
@@ -741,13 +776,16 @@ def test_caches_point_into_the_test_session(tmp_path):
     assert Path(os.environ["XDG_CACHE_HOME"]) in default_cache_path().parents
 
 
-def test_interrupts_deferred_delivers_ctrl_c_after_the_block():
+def test_interrupts_deferred_delivers_ctrl_c_after_the_block(request):
     """A Ctrl-C inside the block lands as KeyboardInterrupt after it: the block's work is never cut in half."""
     import os as _os
 
     from kgreason.files import interrupts_deferred
 
     done = []
+    # pytest started as a shell's background job inherits SIGINT ignored: test from Python's default handler
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, saved))
     with pytest.raises(KeyboardInterrupt):
         with interrupts_deferred():
             _os.kill(_os.getpid(), signal.SIGINT)

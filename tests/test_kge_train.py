@@ -46,6 +46,7 @@ def test_training_is_seeded(nations):
 
 def test_size_presets(nations):
     assert default_train_config(nations).rank == SIZE_PRESETS["small"]["rank"]
+    assert default_train_config(nations).training_loop == "1n"
     assert default_train_config(nations, rank=3, epochs=None).rank == 3
     assert default_train_config(nations, epochs=None).epochs == SIZE_PRESETS["small"]["epochs"]
 
@@ -58,7 +59,7 @@ def test_size_presets(nations):
         (dict(lr=float("nan")), "lr must be a finite number > 0, got nan"),
         (dict(lr=float("inf")), "lr must be a finite number > 0, got inf"),
         (dict(seed=-1), "seed must be in [0, 4294967295], got -1"),
-        (dict(training_loop="1n"), "training loop must be 'slcwa' or 'lcwa', got '1n'"),
+        (dict(training_loop="1-n"), "training loop must be one of 1n, lcwa, slcwa, got '1-n'"),
         (dict(regularizer_weight=-0.1), "regularizer weight must be >= 0, got -0.1"),
     ],
 )

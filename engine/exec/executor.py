@@ -22,6 +22,16 @@ every node's result is a :class:`~engine.exec.hooks.NodeValue` (values, the
 projection witness, evidence).  Projections have one method whatever the
 branch (one-hot anchors included): one ``ops`` call per node, no per-relation loop.
 
+Lazy artifacts (:mod:`kge.lazy`): a projection computes (or takes from the row
+cache) the calibrated rows ``(r, h)`` of its input's active entities ``h``
+(``X[b, h] > 0``) only, assembles them into a compact stack and makes the same
+``ops.project_multi`` call; rows of inactive heads meet a zero input in plain
+and negated projection alike, so scores and witnesses equal the eager
+artifact's.  ``frontier_k`` (default off: exact) keeps only the ``k`` largest
+entries of each projection's input (``ops.topk_prune``, as CQD-beam does),
+which bounds the rows a lazy projection computes; it applies to eager
+artifacts the same way, so the two stay comparable.
+
 Hooks (:mod:`engine.exec.hooks`): after a node is computed, the registered
 hooks for its op see it with its context and may replace its value; parents
 see the replaced value.  KG-only, LLM-only and merged runs are three hook
@@ -74,6 +84,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from kge.artifact import Artifact
 
 __all__ = ["Executor", "QueryResult", "Answer", "Explanation", "TNORMS", "combine_scores"]
+
+
+#: Most rows (distinct relations x N) of the compact stack one lazy projection call builds: 2^24
+#: int64 row pointers are 128 MiB; more distinct relations are projected in groups.
+_LAZY_STACK_ROWS = 1 << 24
 
 
 # ----------------------------------------------------------------------------- operator access
@@ -175,11 +190,14 @@ class Executor:
             CPU is faster than one huge pass (see benchmarks/results/engine_notes.md, "Bounded passes").
         hooks: per-node hooks, called on every node (any op) in this order; see
             :mod:`engine.exec.hooks` and :meth:`add_hook`.
+        frontier_k: keep only the ``k`` largest entries (ties: smaller ids) of every
+            projection's input before projecting (``None``, the default: all, exact).
+            With a lazy artifact it bounds the rows computed per query and hop to ``k``.
     """
 
     def __init__(self, artifact: "Artifact", *, tnorm: str = "product", neg_scale: float = 3.0,
                  device: str | torch.device = "cpu", backend: str | None = None,
-                 pass_rows: int | None = None, hooks: Sequence[Hook] = ()) -> None:
+                 pass_rows: int | None = None, hooks: Sequence[Hook] = (), frontier_k: int | None = None) -> None:
         if tnorm not in TNORMS:
             raise UserError(f"unknown t-norm {tnorm!r}; expected one of {', '.join(TNORMS)}")
         if not (neg_scale > 0 and np.isfinite(neg_scale)):
@@ -198,6 +216,12 @@ class Executor:
         self.ops = _Ops(backend)
         if pass_rows is not None and pass_rows < 1:
             raise UserError(f"pass_rows must be >= 1, got {pass_rows}")
+        if frontier_k is not None and (isinstance(frontier_k, bool) or not isinstance(frontier_k, (int, np.integer))
+                                       or frontier_k < 1):
+            raise UserError(f"frontier_k must be an integer >= 1 (or None for exact), got {frontier_k!r}")
+        self.frontier_k = None if frontier_k is None else int(frontier_k)
+        # Lazy artifacts: rows are computed on this executor's device (cache shared with the artifact).
+        self._lazy = artifact.matrices.on(str(self.device)) if artifact.is_lazy else None
         if pass_rows is None and self.device.type == "cpu":
             pass_rows = max(16, (1 << 20) // max(1, artifact.num_entities))
         self.pass_rows = pass_rows
@@ -250,7 +274,11 @@ class Executor:
 
     # ------------------------------------------------------------------------------ helpers
     def matrix(self, r: int):
-        """The prepared relation matrix M_r on this executor's device (cached)."""
+        """The prepared relation matrix M_r on this executor's device (cached).
+
+        With a lazy artifact this computes all N rows of M_r (projections do not
+        use it: they compute only the rows they need).
+        """
         m = self._prepared.get(r)
         if m is None:
             m = self.ops.prepare(self.artifact.relation_matrix(r, str(self.device)))
@@ -291,6 +319,11 @@ class Executor:
         ``ops.project_multi`` there); mixed relations: one ``ops.project_multi`` call over
         the stacked matrices, whatever the number of distinct relations.
         """
+        if self.frontier_k is not None and self.frontier_k < x.shape[1]:
+            x = self.ops._ops.topk_prune(x, self.frontier_k, validate=False)
+        if self._lazy is not None:
+            return self._project_rows_lazy(x, rels, negated, want_arg)
+
         def call(xs, r):
             m = self.matrix(r)
             if negated:
@@ -307,6 +340,56 @@ class Executor:
         out = self.ops._ops.project_multi(x, rel_t, self._stacked_multi(), negated=negated,
                                           neg_scale=self.neg_scale, return_argmax=want_arg, **kw)
         return out if want_arg else (out, None)
+
+    def _project_rows_lazy(self, x: torch.Tensor, rels: list[int], negated: bool, want_arg: bool):
+        """:meth:`_project_rows` over a lazy artifact: one ``project_multi`` call over the rows it needs.
+
+        The needed rows are ``(rels[b], h)`` for every active entity ``h`` of row ``b``
+        (``x[b, h] > 0``); they go into a compact stack with local relation ids (one
+        block of N rows per distinct relation, only the needed rows filled).  A
+        projection's result only reads those rows (every other row meets a zero input),
+        so it is the eager result.  Distinct relations are split in groups of at most
+        ``_LAZY_STACK_ROWS // N`` so the stack's row pointers stay small.
+        """
+        n = self.num_entities
+        b_idx, h_idx = (x > 0).nonzero(as_tuple=True)
+        b_np, h_np = b_idx.cpu().numpy(), h_idx.cpu().numpy()
+        rels_np = np.asarray(rels, dtype=np.int64)
+        uniq = np.unique(rels_np)
+        per_group = max(1, _LAZY_STACK_ROWS // n)
+        kw = self.ops._kw()
+        y = arg = None
+        for g0 in range(0, len(uniq), per_group):
+            group = uniq[g0 : g0 + per_group]
+            in_group = np.isin(rels_np, group)
+            rows = np.flatnonzero(in_group)
+            local_of = {int(r): k for k, r in enumerate(group.tolist())}
+            sel = in_group[b_np]
+            keys = np.unique(rels_np[b_np[sel]] * n + h_np[sel])  # sorted by (relation, head)
+            key_rel = keys // n
+            bounds = np.searchsorted(key_rel, group, side="left"), np.searchsorted(key_rel, group, side="right")
+            heads = [keys[lo:hi] % n for lo, hi in zip(*bounds)]
+            crow, col, val = self._lazy.stacked(group.tolist(), heads)
+            stack = self.ops._ops.prepare_stacked(
+                (torch.from_numpy(crow), torch.from_numpy(col), torch.from_numpy(val)),
+                num_entities=n, device=self.device, name="lazy rows")
+            local = torch.tensor([local_of[int(r)] for r in rels_np[rows].tolist()], dtype=torch.int64,
+                                 device=x.device)
+            whole = len(rows) == len(rels_np)
+            xs = x if whole else x[torch.from_numpy(rows).to(x.device)]
+            out = self.ops._ops.project_multi(xs, local, stack, negated=negated, neg_scale=self.neg_scale,
+                                              return_argmax=want_arg, **kw)
+            ys, args = out if want_arg else (out, None)
+            if whole:
+                return ys, args
+            if y is None:
+                y = torch.zeros_like(x)
+                arg = torch.full(x.shape, -1, dtype=torch.int32, device=x.device) if want_arg else None
+            idx = torch.from_numpy(rows).to(x.device)
+            y[idx] = ys
+            if want_arg:
+                arg[idx] = args
+        return y, arg
 
     def _stacked_multi(self):
         """The artifact's matrices as :class:`ops.StackedMatrices` on this device, prepared once."""
@@ -518,7 +601,11 @@ class Executor:
 
     # ------------------------------------------------------------------------- backward pass
     def _weight(self, r: int, i: int, j: int) -> float:
-        """M_r[i, j] from the artifact's CSR (binary search in row i)."""
+        """M_r[i, j] from the artifact's CSR (binary search in row i); lazy: row i of M_r through the row cache."""
+        if self._lazy is not None:
+            cols, vals = self._lazy.row(r, i)
+            pos = int(cols.searchsorted(j))
+            return float(vals[pos]) if pos < len(cols) and cols[pos] == j else 0.0
         m = self.artifact.matrices
         row = r * self.num_entities + i
         lo, hi = int(m.indptr[row]), int(m.indptr[row + 1])

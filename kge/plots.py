@@ -1,0 +1,94 @@
+"""CLI: PNG of an artifact's training curve (validation MRR and loss per epoch, from meta.json).
+
+    python -m kge.plots --artifact artifacts/FB15k-237 --out benchmarks/results/kge_curve_fb15k237.png
+
+Needs the ``plots`` extra (matplotlib).  Artifacts trained with the 1n loop
+record the curve under ``meta.json["train"]["curve"]``; others have none.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from kgreason.cli import ArgumentParser
+from kgreason.errors import UserError, cli_main
+from kgreason.files import check_output_file, write_output
+
+__all__ = ["training_curve_png", "PlotArgs", "main"]
+
+
+def training_curve_png(train: dict[str, Any], *, title: str = "") -> bytes:
+    """PNG bytes: validation MRR (left axis) and mean training loss (right axis) per epoch.
+
+    ``train`` is ``meta.json["train"]``; a UserError when it holds no curve.
+    """
+    curve = train.get("curve") if isinstance(train, dict) else None
+    if not isinstance(curve, dict) or not curve.get("epoch"):
+        raise UserError("this artifact records no training curve (only the 1n loop writes one)")
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("plotting needs matplotlib: pip install -e '.[plots]'") from None
+    matplotlib.use("Agg")
+    import io
+
+    import matplotlib.pyplot as plt
+
+    ep = curve["epoch"]
+    pts = [(e, m) for e, m in zip(ep, curve["valid_mrr"]) if m is not None]
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    ax.plot([e for e, _ in pts], [m for _, m in pts], "o-", color="tab:blue", label="validation MRR (filtered, tail)")
+    best = train.get("best_epoch")
+    if best in ep and curve["valid_mrr"][ep.index(best)] is not None:
+        ax.axvline(best, color="tab:blue", ls=":", lw=1)
+        ax.annotate(f"best: epoch {best}, {curve['valid_mrr'][ep.index(best)]:.3f}",
+                    (best, curve["valid_mrr"][ep.index(best)]), textcoords="offset points", xytext=(-10, -28),
+                    ha="right", fontsize=8, color="tab:blue")
+    if train.get("mrr") is not None:
+        ax.axhline(train["mrr"], color="tab:green", ls="--", lw=1,
+                   label=f"held-out MRR, pykeen evaluator ({train['mrr']:.3f})")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("MRR")
+    ax2 = ax.twinx()
+    ax2.plot(ep, curve["loss"], "s--", color="tab:red", ms=3, label="training loss")
+    ax2.set_ylabel("loss (cross-entropy + N3)")
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="center right", fontsize=8)
+    secs = curve.get("seconds") or []
+    sub = f"{len(ep)} epochs, {secs[-1] / 60:.1f} min" if secs else f"{len(ep)} epochs"
+    ax.set_title((title + "\n" if title else "") + sub, fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class PlotArgs:
+    artifact: Path
+    out: Path
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    from .artifact import read_meta
+
+    p = ArgumentParser(prog="python -m kge.plots", description=__doc__.split("\n\n")[0])
+    p.add_argument("--artifact", required=True, type=Path, help="artifact folder")
+    p.add_argument("--out", required=True, type=Path, help="PNG file to write")
+    ns = p.parse_args(argv)
+    args = PlotArgs(artifact=ns.artifact, out=check_output_file(ns.out, what="--out"))
+    meta = read_meta(args.artifact)
+    tc = meta.get("train_config", {})
+    title = f"{Path(str(meta.get('source', args.artifact))).name}: ComplEx-N3 rank {tc.get('rank')}, {meta['train'].get('precision', '')}"
+    write_output(args.out, training_curve_png(meta.get("train", {}), title=title), what="--out")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

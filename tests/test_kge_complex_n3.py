@@ -1,0 +1,276 @@
+"""The 1-N ComplEx-N3 trainer (kge.complex_n3) against pykeen: loss, gradients, ranks, export, seeding, resume."""
+from __future__ import annotations
+
+import datetime
+
+import numpy as np
+import pytest
+import torch
+
+from kgreason.errors import UserError
+from kge.complex_n3 import (
+    batch_loss, choose_rank, filtered_tail_ranks, n3_penalty, resolve_precision, to_pykeen_model, train_1n,
+)
+from kge.graph import load_kg
+from kge.train import SIZE_PRESETS, TrainConfig, complex_scores, default_train_config, train_complex
+
+
+@pytest.fixture(scope="module")
+def nations():
+    return load_kg("nations")
+
+
+def _cfg(**kw):
+    base = dict(rank=8, epochs=3, lr=0.1, batch_size=128, training_loop="1n", optimizer="adagrad",
+                regularizer_weight=5e-2, init_std=1e-3, eval_max_triples=0, device="cpu", precision="fp32",
+                patience=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _interleave(x: torch.Tensor) -> torch.Tensor:
+    """Our ``[re | im]`` rows as pykeen's interleaved ``(re0, im0, re1, im1, ...)`` storage."""
+    d = x.shape[1] // 2
+    return torch.stack([x[:, :d], x[:, d:]], dim=-1).reshape(x.shape[0], 2 * d)
+
+
+def _deinterleave(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[1] // 2
+    y = x.reshape(x.shape[0], d, 2)
+    return torch.cat([y[..., 0], y[..., 1]], dim=1)
+
+
+@pytest.mark.parametrize("n,r,d,b", [(14, 110, 8, 64), (50, 6, 3, 1), (200, 20, 16, 300)])
+def test_loss_and_gradients_equal_pykeen_complex_n3(seed, n, r, d, b):
+    """Our real-valued loss = pykeen ComplEx ``score_t`` + pykeen's CrossEntropyLoss + N3 on complex factors."""
+    from pykeen.losses import CrossEntropyLoss
+
+    g = torch.Generator().manual_seed(seed)
+    ent = (torch.randn(n, 2 * d, generator=g, dtype=torch.float64) * 0.5).requires_grad_()
+    rel = (torch.randn(r, 2 * d, generator=g, dtype=torch.float64) * 0.5).requires_grad_()
+    h, rr, t = torch.randint(0, n, (b,), generator=g), torch.randint(0, r, (b,), generator=g), \
+        torch.randint(0, n, (b,), generator=g)
+    weight = 0.05
+    ours, ce, _ = batch_loss(ent, rel, h, rr, t, weight=weight, precision="fp32")
+    ours.backward()
+
+    model = to_pykeen_model(np.zeros((n, d), np.complex64), np.zeros((r, d), np.complex64)).double()
+    pe = model.entity_representations[0]._embeddings.weight
+    pr = model.relation_representations[0]._embeddings.weight
+    with torch.no_grad():
+        pe.copy_(_interleave(ent.detach()))
+        pr.copy_(_interleave(rel.detach()))
+    scores = model.score_t(torch.stack([h, rr], 1))  # (B, N) pykeen's own ComplEx interaction
+    labels = torch.zeros_like(scores)
+    labels[torch.arange(b), t] = 1.0
+    theirs_ce = CrossEntropyLoss().process_lcwa_scores(predictions=scores, labels=labels)
+    # N3 on the batch's complex factors (Lacroix et al. 2018): sum_k |x_k|^3, averaged over the batch
+    cplx = lambda w, i: torch.view_as_complex(w[i].reshape(len(i), d, 2))  # noqa: E731
+    n3 = sum(cplx(w, i).abs().pow(3).sum(-1).mean() for w, i in ((pe, h), (pr, rr), (pe, t)))
+    theirs = theirs_ce + weight * n3
+    theirs.backward()
+    torch.testing.assert_close(ce.detach(), theirs_ce.detach(), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ent.grad, _deinterleave(pe.grad), rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(rel.grad, _deinterleave(pr.grad), rtol=1e-8, atol=1e-10)
+
+
+def test_n3_penalty_is_complex_modulus_cubed():
+    x = torch.tensor([[3.0, 0.0, 4.0, 1.0]])  # [re | im]: (3+4i, 0+1i)
+    assert float(n3_penalty(x)) == pytest.approx(125.0 + 1.0)
+    assert float(n3_penalty(x, x)) == pytest.approx(252.0)
+
+
+def test_bf16_loss_close_to_fp32(seed):
+    if resolve_precision("auto", "cpu") != "bf16":
+        pytest.skip("no bf16 GEMM on this CPU")
+    g = torch.Generator().manual_seed(seed)
+    ent, rel = torch.randn(300, 32, generator=g) * 0.3, torch.randn(10, 32, generator=g) * 0.3
+    idx = torch.randint(0, 300, (64,), generator=g), torch.randint(0, 10, (64,), generator=g), \
+        torch.randint(0, 300, (64,), generator=g)
+    a = batch_loss(ent, rel, *idx, weight=0.05, precision="fp32")[0]
+    b = batch_loss(ent, rel, *idx, weight=0.05, precision="bf16")[0]
+    assert float(b) == pytest.approx(float(a), rel=1e-2)
+
+
+def test_filtered_tail_ranks_equal_pykeen_evaluator(nations, seed):
+    """Our validation ranks (used for early stopping) = pykeen's filtered tail-side realistic ranks."""
+    from kge.train import pykeen_link_metrics
+
+    rng = np.random.default_rng(seed)
+    n, r, d = nations.num_entities, nations.num_relations, 6
+    ent = (rng.normal(size=(n, d)) + 1j * rng.normal(size=(n, d))).astype(np.complex64)
+    rel = (rng.normal(size=(r, d)) + 1j * rng.normal(size=(r, d))).astype(np.complex64)
+    ent[3] = ent[4]  # exact ties: realistic ranks count them half
+    triples = np.asarray(nations.test)
+    known = np.concatenate([nations.train, nations.valid, nations.test])
+    as_real = lambda z: torch.as_tensor(np.concatenate([z.real, z.imag], 1))  # noqa: E731
+    ranks = filtered_tail_ranks(as_real(ent), as_real(rel), triples, known, num_relations=r)
+    theirs = pykeen_link_metrics(ent, rel, triples, known)
+    assert np.mean(1 / ranks) == pytest.approx(theirs["mrr"], rel=1e-5)
+    assert np.mean(ranks <= 1) == pytest.approx(theirs["hits_at_1"], abs=1e-9)
+    assert np.mean(ranks <= 3) == pytest.approx(theirs["hits_at_3"], abs=1e-9)
+    assert len(filtered_tail_ranks(as_real(ent), as_real(rel), triples[:0], known, num_relations=r)) == 0
+
+
+def test_trained_embeddings_reproduce_pykeen_scores_and_learn(nations):
+    res = train_complex(nations, _cfg(epochs=30, eval_max_triples=None, eval_every=10), progress=False)
+    assert res.entity.shape == (14, 8) and res.entity.dtype == np.complex64
+    model = to_pykeen_model(res.entity, res.relation)
+    rng = np.random.default_rng(0)
+    triples = np.stack([rng.integers(0, 14, 64), rng.integers(0, 110, 64), rng.integers(0, 14, 64)], 1)
+    with torch.inference_mode():
+        theirs = model.score_hrt(torch.as_tensor(triples)).numpy().ravel()
+    np.testing.assert_allclose(complex_scores(res.entity, res.relation, triples), theirs, rtol=1e-4, atol=1e-5)
+    # better than chance (filtered MRR of a random ranker over 14 entities is ~0.3)
+    assert res.metrics["mrr"] > 0.5, res.metrics
+    assert res.metrics["eval_triples"] == len(nations.missing)
+    curve = res.metrics["curve"]
+    assert curve["epoch"] == list(range(1, 31)) and len(curve["valid_mrr"]) == 30
+    assert [x is not None for x in curve["valid_mrr"]] == [(e % 10 == 0) for e in range(1, 31)]
+    assert curve["loss"][-1] < curve["loss"][0]
+
+
+def test_seeded_runs_are_reproducible(nations):
+    a = train_1n(nations, _cfg(seed=5), progress=False)
+    b = train_1n(nations, _cfg(seed=5), progress=False)
+    c = train_1n(nations, _cfg(seed=6), progress=False)
+    np.testing.assert_array_equal(a.entity, b.entity)
+    np.testing.assert_array_equal(a.relation, b.relation)
+    assert not np.array_equal(a.entity, c.entity)
+
+
+def test_resume_from_checkpoint_equals_uninterrupted_run(nations, tmp_path):
+    ck = tmp_path / "run.ckpt"
+    straight = train_1n(nations, _cfg(epochs=4), progress=False)
+    train_1n(nations, _cfg(epochs=2, checkpoint=str(ck)), progress=False)
+    assert ck.is_file()
+    resumed = train_1n(nations, _cfg(epochs=4, checkpoint=str(ck)), progress=False)
+    np.testing.assert_array_equal(straight.entity, resumed.entity)
+    assert resumed.metrics["curve"]["epoch"] == [1, 2, 3, 4]
+    assert resumed.metrics["curve"]["loss"] == straight.metrics["curve"]["loss"]
+
+
+def test_bad_checkpoints_are_one_line_errors(nations, tmp_path):
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match=r"--checkpoint .*bad.ckpt: not a readable checkpoint"):
+        train_1n(nations, _cfg(checkpoint=str(bad)), progress=False)
+    ck = tmp_path / "r8.ckpt"
+    train_1n(nations, _cfg(epochs=1, checkpoint=str(ck)), progress=False)
+    with pytest.raises(UserError, match=r"do not fit this KG at --rank 4"):
+        train_1n(nations, _cfg(rank=4, checkpoint=str(ck)), progress=False)
+    pickled = tmp_path / "evil.ckpt"
+    torch.save({"format": 1, "x": datetime.date(2020, 1, 1)}, pickled)
+    with pytest.raises(UserError, match="not a readable checkpoint"):  # weights_only refuses arbitrary objects
+        train_1n(nations, _cfg(checkpoint=str(pickled)), progress=False)
+
+
+def test_early_stopping_keeps_the_best_epoch(nations):
+    # a huge learning rate makes the validation MRR fall after the first evaluations
+    res = train_1n(nations, _cfg(epochs=40, lr=5.0, patience=2, optimizer="adam"), progress=False)
+    m = res.metrics
+    curve = [x for x in m["curve"]["valid_mrr"] if x is not None]
+    assert m["best_valid_mrr"] == max(curve)
+    if m["stop_reason"].startswith("early stop"):
+        assert len(curve) < 40 and curve.index(max(curve)) == len(curve) - 3
+
+
+def test_time_budget_stops_training(nations):
+    res = train_1n(nations, _cfg(epochs=100000, train_minutes=0.02), progress=False)
+    assert res.metrics["stop_reason"] == "time budget"
+    assert res.seconds < 30
+
+
+def test_choose_rank_by_timed_steps(nations):
+    rank, info = choose_rank(nations, minutes=10, min_epochs=5, batch_size=64, precision="fp32", device="cpu",
+                             ranks=(4, 8, 16))
+    assert rank == 16 and info["rank_chosen"] == 16  # nations: milliseconds per epoch
+    rank, _ = choose_rank(nations, minutes=1e-9, min_epochs=5, batch_size=64, precision="fp32", device="cpu",
+                          ranks=(4, 8, 16))
+    assert rank == 4  # nothing fits: the smallest
+
+
+def test_presets_use_the_1n_loop(nations):
+    small = default_train_config(nations)
+    assert small.training_loop == "1n" and small.rank == SIZE_PRESETS["small"]["rank"]
+    assert SIZE_PRESETS["large"]["rank"] is None and SIZE_PRESETS["large"]["train_minutes"] > 0
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(optimizer="sgd"), "optimizer of the 1n loop must be 'adagrad' or 'adam', got 'sgd'"),
+        (dict(loss="softplus"), "the 1n loop trains with the softmax cross-entropy only, got loss 'softplus'"),
+        (dict(precision="fp8"), "precision must be 'auto', 'bf16' or 'fp32', got 'fp8'"),
+        (dict(train_minutes=0.0), "train minutes must be a finite number > 0, got 0.0"),
+        (dict(train_minutes=float("nan")), "train minutes must be a finite number > 0, got nan"),
+        (dict(rank=None), "rank may be left to the time budget only with the 1n loop and train_minutes"),
+        (dict(patience=-1), "patience must be >= 0, got -1"),
+        (dict(eval_every=0), "eval_every must be >= 1, got 0"),
+    ],
+)
+def test_config_errors(kwargs, message):
+    with pytest.raises(UserError) as exc:
+        _cfg(**kwargs)
+    assert str(exc.value) == message
+
+
+def test_build_with_the_1n_loop_and_a_budget(tmp_path):
+    """kge.build end to end with the default (1n) loop on UMLS: link MRR far above the old LCWA preset's 0.80."""
+    from kge.build import main
+
+    out = tmp_path / "umls"
+    assert main(["--kg", "umls", "--out", str(out), "--quiet", "--train-minutes", "1"]) == 0
+    import json
+
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["train_config"]["training_loop"] == "1n"
+    assert meta["train"]["mrr"] > 0.85, meta["train"]
+    assert meta["train"]["curve"]["epoch"][-1] == len(meta["train"]["losses"])
+
+
+def test_linkpred_and_plots_clis(tmp_path, capsys):
+    import json
+
+    from kge.build import main as build_main
+    from kge.linkpred import main as linkpred_main
+    from kge.plots import main as plots_main
+
+    art = tmp_path / "nations"
+    assert build_main(["--kg", "nations", "--out", str(art), "--quiet", "--rank", "8", "--epochs", "10"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "lp.json"
+    assert linkpred_main(["--artifact", str(art), "--kg", "nations", "--split", "test", "--json", str(out),
+                          "--quiet"]) == 0
+    line = capsys.readouterr().out
+    m = json.loads(out.read_text())
+    assert f"MRR {m['mrr']:.4f}" in line and m["eval_triples"] == len(load_kg("nations").test)
+    meta = json.loads((art / "meta.json").read_text())
+    assert 0 < m["mrr"] <= 1 and 0 < meta["train"]["mrr"] <= 1
+    png = tmp_path / "curve.png"
+    assert plots_main(["--artifact", str(art), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # one-line errors: a KG the embeddings do not fit, a bad --limit
+    assert linkpred_main(["--artifact", str(art), "--kg", "umls", "--quiet"]) == 2
+    assert "do not fit this KG" in capsys.readouterr().err
+    assert linkpred_main(["--artifact", str(art), "--kg", "nations", "--limit", "0"]) == 2
+    assert "--limit must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_pykeen_metrics_in_chunks_equal_one_call(nations, monkeypatch, seed):
+    """pykeen_link_metrics evaluates chunks (bounded memory) and averages: the same numbers as one call."""
+    import kge.train
+    from kge.train import pykeen_link_metrics
+
+    rng = np.random.default_rng(seed)
+    n, r, d = nations.num_entities, nations.num_relations, 4
+    ent = (rng.normal(size=(n, d)) + 1j * rng.normal(size=(n, d))).astype(np.complex64)
+    rel = (rng.normal(size=(r, d)) + 1j * rng.normal(size=(r, d))).astype(np.complex64)
+    known = np.concatenate([nations.train, nations.valid, nations.test])
+    whole = pykeen_link_metrics(ent, rel, nations.test, known)
+    monkeypatch.setattr(kge.train, "EVAL_CHUNK", 7)  # 7 does not divide the test set: a short last chunk
+    assert len(nations.test) % 7
+    chunked = pykeen_link_metrics(ent, rel, nations.test, known)
+    for key in ("mrr", "hits_at_1", "hits_at_3", "hits_at_10", "mrr_both"):
+        assert chunked[key] == pytest.approx(whole[key], rel=1e-6), key

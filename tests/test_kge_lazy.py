@@ -1,0 +1,327 @@
+"""Lazy matrices (kge.lazy): rows computed on demand equal the eager build's, end to end.
+
+Eager and lazy artifacts are built from the same embeddings (random ones: the
+calibration does not care whether they were trained), so every comparison is
+lazy vs eager at the same threshold: all 14 BetaE structures, both t-norms,
+both negation modes, scores within 1e-6 and the same ranking, explanations
+included.  Then the row cache under tiny budgets, the frontier limit, the
+folder round trip, the build options and their errors.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from engine.exec.executor import Executor
+from engine.lang.structures import NEGATION_MODES, STRUCTURES
+from kge import Artifact
+from kge.build import BuildConfig, main as build_main, summarize
+from kge.calibrate import calibrate, calibrated_rows_reference
+from kge.lazy import LazyMatrices, RowCache
+from kgreason.errors import UserError
+
+TNORMS = ("product", "godel")
+
+
+# ------------------------------------------------------------------------------ helpers
+def random_embeddings(rng: np.random.Generator, n: int, r: int, d: int = 8, scale: float = 0.8):
+    """Complex (N, d) / (R, d) embeddings; ``scale`` sets how peaked the softmax rows are."""
+    ent = (rng.normal(size=(n, d)) + 1j * rng.normal(size=(n, d))) * scale
+    rel = rng.normal(size=(r, d)) + 1j * rng.normal(size=(r, d))
+    return ent.astype(np.complex64), rel.astype(np.complex64)
+
+
+def random_observed(rng: np.random.Generator, n: int, r: int, e: int) -> np.ndarray:
+    return np.stack([rng.integers(0, n, e), rng.integers(0, r, e), rng.integers(0, n, e)], axis=1).astype(np.int64)
+
+
+def artifact_pair(ent, rel, observed, *, threshold: float = 2e-3, row_cache_gb: float = 1.0, device: str = "cpu",
+                  names: tuple[list[str], list[str]] | None = None) -> tuple[Artifact, Artifact]:
+    """(eager, lazy) artifacts over the same embeddings, observed edges and threshold."""
+    n, r = ent.shape[0], rel.shape[0]
+    ents, rels = names or ([f"e{i}" for i in range(n)], [f"r{k}" for k in range(r)])
+    common = dict(entities=ents, relations=rels, observed=observed, missing=np.zeros((0, 3), dtype=np.int64))
+    mat, _ = calibrate(ent, rel, observed, threshold=threshold, progress=False, device=device)
+    eager = Artifact(matrices=mat, embeddings={"entity": ent, "relation": rel}, **common)
+    lazy = Artifact(matrices=LazyMatrices(entity=ent, relation=rel, observed=observed, threshold=threshold,
+                                          row_cache_gb=row_cache_gb, device=device), **common)
+    return eager, lazy
+
+
+def structure_queries(rng: np.random.Generator, n: int, r: int, negation: str, per_structure: int = 4) -> list:
+    out = []
+    for st in STRUCTURES.values():
+        for _ in range(per_structure):
+            out.append(st.build(rng.integers(0, n, st.num_anchors).tolist(), rng.integers(0, r, st.num_relations).tolist(),
+                                negation=negation))
+    return out
+
+
+def assert_same_answers(eager: Artifact, lazy: Artifact, queries, *, device: str = "cpu", **kw) -> None:
+    ye = Executor(eager, device=device, **kw).scores(queries)
+    yl = Executor(lazy, device=device, **kw).scores(queries)
+    assert float((ye - yl).abs().max()) <= 1e-6
+    # the same ranking: the order the executor ranks answers in (score desc, ties by id)
+    oe = torch.sort(ye, dim=1, descending=True, stable=True).indices
+    ol = torch.sort(yl, dim=1, descending=True, stable=True).indices
+    assert torch.equal(oe, ol)
+
+
+def lazy_rows_as_csr(lazy: LazyMatrices, keys):
+    import scipy.sparse as sp
+
+    indptr, cols, vals = lazy.rows(keys)
+    return sp.csr_matrix((vals, cols, indptr), shape=(len(keys), lazy.num_entities))
+
+
+# ------------------------------------------------------------------------------ rows
+def test_lazy_rows_equal_eager_rows_and_formula(seed, device):
+    rng = np.random.default_rng(seed)
+    n, r = int(rng.integers(5, 40)), int(rng.integers(1, 6))
+    ent, rel = random_embeddings(rng, n, r)
+    obs = random_observed(rng, n, r, int(rng.integers(0, 4 * n)))
+    eager, lazy = artifact_pair(ent, rel, obs, device=device)
+    keys = rng.permutation(n * r)  # any order, each row once
+    got = lazy_rows_as_csr(lazy.matrices, keys)
+    want = eager.matrices[keys]
+    assert (got != want).nnz == 0  # same function, same floats
+    assert got.shape == want.shape and got.nnz == want.nnz
+    ref = calibrated_rows_reference(ent, rel, obs, keys[:20], threshold=2e-3, delta=1e-4)
+    diff = np.abs(ref - got[:20].toarray())
+    diff[np.abs(ref - 2e-3) < 1e-3 * 2e-3] = 0.0  # an entry at the cut may fall either way in float32
+    assert diff.max() < 1e-5
+    for lo in range(0, n * r, max(1, n)):  # whole relations too
+        rr = lo // n
+        assert (lazy.relation_block(rr) != eager.relation_block(rr)).nnz == 0
+
+
+# ------------------------------------------------------------------------------ answers
+@pytest.mark.parametrize("negation", NEGATION_MODES)
+@pytest.mark.parametrize("tnorm", TNORMS)
+def test_lazy_equals_eager_every_structure_random_kg(seed, tnorm, negation):
+    rng = np.random.default_rng(seed)
+    n, r = int(rng.integers(20, 70)), int(rng.integers(2, 7))
+    ent, rel = random_embeddings(rng, n, r, scale=float(rng.uniform(0.4, 1.2)))
+    obs = random_observed(rng, n, r, 5 * n)
+    eager, lazy = artifact_pair(ent, rel, obs, threshold=float(rng.choice([2e-4, 2e-3, 1e-2])))
+    queries = structure_queries(rng, n, r, negation)
+    assert_same_answers(eager, lazy, queries, tnorm=tnorm)
+
+
+@pytest.fixture(scope="module")
+def umls_pair():
+    """Eager and lazy artifacts on pykeen's UMLS triples (135 entities, 92 relations) at QTO's threshold."""
+    from kge.graph import load_kg
+
+    kg = load_kg("umls")
+    rng = np.random.default_rng(11)
+    ent, rel = random_embeddings(rng, kg.num_entities, kg.num_relations, d=16, scale=0.6)
+    return artifact_pair(ent, rel, kg.train, threshold=2e-4, names=(list(kg.entities), list(kg.relations)))
+
+
+@pytest.mark.parametrize("negation", NEGATION_MODES)
+@pytest.mark.parametrize("tnorm", TNORMS)
+def test_lazy_equals_eager_every_structure_umls(umls_pair, seed, tnorm, negation):
+    eager, lazy = umls_pair
+    rng = np.random.default_rng(seed)
+    queries = structure_queries(rng, eager.num_entities, eager.num_relations, negation, per_structure=3)
+    assert_same_answers(eager, lazy, queries, tnorm=tnorm)
+    # explanations read single weights: lazy rows through the cache, the same numbers
+    ae = Executor(eager, tnorm=tnorm).answer(queries[:14 * 3 : 3], k=3)
+    al = Executor(lazy, tnorm=tnorm).answer(queries[:14 * 3 : 3], k=3)
+    for re_, rl in zip(ae, al):
+        assert [(a.id, a.score) for a in re_.answers] == [(a.id, a.score) for a in rl.answers]
+        assert [a.explanation.lines() for a in re_.answers] == [a.explanation.lines() for a in rl.answers]
+
+
+# ------------------------------------------------------------------------------ cache
+@pytest.mark.parametrize("budget_gb", [1e-12, 2e-6, 1.0])
+def test_cache_eviction_under_tiny_budget_same_answers(seed, budget_gb):
+    rng = np.random.default_rng(seed)
+    n, r = 40, 4
+    ent, rel = random_embeddings(rng, n, r)
+    obs = random_observed(rng, n, r, 150)
+    eager, lazy = artifact_pair(ent, rel, obs, row_cache_gb=budget_gb)
+    for negation in NEGATION_MODES:
+        queries = structure_queries(rng, n, r, negation, per_structure=3)
+        assert_same_answers(eager, lazy, queries)
+        assert_same_answers(eager, lazy, queries)  # again: now partly (or wholly) from the cache
+    lz = lazy.matrices
+    assert lz.cache.bytes <= lz.cache.max_bytes
+    if budget_gb < 1e-6:
+        assert lz.cache.evictions > 0
+    if budget_gb == 1e-12:  # one byte: nothing stays, everything is recomputed
+        assert len(lz.cache) == 0 and lz.stats.cache_hits == 0
+    if budget_gb == 1.0:
+        assert lz.cache.evictions == 0 and lz.stats.cache_hits > 0
+
+
+def test_row_cache_is_lru_by_bytes():
+    c = RowCache(max_bytes=3 * RowCache.row_bytes(np.zeros(2, np.int32), np.zeros(2, np.float32)))
+    for k in range(3):
+        c.put(k, np.zeros(2, np.int32), np.zeros(2, np.float32))
+    assert c.get(0) is not None  # 0 is now the most recent: 1 goes first
+    c.put(3, np.zeros(2, np.int32), np.zeros(2, np.float32))
+    assert 1 not in c and all(k in c for k in (0, 2, 3)) and c.evictions == 1
+    c.put(4, np.zeros(1000, np.int32), np.zeros(1000, np.float32))  # bigger than the budget: evicts all, itself too
+    assert len(c) == 0 and c.bytes == 0
+
+
+# ------------------------------------------------------------------------------ frontier
+def test_frontier_k(seed):
+    rng = np.random.default_rng(seed)
+    n, r = 60, 4
+    ent, rel = random_embeddings(rng, n, r, scale=0.3)  # flat softmax rows: dense intermediate sets
+    obs = random_observed(rng, n, r, 200)
+    eager, lazy = artifact_pair(ent, rel, obs, threshold=2e-4)
+    queries = [q for q in structure_queries(rng, n, r, "qto") if "(p" in str(q) or True]
+    # None is exact, and so is any k >= N
+    for k in (None, n, 10 * n):
+        assert torch.equal(Executor(eager, frontier_k=k).scores(queries), Executor(eager).scores(queries))
+    exact_rows = _rows_computed(lazy, queries, None)
+    small_rows = _rows_computed(lazy, queries, 3)
+    assert small_rows < exact_rows
+    # lazy and eager agree under the same limit
+    assert_same_answers(eager, lazy, queries, frontier_k=3)
+    # and the limit changes answers here (it is an approximation), only through multi-hop inputs
+    one_hop = [STRUCTURES["1p"].build([int(a)], [int(b)]) for a, b in zip(rng.integers(0, n, 5), rng.integers(0, r, 5))]
+    assert torch.equal(Executor(eager, frontier_k=1).scores(one_hop), Executor(eager).scores(one_hop))
+
+
+def _rows_computed(lazy: Artifact, queries, k) -> int:
+    lz = LazyMatrices(entity=lazy.matrices.entity, relation=lazy.matrices.relation, observed=lazy.observed,
+                      threshold=lazy.matrices.threshold, row_cache_gb=1.0)
+    fresh = Artifact(entities=lazy.entities, relations=lazy.relations, matrices=lz, observed=lazy.observed,
+                     missing=lazy.missing)
+    Executor(fresh, frontier_k=k).scores(queries)
+    return lz.stats.rows_computed
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
+def test_frontier_k_errors(bad):
+    eager, _ = artifact_pair(*random_embeddings(np.random.default_rng(0), 5, 1), np.zeros((0, 3), np.int64))
+    with pytest.raises(UserError, match=r"^frontier_k must be an integer >= 1 \(or None for exact\), got "):
+        Executor(eager, frontier_k=bad)
+
+
+# ------------------------------------------------------------------------------ folder, build, errors
+def test_lazy_folder_round_trip(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    n, r = 30, 4
+    ent, rel = random_embeddings(rng, n, r)
+    obs = random_observed(rng, n, r, 100)
+    eager, lazy = artifact_pair(ent, rel, obs, row_cache_gb=0.25)
+    lazy.meta = {"source": "test"}
+    lazy.save(tmp_path / "lazy")
+    names = sorted(p.name for p in (tmp_path / "lazy").iterdir())
+    assert "matrices.npz" not in names and "embeddings.npz" in names
+    meta = json.loads((tmp_path / "lazy" / "meta.json").read_text())
+    assert meta["matrices"] == "lazy" and meta["calibration"]["threshold"] == 2e-3 and "nnz" not in meta
+    back = Artifact.load(tmp_path / "lazy", load_embeddings=False)  # lazy: embeddings load anyway
+    assert back.is_lazy and back.matrices.row_cache_gb == 0.25 and back.matrices.threshold == 2e-3
+    assert Artifact.load(tmp_path / "lazy", row_cache_gb=0.5).matrices.row_cache_gb == 0.5
+    assert_same_answers(eager, back, structure_queries(rng, n, r, "qto", per_structure=2))
+    # an eager artifact from a lazy one: the same matrices as the eager build's
+    mat = back.materialize(progress=False)
+    assert not mat.is_lazy and (mat.matrices != eager.matrices).nnz == 0
+    mat.save(tmp_path / "eager")
+    assert not Artifact.load(tmp_path / "eager").is_lazy
+    assert "matrices      lazy" in summarize(back)
+    with pytest.raises(UserError, match="lazy matrices have no stored entries"):
+        back.nnz_per_relation()
+    # the engine's front doors and engine.paths take it as they take an eager one
+    from engine.exec.api import Engine
+    from engine.paths.graph import PathGraph
+
+    assert Engine.load(tmp_path / "lazy").artifact.is_lazy
+    assert PathGraph.from_artifact(back) is not None
+
+
+def test_lazy_folder_missing_embeddings_is_one_line_error(tmp_path):
+    _, lazy = artifact_pair(*random_embeddings(np.random.default_rng(0), 6, 2), np.zeros((0, 3), np.int64))
+    lazy.save(tmp_path / "a")
+    (tmp_path / "a" / "embeddings.npz").unlink()
+    for verify in (True, False):
+        with pytest.raises(UserError) as exc:
+            Artifact.load(tmp_path / "a", verify=verify)
+        msg = str(exc.value)
+        assert "\n" not in msg and "lazy matrices need 'embeddings.npz'" in msg
+
+
+@pytest.mark.parametrize("bad", [-1.0, 0.0, float("nan"), float("inf")])
+def test_bad_row_cache_budgets(bad, tmp_path, capsys):
+    with pytest.raises(UserError, match=r"^--row-cache-gb must be a finite number of GiB > 0, got "):
+        BuildConfig(kg="umls", out=str(tmp_path / "x"), row_cache_gb=bad)
+    assert build_main(["--kg", "umls", "--out", str(tmp_path / "x"), "--row-cache-gb", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --row-cache-gb must be a finite number of GiB > 0, got {bad}") and err.count("\n") == 1
+    ent, rel = random_embeddings(np.random.default_rng(0), 4, 1)
+    with pytest.raises(UserError, match="--row-cache-gb"):
+        LazyMatrices(entity=ent, relation=rel, observed=np.zeros((0, 3), np.int64), row_cache_gb=bad)
+    with pytest.raises(UserError, match="^row_cache_gb must be"):
+        Artifact.load(tmp_path / "nowhere", row_cache_gb=bad)
+    from engine.evaluate import main as evaluate_main
+
+    assert evaluate_main(["--artifact", str(tmp_path), "--queries", "q.jsonl", "--row-cache-gb", str(bad)]) == 2
+    assert capsys.readouterr().err.startswith("error: --row-cache-gb must be a finite number of GiB > 0")
+
+
+def test_bad_matrices_option(tmp_path, capsys):
+    assert build_main(["--kg", "umls", "--out", str(tmp_path / "x"), "--matrices", "sometimes"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: argument --matrices: invalid choice: 'sometimes'") and err.count("\n") == 1
+    with pytest.raises(UserError, match=r"^--matrices must be one of eager, lazy, auto, got 'sometimes'"):
+        BuildConfig(kg="umls", out=str(tmp_path / "x"), matrices="sometimes")
+
+
+def test_build_cli_lazy_auto_and_eager_from_lazy_embeddings(tmp_path):
+    """No training: random embeddings in an .npz stand in for a trained model (--embeddings)."""
+    from kge.graph import load_kg
+
+    kg = load_kg("umls")
+    ent, rel = random_embeddings(np.random.default_rng(5), kg.num_entities, kg.num_relations, d=8, scale=0.05)
+    npz = tmp_path / "emb.npz"
+    np.savez(npz, entity=ent, relation=rel)
+    common = ["--kg", "umls", "--eval-max-triples", "0", "--quiet"]
+    assert build_main([*common, "--out", str(tmp_path / "lazy"), "--embeddings", str(npz), "--matrices", "lazy",
+                       "--row-cache-gb", "0.125"]) == 0
+    lazy = Artifact.load(tmp_path / "lazy")
+    assert lazy.is_lazy and lazy.matrices.threshold == 2e-4 and lazy.matrices.row_cache_gb == 0.125
+    assert "calibrate" not in lazy.meta["timings_s"]
+    # nearly flat softmax rows: every entry survives 2e-4, ~13 MB eager > 1 MiB, so auto is lazy (threshold kept)
+    assert build_main([*common, "--out", str(tmp_path / "auto"), "--embeddings", str(tmp_path / "lazy"),
+                       "--matrices", "auto", "--max-matrix-gb", str(2.0**-10)]) == 0
+    auto = Artifact.load(tmp_path / "auto")
+    assert auto.is_lazy and auto.matrices.threshold == 2e-4
+    assert "lazy" in auto.meta["calibration"]["nnz_estimate"]["message"]
+    assert build_main([*common, "--out", str(tmp_path / "auto-eager"), "--embeddings", str(tmp_path / "lazy"),
+                       "--matrices", "auto"]) == 0
+    assert not Artifact.load(tmp_path / "auto-eager").is_lazy
+    # an eager artifact from the lazy one's embeddings equals its materialized rows
+    assert build_main([*common, "--out", str(tmp_path / "eager"), "--embeddings", str(tmp_path / "lazy")]) == 0
+    eager = Artifact.load(tmp_path / "eager")
+    assert eager.meta["calibration"]["threshold"] == 2e-4
+    assert (eager.matrices != lazy.materialize(progress=False).matrices).nnz == 0
+    rng = np.random.default_rng(0)
+    assert_same_answers(eager, lazy, structure_queries(rng, kg.num_entities, kg.num_relations, "qto", 1))
+
+
+# ------------------------------------------------------------------------------ devices
+def test_lazy_equals_eager_on_device(device, seed):
+    """The row computation is one GEMM path with a device parameter: on CUDA too."""
+    rng = np.random.default_rng(seed)
+    n, r = 50, 4
+    ent, rel = random_embeddings(rng, n, r)
+    obs = random_observed(rng, n, r, 120)
+    eager, lazy = artifact_pair(ent, rel, obs, device=device)
+    assert lazy.matrices.device.startswith(device)
+    for negation in NEGATION_MODES:
+        assert_same_answers(eager, lazy, structure_queries(rng, n, r, negation, per_structure=2), device=device)
+    # a CPU-loaded lazy artifact computes on the executor's device (a twin sharing the cache)
+    cpu_lazy = Artifact(entities=lazy.entities, relations=lazy.relations, observed=obs, missing=lazy.missing,
+                        matrices=LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3))
+    ex = Executor(cpu_lazy, device=device)
+    assert ex._lazy.device.startswith(device) and ex._lazy.cache is cpu_lazy.matrices.cache
