@@ -41,7 +41,7 @@ from kgreason.errors import UserError, cli_main
 from kgreason.files import OutputFolder, open_output
 from .graph import LOADERS, drop_edges, load_kg
 from .lazy import DEFAULT_ROW_CACHE_GB, MATRIX_MODES, LazyMatrices, check_row_cache_gb
-from .train import TRAINING_LOOPS, TrainResult, check_loss, check_trainable, default_train_config, size_class, train_complex
+from .train import TRAINING_LOOPS, TrainResult, check_loss, check_optimizer, check_trainable, default_train_config, size_class, train_complex
 
 __all__ = ["BuildConfig", "build_artifact", "summarize", "main", "MAX_LR", "MIN_MATRIX_GB", "MAX_MATRIX_GB"]
 
@@ -151,6 +151,8 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
     output = OutputFolder(config.out, overwrite=config.overwrite, what="--out", create_parents=True)
     if config.loss is not None and config.embeddings is None:
         check_loss(config.loss)
+    if config.optimizer is not None and config.embeddings is None:
+        check_optimizer(config.optimizer, config.training_loop or "1n")
     with output as tmp:  # SIGTERM, Ctrl-C or an error from here on removes the temporary folder
         return _build(config, progress, output, tmp)
 

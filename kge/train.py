@@ -30,6 +30,7 @@ from kgreason.errors import UserError, unknown_name
 from .graph import KnowledgeGraph
 
 __all__ = ["TrainConfig", "TrainResult", "train_complex", "default_train_config", "complex_scores", "check_loss",
+           "check_optimizer",
            "check_trainable"]
 
 
@@ -199,6 +200,25 @@ def check_loss(name: str) -> str:
     return name
 
 
+def check_optimizer(name: str, loop: str) -> str:
+    """``name`` if the training loop ``loop`` knows the optimizer, else a UserError naming the closest ones.
+
+    The 1n loop takes adagrad or adam; pykeen's loops any name pykeen's optimizer resolver accepts.
+    """
+    if loop == "1n":
+        if name not in ("adagrad", "adam"):
+            raise unknown_name("optimizer", str(name), ["adagrad", "adam"], "--optimizer")
+        return name
+    from pykeen.optimizers import optimizer_resolver
+
+    try:
+        optimizer_resolver.lookup(name)
+    except (KeyError, ValueError, TypeError):
+        known = sorted(k for k in optimizer_resolver.options if k.isalnum() and k.islower())
+        raise unknown_name("optimizer", str(name), known, "--optimizer") from None
+    return name
+
+
 def check_trainable(kg: KnowledgeGraph, *, what: str = "") -> None:
     """Refuse, before pykeen sees it, a graph that leaves nothing to train on (pykeen fails with num_samples=0)."""
     if len(kg.train) == 0:
@@ -274,6 +294,7 @@ def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = T
 
     device = resolve_device(config.device)
     check_loss(config.loss)
+    check_optimizer(config.optimizer, config.training_loop)
     check_trainable(kg)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)

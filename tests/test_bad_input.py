@@ -796,3 +796,17 @@ def test_interrupts_deferred_delivers_ctrl_c_after_the_block(request):
     with interrupts_deferred():  # no signal: nothing raised
         done.append("again")
     assert done == ["whole", "again"]
+
+
+@pytest.mark.parametrize("loop,optimizer,message", [
+    ("lcwa", "0", "--optimizer: unknown optimizer '0'"),
+    ("slcwa", "adamm", "--optimizer: unknown optimizer 'adamm'; closest known: 'adam'"),
+    ("1n", "sgd", "--optimizer: unknown optimizer 'sgd'"),
+])
+def test_f11_unknown_optimizer_is_refused_before_training(tmp_path, capsys, loop, optimizer, message):
+    """Fuzz finding F11: pykeen's KeyError for an unknown optimizer name escaped as a traceback."""
+    (tmp_path / "mini.tsv").write_text(MINI)
+    assert build_main(["--kg", str(tmp_path / "mini.tsv"), "--out", str(tmp_path / "o"), *TINY,
+                       "--training-loop", loop, "--optimizer", optimizer]) == 2
+    assert message in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mini.tsv"]

@@ -557,6 +557,8 @@ _EXAMPLES = [
     ("engine.answer", "--artifact {art} --query 1p --device mps", None),  # F7 (fixed)
     ("engine.sample", "--artifact {art} --out o.jsonl --per-structure 1 --no-progress --seed -1", None),  # F8 (fixed)
     ("kge.build", "--kg {kg} --out new_art --rank 2 --epochs 1 --quiet --seed -1", None),  # F8 (fixed)
+    ("kge.build", "--kg {kg} --out new_art --rank 2 --epochs 1 --training-loop lcwa --optimizer 0 --quiet", None),  # F11 (fixed)
+    ("kge.build", "--kg {kg} --out new_art --rank 2 --epochs 1 --optimizer sgd --quiet", None),  # F11: 1n takes adagrad/adam
     ("kge.build", "--kg {kg} --out new_art --embeddings {art} --quiet --max-matrix-gb inf", None),  # F10 (fixed)
     ("kge.build", "--kg {kg} --out new_art --embeddings {art} --quiet --max-matrix-gb nan", None),  # F10 (fixed)
     ("kge.build", "--kg {kg} --out new_art --embeddings {art} --quiet --max-matrix-gb 1e-163", None),  # F10 (fixed)
