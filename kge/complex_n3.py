@@ -46,11 +46,13 @@ import numpy as np
 
 from kgreason.errors import UserError
 
-__all__ = ["PRECISIONS", "resolve_precision", "batch_loss", "train_1n", "filtered_tail_ranks", "to_pykeen_model",
+__all__ = ["PRECISIONS", "OPTIMIZERS", "resolve_precision", "tail_scores", "batch_loss", "train_1n", "filtered_tail_ranks", "to_pykeen_model",
            "n3_penalty", "matmul_rate", "choose_rank", "probe_step_seconds", "CANDIDATE_RANKS", "flops_per_epoch"]
 
 #: bf16: GEMMs in bfloat16 (float32 accumulation); fp32: everything float32; auto: bf16 where the hardware has it.
 PRECISIONS = ("auto", "bf16", "fp32")
+#: Optimizers of the 1n loop (Adagrad as in Lacroix et al. 2018; Adam).
+OPTIMIZERS = ("adagrad", "adam")
 #: Ranks :func:`choose_rank` picks from (complex dimensions).
 CANDIDATE_RANKS = (32, 64, 128, 192, 256, 384, 512, 768, 1000)
 
@@ -91,6 +93,23 @@ def n3_penalty(*factors):
     return total
 
 
+def tail_scores(entity, relation, h, r, *, precision: str = "fp32"):
+    """Scores (B, N) of every tail for queries ``(h, r)`` (B,): ``Re(<e_h * w_r, conj(e_t)>)`` as one real GEMM.
+
+    ``entity`` (N, 2d) and ``relation`` (R, 2d) hold ``[re | im]`` rows, so
+    ``[Re q | Im q] @ [Re E | Im E]^T`` is the score.  With ``precision="bf16"``
+    the GEMM runs in bfloat16 (float32 accumulation) and the scores come back float32.
+    """
+    import torch
+
+    h_re, h_im = _split(entity[h])
+    w_re, w_im = _split(relation[r])
+    q = torch.cat([h_re * w_re - h_im * w_im, h_re * w_im + h_im * w_re], dim=-1)
+    if precision == "bf16":
+        return (q.to(torch.bfloat16) @ entity.to(torch.bfloat16).T).float()
+    return q @ entity.T
+
+
 def batch_loss(entity, relation, h, r, t, *, weight: float, precision: str = "fp32"):
     """``(loss, cross_entropy, n3)`` of one batch; ``entity`` (N, 2d) and ``relation`` (R, 2d) as ``[re | im]``.
 
@@ -100,19 +119,10 @@ def batch_loss(entity, relation, h, r, t, *, weight: float, precision: str = "fp
     factors.  With ``precision="bf16"`` the score GEMM (and so its two gradient
     GEMMs) runs in bfloat16; the cross-entropy always runs in float32.
     """
-    import torch
     import torch.nn.functional as F
 
-    eh, wr, et = entity[h], relation[r], entity[t]
-    h_re, h_im = _split(eh)
-    w_re, w_im = _split(wr)
-    q = torch.cat([h_re * w_re - h_im * w_im, h_re * w_im + h_im * w_re], dim=-1)
-    if precision == "bf16":
-        scores = (q.to(torch.bfloat16) @ entity.to(torch.bfloat16).T).float()
-    else:
-        scores = q @ entity.T
-    ce = F.cross_entropy(scores, t)
-    n3 = n3_penalty(eh, wr, et)
+    ce = F.cross_entropy(tail_scores(entity, relation, h, r, precision=precision), t)
+    n3 = n3_penalty(entity[h], relation[r], entity[t])
     return ce + weight * n3, ce, n3
 
 
@@ -232,21 +242,15 @@ def filtered_tail_ranks(entity, relation, triples: np.ndarray, known: np.ndarray
         for s in range(0, len(triples), chunk):
             part = triples[s:s + chunk]
             h, r, t = (torch.tensor(part[:, i], dtype=torch.long, device=device) for i in range(3))
-            h_re, h_im = _split(entity[h])
-            w_re, w_im = _split(relation[r])
-            q = torch.cat([h_re * w_re - h_im * w_im, h_re * w_im + h_im * w_re], dim=-1)
-            if precision == "bf16":
-                scores = (q.to(torch.bfloat16) @ entity.to(torch.bfloat16).T).float()
-            else:
-                scores = q @ entity.T
+            scores = tail_scores(entity, relation, h, r, precision=precision)
             target = scores.gather(1, t[:, None])
             # filter: known tails of the same (h, r), the true tail itself excluded from the filter
             qk = part[:, 0].astype(np.int64) * num_relations + part[:, 1]
             lo, hi = np.searchsorted(keys, qk, "left"), np.searchsorted(keys, qk, "right")
             counts = hi - lo
             rows = np.repeat(np.arange(len(part)), counts)
-            cols = tails[np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])] if counts.sum() else \
-                np.zeros(0, dtype=np.int64)
+            # positions lo[i] .. hi[i]-1 for every query i, in one pass
+            cols = tails[np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())]
             keep = cols != part[rows, 2]
             scores[torch.as_tensor(rows[keep], device=device), torch.as_tensor(cols[keep], device=device)] = -math.inf
             greater = (scores > target).sum(1).double()
@@ -264,13 +268,10 @@ class _Curve:
 
 
 def _make_optimizer(name: str, params, lr: float):
+    """The torch optimizer ``name`` (one of :data:`OPTIMIZERS`, checked by TrainConfig) over ``params``."""
     import torch
 
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    raise UserError(f"--optimizer for the 1n loop must be 'adagrad' or 'adam', got {name!r}")
+    return {"adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[name](params, lr=lr)
 
 
 def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None):
@@ -383,7 +384,7 @@ def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str,
                 "entity": entity.detach(), "relation": relation.detach()}
     ent_c = _to_complex(best["entity"])
     rel_c = _to_complex(best["relation"])
-    flops = 3 * 2.0 * rows_trained * n * 2 * d
+    flops = flops_per_epoch(rows_trained, n, d)
     metrics: dict[str, Any] = {
         "train_seconds": round(seconds, 3),
         "training_loop": "1n (kge.complex_n3)",

@@ -27,6 +27,7 @@ import numpy as np
 
 from kgreason.cli import check_device, check_seed
 from kgreason.errors import UserError, unknown_name
+from .complex_n3 import OPTIMIZERS as ONE_N_OPTIMIZERS  # numpy-only at import time
 from .graph import KnowledgeGraph
 
 __all__ = ["TrainConfig", "TrainResult", "train_complex", "default_train_config", "complex_scores", "check_loss",
@@ -121,7 +122,7 @@ class TrainConfig:
         check_seed(self.seed, "seed")
         if self.training_loop not in TRAINING_LOOPS:
             raise UserError(f"training loop must be one of {', '.join(TRAINING_LOOPS)}, got {self.training_loop!r}")
-        if self.training_loop == "1n" and self.optimizer not in ("adagrad", "adam"):
+        if self.training_loop == "1n" and self.optimizer not in ONE_N_OPTIMIZERS:
             raise UserError(f"optimizer of the 1n loop must be 'adagrad' or 'adam', got {self.optimizer!r}")
         if self.training_loop == "1n" and self.loss != "crossentropy":
             raise UserError(f"the 1n loop trains with the softmax cross-entropy only, got loss {self.loss!r}")
@@ -188,16 +189,21 @@ def complex_scores(entity: np.ndarray, relation: np.ndarray, triples: np.ndarray
     return np.real(np.sum(e[h] * w[r] * np.conj(e[t]), axis=1))
 
 
+def _check_pykeen_name(resolver, kind: str, name: str, option: str) -> str:
+    """``name`` if pykeen's ``resolver`` accepts it (any spelling), else a UserError naming the closest ones."""
+    try:
+        resolver.lookup(name)
+    except (KeyError, ValueError, TypeError):
+        known = sorted(k for k in resolver.options if k.isalnum() and k.islower())
+        raise unknown_name(kind, str(name), known, option) from None
+    return name
+
+
 def check_loss(name: str) -> str:
     """``name`` if pykeen knows the loss (any spelling pykeen accepts), else a UserError naming the closest ones."""
     from pykeen.losses import loss_resolver
 
-    try:
-        loss_resolver.lookup(name)
-    except (KeyError, ValueError, TypeError):
-        known = sorted(k for k in loss_resolver.options if k.isalnum() and k.islower())
-        raise unknown_name("loss", str(name), known, "--loss") from None
-    return name
+    return _check_pykeen_name(loss_resolver, "loss", name, "--loss")
 
 
 def check_optimizer(name: str, loop: str) -> str:
@@ -206,17 +212,12 @@ def check_optimizer(name: str, loop: str) -> str:
     The 1n loop takes adagrad or adam; pykeen's loops any name pykeen's optimizer resolver accepts.
     """
     if loop == "1n":
-        if name not in ("adagrad", "adam"):
-            raise unknown_name("optimizer", str(name), ["adagrad", "adam"], "--optimizer")
+        if name not in ONE_N_OPTIMIZERS:
+            raise unknown_name("optimizer", str(name), ONE_N_OPTIMIZERS, "--optimizer")
         return name
     from pykeen.optimizers import optimizer_resolver
 
-    try:
-        optimizer_resolver.lookup(name)
-    except (KeyError, ValueError, TypeError):
-        known = sorted(k for k in optimizer_resolver.options if k.isalnum() and k.islower())
-        raise unknown_name("optimizer", str(name), known, "--optimizer") from None
-    return name
+    return _check_pykeen_name(optimizer_resolver, "optimizer", name, "--optimizer")
 
 
 def check_trainable(kg: KnowledgeGraph, *, what: str = "") -> None:
