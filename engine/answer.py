@@ -53,6 +53,8 @@ class AnswerConfig:
     seed: int = 0
     json: bool = False
     trace_values: bool = False
+    frontier_k: int | None = None
+    row_cache_gb: float | None = None
     llm: object = None  # llm_bridge.cli.LLMOptions with --llm, else None (KG only)
 
 
@@ -80,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="how --query structures negate: QTO's negated edge or the complement 1-x (default qto)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--seed", type=int, default=0, help="seed of the example query for --query alone (default 0)")
+    p.add_argument("--frontier-k", type=int, default=None, metavar="K",
+                   help="keep the K best entities of every projection's input (as CQD-beam; default: all, exact)")
+    p.add_argument("--row-cache-gb", type=float, default=None, metavar="G",
+                   help="lazy artifacts: calibrated-row cache budget in GiB (default: as built)")
     p.add_argument("--json", action="store_true", help="print one JSON object per query (JSON lines)")
     p.add_argument("--trace-values", action="store_true",
                    help="keep every node's values in the trace (--json: each node's top 10 entities)")
@@ -104,12 +110,18 @@ def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
         raise UserError(f"--top-k must be >= 1, got {ns.top_k}")
     check_seed(ns.seed)
     check_device(ns.device)
+    if ns.frontier_k is not None and ns.frontier_k < 1:
+        raise UserError(f"--frontier-k must be >= 1, got {ns.frontier_k}")
+    if ns.row_cache_gb is not None:
+        from kge.lazy import check_row_cache_gb
+
+        check_row_cache_gb(ns.row_cache_gb, "--row-cache-gb")
     return AnswerConfig(
         artifact=ns.artifact, query=ns.query, anchors=tuple(ns.anchors) if ns.anchors else None,
         relations=tuple(ns.relations) if ns.relations else None, expr=ns.expr, queries=ns.queries,
         top_k=ns.top_k, explain=ns.explain, tnorm=ns.tnorm, neg_scale=ns.neg_scale, negation=ns.negation,
         device=ns.device, seed=ns.seed, json=ns.json, trace_values=ns.trace_values,
-        llm=options_from_args(ns, top_k=ns.top_k),
+        frontier_k=ns.frontier_k, row_cache_gb=ns.row_cache_gb, llm=options_from_args(ns, top_k=ns.top_k),
     )
 
 
@@ -140,8 +152,13 @@ def run(cfg: AnswerConfig, out=None, *, hooks: Sequence = ()) -> int:
     from engine.lang.query import describe, named, parse, resolve, to_sexpr
     from engine.lang.structures import get_structure
 
-    engine = Engine.load(cfg.artifact, negation=cfg.negation, tnorm=cfg.tnorm, neg_scale=cfg.neg_scale,
-                         device=cfg.device, hooks=hooks)
+    artifact = cfg.artifact
+    if artifact is not None and cfg.row_cache_gb is not None:
+        from kge.artifact import Artifact
+
+        artifact = Artifact.load(artifact, load_embeddings=False, row_cache_gb=cfg.row_cache_gb)
+    engine = Engine.load(artifact, negation=cfg.negation, tnorm=cfg.tnorm, neg_scale=cfg.neg_scale,
+                         device=cfg.device, hooks=hooks, frontier_k=cfg.frontier_k)
     art = engine.artifact
     if cfg.query is not None:
         structure = get_structure(cfg.query)

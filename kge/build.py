@@ -55,7 +55,7 @@ MAX_MATRIX_GB = 2.0**20
 @dataclass(frozen=True, kw_only=True)
 class BuildConfig:
     """Everything a build depends on.  Training fields left as None take the size preset
-    of :data:`kge.train.SIZE_PRESETS` ("small": N < 2,000 entities, else "large").
+    of :data:`kge.train.SIZE_PRESETS` ("small": N < 2,000 entities, "large": < 50,000, else "huge").
 
     ``threshold`` None means QTO's 2e-4, raised automatically (and recorded in
     meta.json) when the matrices would exceed ``max_matrix_gb`` (8 bytes per
@@ -91,6 +91,7 @@ class BuildConfig:
     optimizer: str | None = None
     train_minutes: float | None = None
     precision: str | None = None
+    candidates: int | None = None
     loss: str | None = None
     eval_max_triples: int | None = 5000
     threshold: float | None = None
@@ -175,6 +176,7 @@ def _build(config: BuildConfig, progress: bool, output: OutputFolder, tmp: Path)
         num_negatives=config.num_negatives, regularizer_weight=config.regularizer_weight,
         training_loop=config.training_loop, loss=config.loss, seed=config.seed, device=config.device,
         optimizer=config.optimizer, train_minutes=config.train_minutes, precision=config.precision,
+        candidates=config.candidates,
     )
     train_cfg = type(train_cfg)(**{**asdict(train_cfg), "eval_max_triples": config.eval_max_triples})
     t = time.perf_counter()
@@ -458,6 +460,9 @@ def _parser() -> ArgumentParser:
                    help="training time budget in minutes (1n loop; large KGs: picks the rank, default 30)")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
                    help="1n loop GEMMs: bf16 where the CPU/GPU has it (auto, default) or fp32")
+    p.add_argument("--candidates", type=int, default=None,
+                   help="1n loop: score each batch against this many sampled entities (plus the batch's tails) "
+                        "instead of all of them (default: all below 50,000 entities, 4096 above)")
     p.add_argument("--loss", default=None, help="pykeen loss name (default crossentropy)")
     p.add_argument("--eval-max-triples", type=int, default=5000, help="held-out edges used for the MRR (0 = skip)")
     p.add_argument("--threshold", type=float, default=None,

@@ -15,11 +15,14 @@ How it is computed: rows are processed in chunks of ``chunk_rows`` flattened
 ``(r, h)`` rows (in a fixed shuffled order, so that the entries kept so far
 project the total without bias).  For a chunk, ``q = e_h * w_r`` is formed and the scores of
 all tails are one real matmul ``[Re q, Im q] (c, 2d) @ [Re E; Im E] (2d, N)``
-in float32.  The softmax and the threshold then run in place on that one
-``(c, N)`` buffer: row max, ``sub_``/``exp_``, row sum, one comparison against
-a per-row cutoff ``threshold * Z / k``; only the surviving entries are
-gathered (``nonzero``, which yields columns sorted within each row).  Nothing
-of size ``N x N`` per relation, let alone ``R x N x N``, is ever allocated.
+in float32.  Everything after the GEMM -- softmax, the ``max(1, #tails)``
+factor, observed edges, threshold, cap, and the gather of the few survivors
+into CSR pieces -- is one op, :func:`ops.calibrate_rows`: the fused kernel
+(``csrc/cpu/calibrate_rows_cpu.cpp``) reads each score row from memory once,
+where the torch formulation it replaced (``ops/calibrate_rows_reference.py``,
+still the ``"reference"`` backend) made eight passes over the ``(c, N)``
+buffer.  Nothing of size ``N x N`` per relation, let alone ``R x N x N``, is
+ever allocated.
 
 The per-chunk formula is :meth:`RowCalibrator.compute`, for any list of rows:
 :func:`calibrate` calls it on contiguous chunks, lazy artifacts
@@ -27,7 +30,6 @@ The per-chunk formula is :meth:`RowCalibrator.compute`, for any list of rows:
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -210,6 +212,8 @@ class RowCalibrator:
             nnz2, cols2, vals2 = self.compute(np.repeat(keys, 2), threshold=threshold)
             k0 = int(nnz2[0])
             return nnz2[:1], cols2[:k0], vals2[:k0]
+        import ops  # the post-GEMM op; imported here: importing kge loads no compiled extension
+
         dev = self._tails_t.device
         with torch.inference_mode():
             rows = torch.from_numpy(keys).to(dev)
@@ -219,28 +223,20 @@ class RowCalibrator:
             q = torch.cat([hr * wr - hi_ * wi, hr * wi + hi_ * wr], dim=1)  # (c, 2d) = [Re, Im] of e_h*w_r
             s = self._buffer(c)
             torch.mm(q, self._tails_t, out=s)  # scores (c, N)
-            # softmax in place: s <- exp(s - max), then Z = row sums
-            s.sub_(s.amax(dim=1, keepdim=True)).exp_()
-            z = s.sum(dim=1, keepdim=True)
+            # the rows' observed tails as a CSR (ptr, cols), from the edges sorted by flattened row
             a = np.searchsorted(self._obs_key, keys, side="left")
             b = np.searchsorted(self._obs_key, keys, side="right")
             counts = b - a
-            k = torch.from_numpy(np.maximum(counts, 1).astype(np.float32)).to(dev)
-            scale = k.unsqueeze(1) / z  # p = s * scale
-            total = int(counts.sum())
-            if total:
-                o_rows = np.repeat(np.arange(c), counts)
-                o_pos = np.repeat(a - (np.cumsum(counts) - counts), counts) + np.arange(total)
-                o_cols = self._obs_tail[o_pos]
-                s[torch.from_numpy(o_rows).to(dev), torch.from_numpy(o_cols).to(dev)] = math.inf  # -> exactly 1.0
-            # p >= threshold  <=>  s >= threshold / scale (one compare pass, no p matrix)
-            keep = s >= (thr / scale)
-            idx = keep.nonzero()  # row-major: columns sorted within each row
-            rr, cc = idx[:, 0], idx[:, 1]
-            p = s[rr, cc] * scale[rr, 0]
-            p = torch.where(torch.isinf(p), torch.ones_like(p), p.clamp_(max=1.0 - self.delta))
-            row_nnz = torch.bincount(rr, minlength=c).cpu().numpy().astype(np.int64, copy=False)
-            return row_nnz, cc.to(torch.int32).cpu().numpy(), p.to(torch.float32).cpu().numpy()
+            ptr = np.zeros(c + 1, dtype=np.int64)
+            np.cumsum(counts, out=ptr[1:])
+            total = int(ptr[-1])
+            o_pos = np.repeat(a - ptr[:-1], counts) + np.arange(total)
+            o_cols = self._obs_tail[o_pos]
+            # softmax, * max(1, #tails), observed -> 1, threshold, cap, CSR: one fused op (backend: the
+            # ops module default, ops.set_backend); it may overwrite s, a workspace
+            row_nnz, cols, vals = ops.calibrate_rows(s, torch.from_numpy(ptr).to(dev), torch.from_numpy(o_cols).to(dev),
+                                                     threshold=thr, delta=self.delta)
+            return row_nnz.cpu().numpy(), cols.cpu().numpy(), vals.cpu().numpy()
 
 
 def default_chunk_rows(num_entities: int, device: str) -> int:

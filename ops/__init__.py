@@ -51,3 +51,8 @@ __all__ = [
 from .project_multi import StackedMatrices, prepare_stacked, project_multi, project_multi_strategies  # noqa: E402
 
 __all__ += ["project_multi", "prepare_stacked", "StackedMatrices", "project_multi_strategies"]
+
+# QTO calibration of GEMM score rows (ops/calibrate_rows.py; used by kge.calibrate.RowCalibrator).
+from .calibrate_rows import calibrate_rows  # noqa: E402
+
+__all__ += ["calibrate_rows"]

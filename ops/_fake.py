@@ -78,3 +78,16 @@ def _dijkstra_fake(indptr, tails, rels, relation_costs, sources, targets, heuris
         pred_r = indptr.new_empty((0,), dtype=torch.int32, device="cpu")
     hops = indptr.new_empty((s, n) if max_hops >= 0 else (0,), dtype=torch.int32, device="cpu")
     return dist, pred_e, pred_r, hops
+
+
+@register_fake("kgreason::calibrate_rows")
+def _calibrate_rows_fake(scores, obs_ptr, obs_cols, threshold, delta):
+    torch._check(scores.dim() == 2, lambda: f"kgreason::calibrate_rows: scores must be 2-D (c, N), got {scores.dim()}-D")
+    torch._check(scores.dtype == torch.float32,
+                 lambda: f"kgreason::calibrate_rows: scores must be float32, got {scores.dtype}")
+    torch._check(obs_ptr.shape[0] == scores.shape[0] + 1, lambda: "kgreason::calibrate_rows: obs_ptr must have c+1 entries")
+    # How many entries survive the threshold depends on the scores' values: an unbacked size, as
+    # for torch.nonzero (tracing needs a ShapeEnv; a plain FakeTensorMode raises DynamicOutputShapeException).
+    nnz = torch.library.get_ctx().new_dynamic_size()
+    return (scores.new_empty((scores.shape[0],), dtype=torch.int64), scores.new_empty((nnz,), dtype=torch.int32),
+            scores.new_empty((nnz,)))

@@ -124,6 +124,8 @@ def test_queries_file_json_in_order(art_dir, tmp_path, capsys):
         (["--expr", "x", "--neg-scale", "-1"], "error: neg_scale must be a positive number, got -1.0"),
         (["--queries", "/nonexistent/q.txt"], "error: --queries: file '/nonexistent/q.txt' does not exist"),
         (["--expr", "x", "--bogus"], "error: unrecognized arguments: --bogus"),
+        (["--expr", "x", "--frontier-k", "0"], "error: --frontier-k must be >= 1, got 0"),
+        (["--expr", "x", "--row-cache-gb", "-1"], "error: --row-cache-gb must be a finite number of GiB > 0, got -1"),
     ],
 )
 def test_bad_input_exit_2_one_message(art_dir, args, message, capsys):
@@ -235,3 +237,19 @@ def test_example_negation_is_visible(art_dir):
             assert bool((full <= pos + 1e-7).all())  # negation only ever lowers scores
             effects += bool((full < pos).any())
         assert effects >= 1, structure
+
+
+def test_frontier_k_answers(art_dir, capsys):
+    """--frontier-k k >= N is exact; k = 1 keeps only each intermediate set's best entity."""
+    expr = '(p likes (p "works with" "ent 1"))'
+    eng = Engine.load(art_dir)
+    exact = eng.scores([expr])
+    assert main(["--artifact", art_dir, "--expr", expr, "--frontier-k", "100", "--json", "--top-k", "3"]) == 0
+    objs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    for a in objs[0]["answers"]:
+        assert a["score"] == pytest.approx(float(exact[0, a["id"]]))
+    narrow = Engine.load(art_dir, frontier_k=1).scores([expr])
+    assert main(["--artifact", art_dir, "--expr", expr, "--frontier-k", "1", "--json", "--top-k", "3"]) == 0
+    objs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    for a in objs[0]["answers"]:
+        assert a["score"] == pytest.approx(float(narrow[0, a["id"]]))

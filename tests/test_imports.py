@@ -2,7 +2,9 @@
 
 The layers, bottom to top::
 
-    kgreason  <-  ops, kge  <-  engine.lang  <-  engine.eval, engine.exec, engine.paths  <-  engine  <-  llm_bridge
+    kgreason  <-  ops  <-  kge  <-  engine.lang  <-  engine.eval, engine.exec, engine.paths  <-  engine  <-  llm_bridge
+
+(``kge`` sits above ``ops``: a calibration runs its post-GEMM step through ``ops.calibrate_rows``.)
 
 A module may import a package of a strictly lower layer (or its own package).
 Entry points (``python -m`` modules: a ``__main__.py`` or an
@@ -26,8 +28,8 @@ TOP = ("kgreason", "ops", "kge", "engine", "llm_bridge")
 PACKAGES = ["kgreason", "ops", "kge", "engine", "engine.lang", "engine.exec", "engine.eval", "engine.paths",
             "llm_bridge"]
 #: Layer of each package (imports must go to a strictly lower layer).
-LAYER = {"kgreason": 0, "ops": 1, "kge": 1, "engine.lang": 2, "engine.eval": 3, "engine.exec": 3,
-         "engine.paths": 3, "engine": 4, "llm_bridge": 5}
+LAYER = {"kgreason": 0, "ops": 1, "kge": 2, "engine.lang": 3, "engine.eval": 4, "engine.exec": 4,
+         "engine.paths": 4, "engine": 5, "llm_bridge": 6}
 APPS = "<entry points>"
 #: Heavy or optional third-party packages no project package may load at import time.
 NEVER_AT_IMPORT = {"pykeen", "sentence_transformers"}

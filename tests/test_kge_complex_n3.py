@@ -274,3 +274,124 @@ def test_pykeen_metrics_in_chunks_equal_one_call(nations, monkeypatch, seed):
     chunked = pykeen_link_metrics(ent, rel, nations.test, known)
     for key in ("mrr", "hits_at_1", "hits_at_3", "hits_at_10", "mrr_both"):
         assert chunked[key] == pytest.approx(whole[key], rel=1e-6), key
+
+
+# --- 1-N over sampled candidates (issue 11: training that scales with N) ---------------------------------
+
+
+@pytest.mark.parametrize("n,r,d,b,k", [(40, 6, 4, 16, 8), (300, 10, 8, 64, 50), (25, 3, 2, 1, 1000)])
+def test_sampled_loss_is_the_softmax_over_the_candidate_set(seed, n, r, d, b, k):
+    """The sampled loss = cross-entropy over {batch tails} U {k uniform draws}, deduplicated, recomputed by hand."""
+    from kge.complex_n3 import sampled_batch_loss
+
+    g = torch.Generator().manual_seed(seed)
+    ent = torch.randn(n, 2 * d, generator=g, dtype=torch.float64).requires_grad_()
+    rel = torch.randn(r, 2 * d, generator=g, dtype=torch.float64)
+    h, rr, t = (torch.randint(0, m, (b,), generator=g) for m in (n, r, n))
+    gen = torch.Generator().manual_seed(seed + 1)
+    loss, ce, n3 = sampled_batch_loss(ent, rel, h, rr, t, candidates=k, weight=0.05, generator=gen, sparse=True)
+    neg = torch.randint(n, (k,), generator=torch.Generator().manual_seed(seed + 1))
+    cand = sorted(set(t.tolist()) | set(neg.tolist()))
+    e, w = _to_c(ent.detach()), _to_c(rel)
+    full = np.real((e[h.numpy()] * w[rr.numpy()]) @ np.conj(e).T)  # (b, n): every tail's score
+    sub = full[:, cand]
+    target = np.array([cand.index(x) for x in t.tolist()])
+    logz = np.log(np.exp(sub - sub.max(1, keepdims=True)).sum(1)) + sub.max(1)
+    expect = float(np.mean(logz - sub[np.arange(b), target]))
+    assert float(ce.detach()) == pytest.approx(expect, rel=1e-9, abs=1e-9)
+    assert float(loss.detach()) == pytest.approx(float(ce.detach()) + 0.05 * float(n3.detach()), rel=1e-12)
+    loss.backward()
+    grad = ent.grad
+    assert grad.is_sparse
+    touched = set(grad.coalesce().indices()[0].tolist())
+    assert touched == set(h.tolist()) | set(cand)  # only the rows the step read
+
+
+def _to_c(x: torch.Tensor) -> np.ndarray:
+    d = x.shape[1] // 2
+    a = x.numpy()
+    return a[:, :d] + 1j * a[:, d:]
+
+
+def test_sampled_adagrad_updates_only_touched_rows(nations):
+    from kge.complex_n3 import _make_optimizer, _train_step
+
+    g = torch.Generator().manual_seed(0)
+    n = nations.num_entities
+    ent = (torch.randn(n, 8, generator=g) * 1e-3).requires_grad_()
+    rel = (torch.randn(nations.num_relations, 8, generator=g) * 1e-3).requires_grad_()
+    before = ent.detach().clone()
+    opt = _make_optimizer("adagrad", [ent, rel], 0.1)
+    rows = torch.as_tensor(np.array(nations.train[:3], dtype=np.int64))
+    gen = torch.Generator().manual_seed(3)
+    _train_step(ent, rel, opt, rows, weight=0.05, precision="fp32", candidates=2, generator=gen,
+                optimizer_name="adagrad")
+    changed = set(np.nonzero((ent.detach() != before).any(1).numpy())[0].tolist())
+    neg = torch.randint(n, (2,), generator=torch.Generator().manual_seed(3)).tolist()
+    allowed = set(rows[:, 0].tolist()) | set(rows[:, 2].tolist()) | set(neg)
+    assert changed and changed <= allowed
+
+
+def test_sampled_training_learns(nations):
+    samp = train_1n(nations, _cfg(rank=16, epochs=20, eval_every=10, candidates=4), progress=False)
+    assert samp.metrics["candidates"] == 4 and "sampled" in samp.metrics["training_loop"]
+    assert samp.metrics["best_valid_mrr"] > 0.5, samp.metrics  # nations (14 entities): random ~0.25
+
+
+def test_sampled_training_with_adam_uses_dense_gradients(nations):
+    res = train_1n(nations, _cfg(epochs=3, candidates=4, optimizer="adam", lr=0.01), progress=False)
+    assert res.metrics["curve"]["loss"][-1] < res.metrics["curve"]["loss"][0]
+
+
+def test_candidates_at_least_n_is_the_full_loss(nations):
+    a = train_1n(nations, _cfg(seed=2), progress=False)
+    b = train_1n(nations, _cfg(seed=2, candidates=nations.num_entities), progress=False)
+    np.testing.assert_array_equal(a.entity, b.entity)
+    assert b.metrics["candidates"] is None
+
+
+def test_sampled_resume_equals_uninterrupted_run(nations, tmp_path):
+    ck = tmp_path / "s.ckpt"
+    straight = train_1n(nations, _cfg(epochs=4, candidates=5), progress=False)
+    train_1n(nations, _cfg(epochs=2, candidates=5, checkpoint=str(ck)), progress=False)
+    resumed = train_1n(nations, _cfg(epochs=4, candidates=5, checkpoint=str(ck)), progress=False)
+    np.testing.assert_array_equal(straight.entity, resumed.entity)
+
+
+def test_size_classes_and_the_huge_preset():
+    from kge.train import HUGE_FROM, LARGE_FROM, size_class
+
+    assert [size_class(x) for x in (LARGE_FROM - 1, LARGE_FROM, HUGE_FROM - 1, HUGE_FROM)] == \
+        ["small", "large", "large", "huge"]
+    huge = SIZE_PRESETS["huge"]
+    assert huge["candidates"] and huge["training_loop"] == "1n" and huge["max_rank"] and huge["rank"] is None
+
+
+def test_choose_rank_respects_max_rank(nations):
+    rank, _ = choose_rank(nations, minutes=10, min_epochs=5, batch_size=64, precision="fp32", device="cpu",
+                          ranks=(4, 8, 16), max_rank=8, candidates=3)
+    assert rank == 8
+
+
+def test_own_link_metrics_equal_pykeen_tail_side(nations):
+    from kge.train import own_link_metrics, pykeen_link_metrics
+
+    res = train_1n(nations, _cfg(epochs=5), progress=False)
+    held = np.asarray(nations.valid)[:200]
+    known = np.concatenate([nations.train, nations.missing])
+    ours = own_link_metrics(res.entity, res.relation, held, known, num_relations=nations.num_relations)
+    ref = pykeen_link_metrics(res.entity, res.relation, held, known)
+    for key in ("mrr", "hits_at_1", "hits_at_3", "hits_at_10"):
+        assert ours[key] == pytest.approx(ref[key], abs=1e-5), key
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(candidates=0), "candidates must be >= 1, got 0"),
+    (dict(max_rank=0), "max_rank must be >= 1, got 0"),
+    (dict(candidates=5, training_loop="lcwa", optimizer="adam"),
+     "sampled candidates (--candidates 5) need the 1n training loop, got --training-loop lcwa"),
+])
+def test_candidate_config_errors(kwargs, message):
+    with pytest.raises(UserError) as exc:
+        _cfg(**kwargs)
+    assert str(exc.value) == message

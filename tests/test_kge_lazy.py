@@ -137,6 +137,35 @@ def test_lazy_equals_eager_every_structure_umls(umls_pair, seed, tnorm, negation
         assert [a.explanation.lines() for a in re_.answers] == [a.explanation.lines() for a in rl.answers]
 
 
+@pytest.mark.parametrize("max_pairs", [1, 3, 7])
+def test_lazy_projection_split_into_bounded_calls_same_answers(seed, monkeypatch, max_pairs):
+    """Batches whose active entries exceed the per-call bound are split (the OOM fix): same answers, argmax too."""
+    import engine.exec.executor as ex
+
+    rng = np.random.default_rng(seed)
+    n, r = int(rng.integers(20, 50)), int(rng.integers(2, 5))
+    ent, rel = random_embeddings(rng, n, r, scale=0.5)
+    obs = random_observed(rng, n, r, 4 * n)
+    eager, lazy = artifact_pair(ent, rel, obs, threshold=2e-4, row_cache_gb=1e-12)
+    calls = []
+    real = ex.Executor._project_rows_lazy
+
+    def counting(self, x, *a, **k):
+        calls.append(int((x > 0).sum()))
+        return real(self, x, *a, **k)
+
+    monkeypatch.setattr(ex, "_LAZY_MAX_PAIRS", max_pairs)
+    monkeypatch.setattr(ex.Executor, "_project_rows_lazy", counting)
+    for negation in NEGATION_MODES:
+        queries = structure_queries(rng, n, r, negation, per_structure=3)
+        assert_same_answers(eager, lazy, queries)
+        ae = Executor(eager).answer(queries[::5], k=3)
+        al = Executor(lazy).answer(queries[::5], k=3)
+        for re_, rl in zip(ae, al):
+            assert [a.explanation.lines() for a in re_.answers] == [a.explanation.lines() for a in rl.answers]
+    assert calls and max(calls) > max_pairs  # some batch needed splitting
+
+
 # ------------------------------------------------------------------------------ cache
 @pytest.mark.parametrize("budget_gb", [1e-12, 2e-6, 1.0])
 def test_cache_eviction_under_tiny_budget_same_answers(seed, budget_gb):

@@ -61,6 +61,18 @@ def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
                 for strategy in (0, 1, 2):
                     for negated in (False, True):
                         out.append((x, rel, *t, n, strategy, negated, 3.0, strategy != 1))
+    elif op == "calibrate_rows":
+        for index_dtype in (torch.int32, torch.int64):
+            s = torch.randn(6, 40, generator=gen) * 4
+            counts = torch.tensor([0, 2, 1, 0, 40, 3])  # row 4: every column observed
+            ptr = torch.zeros(7, dtype=torch.int64)
+            torch.cumsum(counts, 0, out=ptr[1:])
+            cols = torch.cat([torch.randint(0, 40, (2,), generator=gen), torch.tensor([5]), torch.arange(40),
+                              torch.randint(0, 40, (3,), generator=gen)]).to(index_dtype)
+            for threshold in (1e-3, 0.9):
+                out.append((s.to(device), ptr.to(device), cols.to(device), threshold, 1e-4))
+        z = torch.zeros(1, dtype=torch.int64, device=device)
+        out.append((torch.zeros(0, 40, device=device), z, z[:0], 1e-3, 1e-4))  # no rows
     elif op == "csr_transpose":
         for index_dtype in (torch.int32, torch.int64):
             p = _prepared(gen, device, index_dtype)
@@ -87,7 +99,7 @@ def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
 
 
 #: Every op of the extension (csrc/*.cpp); each needs a fake kernel in ops/_fake.py and samples above.
-OPS = ["csr_transpose", "dijkstra", "fuzzy_reduce", "project", "project_multi", "project_multi_strategy",
+OPS = ["calibrate_rows", "csr_transpose", "dijkstra", "fuzzy_reduce", "project", "project_multi", "project_multi_strategy",
        "project_negated", "project_strategy"]
 
 
@@ -112,7 +124,7 @@ def _distinct(fn, samples: list[tuple]) -> list[tuple]:
     seen, out = set(), []
     for args in samples:
         res = fn(*args)
-        res = res if isinstance(res, tuple) else (res,)
+        res = res if isinstance(res, tuple) else () if res is None else (res,)  # out ops return None
         key = (_signature(args), tuple((r.dim(), r.dtype) for r in res), tuple(
             a for a in args if isinstance(a, bool)))
         if key not in seen:
@@ -132,10 +144,21 @@ def test_opcheck(device, seed, op):
         opcheck(fn, args)
 
 
+#: Ops whose output sizes depend on input values: their fakes allocate unbacked sizes (as torch.nonzero's),
+#: which needs a ShapeEnv; those dimensions are compared as "any size".
+DATA_DEPENDENT = {"calibrate_rows"}
+
+
+def _static_shape(fake_shape, real_shape) -> tuple:
+    """The real shape with the dimensions the fake left symbolic (data-dependent) replaced by None."""
+    return tuple(r if isinstance(f, int) else None for f, r in zip(fake_shape, real_shape))
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_fake_kernel_matches_real_outputs(device, seed, op):
     """Under FakeTensorMode each op's outputs have the real kernel's shapes, dtypes and devices."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     if not ops.has_kernel(op, device):
         pytest.skip(f"kgreason::{op} has no {device} kernel")
@@ -143,15 +166,22 @@ def test_fake_kernel_matches_real_outputs(device, seed, op):
     fn = getattr(torch.ops.kgreason, op)
     for args in _samples(op, device, gen):
         real = fn(*args)
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        shape_env = ShapeEnv() if op in DATA_DEPENDENT else None
+        with FakeTensorMode(allow_non_fake_inputs=True, shape_env=shape_env, static_shapes=True) as mode:
             fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else
                          [mode.from_tensor(t) for t in a] if isinstance(a, list) else a for a in args]
             fake = fn(*fake_args)
+        if real is None:  # an out op (project_out, project_multi_out): nothing returned
+            assert fake is None, f"kgreason::{op}: the real kernel returns None, the fake {fake!r}"
+            continue
         real = real if isinstance(real, tuple) else (real,)
         fake = fake if isinstance(fake, tuple) else (fake,)
         assert len(real) == len(fake)
         for i, (r, f) in enumerate(zip(real, fake)):
-            assert (tuple(r.shape), r.dtype, r.device) == (tuple(f.shape), f.dtype, f.device), \
+            assert r.dim() == f.dim(), f"kgreason::{op} output {i}: real {r.dim()}-D, fake {f.dim()}-D"
+            static = _static_shape(f.shape, r.shape)
+            fake_static = tuple(d if isinstance(d, int) else None for d in f.shape)
+            assert (static, r.dtype, r.device) == (fake_static, f.dtype, f.device), \
                 f"kgreason::{op} output {i}: real {tuple(r.shape)} {r.dtype} {r.device}, " \
                 f"fake {tuple(f.shape)} {f.dtype} {f.device} (seed={seed})"
 
