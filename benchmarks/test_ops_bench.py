@@ -4,6 +4,10 @@ Run (one pytest-benchmark run; writes benchmarks/results/ops_projection.md)::
 
     python -m pytest benchmarks/test_ops_bench.py -q
 
+``KGREASON_FB15K237_ARTIFACT=<folder>`` points at the FB15k-237 artifact (default
+``artifacts/FB15k-237``); ``KGREASON_BENCH_MACHINE`` overrides the machine line of the
+table (e.g. to name the CPU generation a VM's /proc/cpuinfo hides).
+
 ``KGREASON_BENCH_THREADS=1`` runs every method on one thread (torch.set_num_threads)
 and writes ``ops_projection_1thread.md`` instead: on a machine shared with other
 jobs the single-threaded ratios are the stable ones, because a parallel region
@@ -17,7 +21,10 @@ or dense uniform X (a later hop).  Methods:
 
 - ``ours``: ``ops.project`` (cpp backend, strategy auto, values only,
   ``validate=False`` because no baseline validates its input); ``ours+argmax``
-  with the argmax the engine needs for explanations.
+  with the argmax the engine needs for explanations; ``ours+out`` writing into
+  a (B, N) output preallocated once and reused (``out=``), as a caller that
+  projects batches of one shape repeatedly does: no page faults for a fresh
+  output (a (1024, 14505) float32 Y is 59 MB, above glibc's mmap threshold).
 - ``reference``: ``ops.project(..., backend="reference")`` (pure torch scatter).
 - ``sparse.mm``: ``torch.sparse.mm(Mt, X.T, reduce="amax").T``.  For a CSR
   ``A`` it computes ``out[r, :] = max_k A[r, k] * D[k, :]`` over the stored
@@ -48,7 +55,7 @@ import pytest
 import torch
 
 import ops
-from conftest import RESULTS, machine_description
+from conftest import RESULTS, fb15k237_artifact_path, machine_description
 
 BATCHES = (1, 16, 256, 1024)
 KINDS = ("onehot", "dense")
@@ -122,7 +129,7 @@ def _cases(artifact) -> list[Case]:
     nnz = artifact.nnz_per_relation()
     order = np.argsort(nnz)
     picks = {"largest": int(order[-1]), "median": int(order[len(order) // 2])}
-    _INFO["data"] = "FB15k-237 artifact relations: " + ", ".join(
+    _INFO["data"] = f"FB15k-237 artifact ({fb15k237_artifact_path()}) relations: " + ", ".join(
         f"{k} = {artifact.relations[r]!r} ({int(nnz[r])} entries)" for k, r in picks.items())
     return [Case(f"{k}: {artifact.relations[r]}", artifact.relation_block(r)) for k, r in picks.items()]
 
@@ -159,6 +166,16 @@ def _method(case: Case, name: str):
         return lambda x: ops.project(x, case.P, backend="cpp", validate=False)
     if name == "ours+argmax":
         return lambda x: ops.project(x, case.P, backend="cpp", validate=False, return_argmax=True)
+    if name == "ours+out":
+        bufs: dict[tuple, torch.Tensor] = {}
+
+        def run_out(x):
+            y = bufs.get(tuple(x.shape))
+            if y is None:
+                y = bufs[tuple(x.shape)] = torch.empty(x.shape)
+            return ops.project(x, case.P, backend="cpp", validate=False, out=y)
+
+        return run_out
     if name == "reference":
         return lambda x: ops.project(x, case.P, backend="reference", validate=False)
     if name == "sparse.mm":
@@ -184,7 +201,7 @@ def _method(case: Case, name: str):
     raise KeyError(name)
 
 
-METHODS = ["ours", "ours+argmax", "sparse.mm", "reference", "qto_loop", "torch_sparse", "graphblas"]
+METHODS = ["ours", "ours+argmax", "ours+out", "sparse.mm", "reference", "qto_loop", "torch_sparse", "graphblas"]
 
 
 @pytest.mark.benchmark
@@ -245,13 +262,15 @@ def test_write_table(cases):
         "",
         "Command: `" + (f"KGREASON_BENCH_THREADS={THREADS} " if THREADS > 0 else "")
         + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]) + "`  ",
-        f"Machine: {machine_description()}  ",
+        f"Machine: {os.environ.get('KGREASON_BENCH_MACHINE') or machine_description()}  ",
+        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
         f"Load average at the end of the run (1/5/15 min): {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
         "(the machine is shared with other jobs; numbers taken under load are noisy)  ",
         f"Data: {_INFO.get('data', '?')}  ",
         f"Plain copy bandwidth (torch copy_, 256 MB, read + write): {bw:.1f} GB/s",
         "",
-        "Times are medians in ms.  Ratio columns: baseline time / our time (> 1 means ours is faster).",
+        "Times are medians in ms.  Ratio columns: baseline time / our time (> 1 means ours is faster); "
+        "`ours+out` writes into a preallocated, reused output (`out=`).",
         "`*` = timed on the first queries of the batch and scaled linearly to B.  ",
         "Effective bandwidth = (X read + Y written + the matrix entries the strategy must read: all of them "
         "for pull, the active rows for push) / our time.",
@@ -263,8 +282,8 @@ def test_write_table(cases):
         lines.append("")
     for case in cases:
         lines += [f"## {case.name} (N = {case.n}, nnz = {case.nnz})", ""]
-        head = ["B", "X", "strategy", "ours ms", "ours+argmax ms"] + [f"{m} ms" for m in baselines] + \
-               [f"{m} / ours" for m in baselines] + ["eff. GB/s", "% of copy"]
+        head = ["B", "X", "strategy", "ours ms", "ours+argmax ms", "ours+out ms"] + [f"{m} ms" for m in baselines] + \
+               [f"{m} / ours" for m in baselines] + ["sparse.mm / ours+out", "eff. GB/s", "% of copy"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for b in BATCHES:
             for kind in KINDS:
@@ -275,6 +294,8 @@ def test_write_table(cases):
                 row = [str(b), kind, strategy, f"{ours[0] * 1e3:.3f}"]
                 oa = _RESULTS.get((case.name, b, kind, "ours+argmax"))
                 row.append(f"{oa[0] * 1e3:.3f}" if oa else "-")
+                oo = _RESULTS.get((case.name, b, kind, "ours+out"))
+                row.append(f"{oo[0] * 1e3:.3f}" if oo else "-")
                 cells_t, cells_r = [], []
                 for m in baselines:
                     r = _RESULTS.get((case.name, b, kind, m))
@@ -293,7 +314,9 @@ def test_write_table(cases):
                     matrix_bytes = case.nnz * 8 + (case.n + 1) * 4
                 bytes_moved = 2 * b * case.n * 4 + matrix_bytes
                 eff = bytes_moved / ours[0] / 1e9
-                row += cells_t + cells_r + [f"{eff:.1f}", f"{100 * eff / bw:.0f}%"]
+                sp_mm = _RESULTS.get((case.name, b, kind, "sparse.mm"))
+                out_ratio = f"**{sp_mm[0] / oo[0]:.1f}x**" if (sp_mm and oo) else "-"
+                row += cells_t + cells_r + [out_ratio, f"{eff:.1f}", f"{100 * eff / bw:.0f}%"]
                 lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,12 @@ TORCH_LIBRARY_FRAGMENT(kgreason, m) {
   // Returns the strategy code (1 push, 2 pull) as a 0-dim int64 tensor: the choice depends on X's
   // values, and a tensor (unlike an int) can stand for it in fake/meta tracing (ops/_fake.py).
   m.def("project_strategy(Tensor x, Tensor crow, int nnz) -> Tensor");
+  // project into preallocated outputs (ops.project(..., out=)): y (B,N) float32 and argmax (B,N) int32 or
+  // empty (values only), contiguous, not overlapping x.  Reusing them across calls spares the page faults
+  // of a fresh output (a (1024, 14505) float32 Y is 59 MB, above glibc's mmap threshold).
+  m.def(
+      "project_out(Tensor x, Tensor crow, Tensor col, Tensor val, Tensor ccol, Tensor row, Tensor tval, "
+      "int strategy, Tensor(a!) y, Tensor(b!) argmax) -> ()");
 }
 
 namespace {
@@ -26,4 +32,5 @@ at::Tensor project_strategy_tensor(const at::Tensor& x, const at::Tensor& crow, 
 TORCH_LIBRARY_IMPL(kgreason, CPU, m) {
   m.impl("project", &kgreason::cpu::project_cpu);
   m.impl("project_strategy", &project_strategy_tensor);
+  m.impl("project_out", &kgreason::cpu::project_out_cpu);
 }

@@ -18,9 +18,16 @@ TORCH_LIBRARY_FRAGMENT(kgreason, m) {
       "Tensor tval, int num_entities, int strategy, bool negated, float neg_scale, bool want_argmax) "
       "-> (Tensor, Tensor)");
   m.def("project_multi_strategy(Tensor x, Tensor rel, Tensor crow, int num_entities) -> Tensor");
+  // project_multi into preallocated outputs (ops.project_multi(..., out=)): y (B,N) float32 and argmax
+  // (B,N) int32 or empty (values only), contiguous, not overlapping x.
+  m.def(
+      "project_multi_out(Tensor x, Tensor rel, Tensor crow, Tensor col, Tensor val, Tensor tcrow, Tensor trow, "
+      "Tensor tval, int num_entities, int strategy, bool negated, float neg_scale, Tensor(a!) y, "
+      "Tensor(b!) argmax) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kgreason, CPU, m) {
   m.impl("project_multi", &kgreason::cpu::project_multi_cpu);
   m.impl("project_multi_strategy", &kgreason::cpu::project_multi_strategy_cpu);
+  m.impl("project_multi_out", &kgreason::cpu::project_multi_out_cpu);
 }

@@ -31,6 +31,13 @@ def _project_fake(x, crow, col, val, ccol, row, tval, strategy, want_argmax):
     return _projection_outputs(x, want_argmax)
 
 
+@register_fake("kgreason::project_out")
+def _project_out_fake(x, crow, col, val, ccol, row, tval, strategy, y, argmax):
+    # writes into y (and argmax, unless empty); returns nothing
+    torch._check(y.shape == x.shape, lambda: "kgreason::project_out: y must have X's shape")
+    return None
+
+
 @register_fake("kgreason::project_negated")
 def _project_negated_fake(x, crow, col, ccol, row, tval, neg_scale, want_argmax):
     torch._check(ccol.shape[0] == x.shape[1] + 1, lambda: "kgreason::project_negated: ccol must have N+1 entries")

@@ -16,7 +16,7 @@ from kgreason.errors import UserError
 
 from ._backend import has_kernel
 
-__all__ = ["PreparedMatrix", "prepare", "check_fuzzy", "as_prepared"]
+__all__ = ["PreparedMatrix", "prepare", "check_fuzzy", "as_prepared", "check_out", "write_out"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -163,3 +163,55 @@ def prepare(m: torch.Tensor | PreparedMatrix, *, name: str = "M") -> PreparedMat
 
 def as_prepared(m: torch.Tensor | PreparedMatrix, name: str = "M") -> PreparedMatrix:
     return m if isinstance(m, PreparedMatrix) else prepare(m, name=name)
+
+
+def _check_out_tensor(t: object, name: str, shape: tuple[int, int], dtype: torch.dtype, x: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise UserError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise UserError(f"{name}: expected a dense (strided) tensor, got layout {t.layout}")
+    if t.device != x.device:
+        raise UserError(f"{name}: is on {t.device} but X is on {x.device}")
+    if t.dtype != dtype:
+        raise UserError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise UserError(f"{name}: expected shape {shape} (that of X), got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise UserError(f"{name}: must be contiguous")
+    if t.requires_grad:
+        raise UserError(f"{name}: must not require grad")
+    if t.numel() and x.numel() and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        raise UserError(f"{name}: shares memory with X (the kernel reads X while writing {name})")
+
+
+def check_out(out: object, x: torch.Tensor, return_argmax: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Validate the ``out=`` argument of a projection: ``Y`` (B, N) float32, or with
+    ``return_argmax`` a pair ``(Y, argmax)`` with argmax (B, N) int32; contiguous, on X's
+    device, not sharing memory with X.  Returns ``(y, argmax or None)``.
+    Raises :class:`ValueError` (``UserError``) naming ``out`` / ``out[0]`` / ``out[1]``."""
+    shape = (int(x.shape[0]), int(x.shape[1]))
+    if return_argmax:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise UserError(f"out: with return_argmax=True expected a pair (Y, argmax) of tensors, "
+                            f"got {type(out).__name__}")
+        y, a = out
+        _check_out_tensor(y, "out[0]", shape, torch.float32, x)
+        _check_out_tensor(a, "out[1]", shape, torch.int32, x)
+        if a.numel() and a.untyped_storage().data_ptr() == y.untyped_storage().data_ptr():
+            raise UserError("out[1]: shares memory with out[0]")
+        return y, a
+    if isinstance(out, (tuple, list)):
+        raise UserError("out: with return_argmax=False expected one tensor Y, got a "
+                        f"{type(out).__name__} (pass return_argmax=True to fill (Y, argmax))")
+    _check_out_tensor(out, "out", shape, torch.float32, x)
+    return out, None
+
+
+def write_out(result, y: torch.Tensor, a: torch.Tensor | None):
+    """Copy a computed ``Y`` or ``(Y, argmax)`` into validated outputs (backends without an out kernel)."""
+    if a is None:
+        y.copy_(result)
+        return y
+    y.copy_(result[0])
+    a.copy_(result[1])
+    return y, a

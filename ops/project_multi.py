@@ -39,7 +39,7 @@ from kgreason.errors import UserError
 
 from . import reference
 from ._backend import extension_available, has_kernel, resolve_backend
-from .prepared import PreparedMatrix, check_fuzzy
+from .prepared import PreparedMatrix, check_fuzzy, check_out, write_out
 
 __all__ = ["StackedMatrices", "prepare_stacked", "project_multi", "project_multi_strategies", "reference_project_multi",
            "SWEEP"]
@@ -281,6 +281,7 @@ def project_multi(
     strategy: str = "auto",
     backend: str | None = None,
     validate: bool = True,
+    out: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
 ):
     """Project row ``b`` of a fuzzy batch through relation ``rel[b]``, all rows in one call.
 
@@ -305,9 +306,12 @@ def project_multi(
         backend: ``"cpp"``, ``"reference"`` or None (module default, see :func:`ops.set_backend`).
         validate: check X's values lie in [0, 1] (one pass); shapes, dtypes, devices and the range
             of ``rel`` are always checked.
+        out: preallocated outputs to write into, as for :func:`ops.project`: ``Y`` (B, N) float32,
+            or with ``return_argmax`` a pair ``(Y, argmax)``; contiguous, on X's device, not sharing
+            memory with X.  They are returned; every entry is overwritten.
 
     Returns:
-        ``Y`` (B, N) float32, or ``(Y, argmax)``.
+        ``Y`` (B, N) float32, or ``(Y, argmax)`` (the ``out`` tensors when given).
     """
     x, rel, M = _check_call(X, rel, M, validate, strategy)
     try:
@@ -316,9 +320,21 @@ def project_multi(
         raise UserError(f"neg_scale: expected a number, got {neg_scale!r}") from None
     if not (neg_scale >= 0.0 and math.isfinite(neg_scale)):
         raise UserError(f"neg_scale: expected a finite number >= 0, got {neg_scale}")
+    outs = check_out(out, X, return_argmax) if out is not None else None
     if resolve_backend(backend, "project_multi", x.device) == "reference":
-        return reference_project_multi(x, rel, M, negated=bool(negated), neg_scale=neg_scale,
-                                       return_argmax=return_argmax)
+        res = reference_project_multi(x, rel, M, negated=bool(negated), neg_scale=neg_scale,
+                                      return_argmax=return_argmax)
+        return res if outs is None else write_out(res, *outs)
+    if outs is not None:
+        y, a = outs
+        if not has_kernel("project_multi_out", x.device):  # e.g. a CUDA build without the out kernel
+            res = torch.ops.kgreason.project_multi(x, rel, M.crow, M.col, M.val, M.tcrow, M.trow, M.tval, M.n,
+                                                   _STRATEGIES[strategy], bool(negated), neg_scale, return_argmax)
+            return write_out(res if return_argmax else res[0], y, a)
+        torch.ops.kgreason.project_multi_out(x, rel, M.crow, M.col, M.val, M.tcrow, M.trow, M.tval, M.n,
+                                             _STRATEGIES[strategy], bool(negated), neg_scale, y,
+                                             a if a is not None else x.new_empty((0,), dtype=torch.int32))
+        return (y, a) if return_argmax else y
     y, a = torch.ops.kgreason.project_multi(x, rel, M.crow, M.col, M.val, M.tcrow, M.trow, M.tval, M.n,
                                             _STRATEGIES[strategy], bool(negated), neg_scale, return_argmax)
     return (y, a) if return_argmax else y
@@ -441,6 +457,12 @@ def _register_fakes() -> None:
                             want_argmax):
         a_shape = x.shape if want_argmax else (0,)
         return x.new_empty(x.shape), x.new_empty(a_shape, dtype=torch.int32)
+
+    @torch.library.register_fake("kgreason::project_multi_out")
+    def _project_multi_out_fake(x, rel, crow, col, val, tcrow, trow, tval, num_entities, strategy, negated,
+                                neg_scale, y, argmax):
+        torch._check(y.shape == x.shape, lambda: "kgreason::project_multi_out: y must have X's shape")
+        return None
 
     @torch.library.register_fake("kgreason::project_multi_strategy")
     def _project_multi_strategy_fake(x, rel, crow, num_entities):

@@ -28,7 +28,7 @@ def _prepared(gen: torch.Generator, device: str, index_dtype: torch.dtype, n: in
 def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
     """Sample argument tuples of ``torch.ops.kgreason.<op>`` covering its modes."""
     out: list[tuple] = []
-    if op in ("project", "project_negated", "project_strategy"):
+    if op in ("project", "project_out", "project_negated", "project_strategy"):
         for index_dtype in (torch.int32, torch.int64):
             p = _prepared(gen, device, index_dtype)
             for kind in ("onehot", "dense"):
@@ -37,12 +37,18 @@ def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
                     for strategy in (0, 1, 2):
                         for want in (True, False):
                             out.append((x, p.crow, p.col, p.val, p.ccol, p.row, p.tval, strategy, want))
+                elif op == "project_out":  # writes into y (and argmax unless empty)
+                    for strategy in (0, 1, 2):
+                        for want in (True, False):
+                            y = torch.empty(x.shape, device=device)
+                            a = torch.empty(x.shape if want else (0,), dtype=torch.int32, device=device)
+                            out.append((x, p.crow, p.col, p.val, p.ccol, p.row, p.tval, strategy, y, a))
                 elif op == "project_negated":
                     for want in (True, False):
                         out.append((x, p.crow, p.col, p.ccol, p.row, p.tval, 3.0, want))
                 else:
                     out.append((x, p.crow, p.nnz))
-    elif op in ("project_multi", "project_multi_strategy"):
+    elif op in ("project_multi", "project_multi_out", "project_multi_strategy"):
         from ops.project_multi import prepare_stacked
 
         n, r = 20, 3
@@ -60,7 +66,12 @@ def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
                     continue
                 for strategy in (0, 1, 2):
                     for negated in (False, True):
-                        out.append((x, rel, *t, n, strategy, negated, 3.0, strategy != 1))
+                        if op == "project_multi_out":
+                            y = torch.empty(x.shape, device=device)
+                            a = torch.empty(x.shape if strategy != 1 else (0,), dtype=torch.int32, device=device)
+                            out.append((x, rel, *t, n, strategy, negated, 3.0, y, a))
+                        else:
+                            out.append((x, rel, *t, n, strategy, negated, 3.0, strategy != 1))
     elif op == "calibrate_rows":
         for index_dtype in (torch.int32, torch.int64):
             s = torch.randn(6, 40, generator=gen) * 4
@@ -99,8 +110,8 @@ def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
 
 
 #: Every op of the extension (csrc/*.cpp); each needs a fake kernel in ops/_fake.py and samples above.
-OPS = ["calibrate_rows", "csr_transpose", "dijkstra", "fuzzy_reduce", "project", "project_multi", "project_multi_strategy",
-       "project_negated", "project_strategy"]
+OPS = ["calibrate_rows", "csr_transpose", "dijkstra", "fuzzy_reduce", "project", "project_multi", "project_multi_out",
+       "project_multi_strategy", "project_negated", "project_out", "project_strategy"]
 
 
 def test_every_op_is_checked():

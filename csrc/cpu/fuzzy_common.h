@@ -8,8 +8,13 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <type_traits>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace kgreason {
 namespace cpu {
@@ -132,22 +137,24 @@ class AlignedFloats {
   float* ptr_;
 };
 
-// Tile width T (queries per tile) for a batch of B queries.  Measured
-// single-threaded on this machine (AMD EPYC, AVX-512; N = 14,505, 1.03M-nnz
-// power-law matrix; ns per support entry per tile): T = 16: 1.0, T = 32: 1.4,
-// T = 64: 2.6-3.7.  Wider tiles amortise the per-entry index and value loads
-// over more queries but no longer fit the tile in L2 (N x 64 floats = 3.7 MB),
-// so B = 256 takes 24.7 ms with T = 16 and 15.2 ms with T = 64.  B = 1 uses a
-// scalar gather (T = 1, 0.5 ns per entry).
-inline int tile_width(int64_t B) { return B <= 1 ? 1 : B <= 16 ? 16 : B <= 32 ? 32 : 64; }
+// Tile width T (queries per tile) of project_negated's pull for a batch of B
+// queries: 1 for B = 1 (a scalar gather straight from X), 16 up to 16 queries,
+// else 32 (project's pull chooses per matrix: pull_tile in project_cpu.cpp).  Wider tiles
+// amortise the per-entry index and value loads over more queries, but the tile
+// (N x T floats) must stay in L2 while the supports stream past it: N x 32
+// floats is 1.9 MB for N = 14,505 (L2 is 2 MB per core on Sapphire Rapids).
+// Measured single-threaded on Sapphire Rapids (FB15k-237's largest relation,
+// 1.66M entries, B = 256, tile transposition + pull + write-back, with the
+// accumulator chains of column_max): T = 16 32.6 ms, T = 32 27.4 ms,
+// T = 64 32.0 ms, T = 128 48-98 ms (the tile no longer fits in L2).
+inline int tile_width(int64_t B) { return B <= 1 ? 1 : B <= 16 ? 16 : 32; }
 
 template <typename F>
 void dispatch_tile(int64_t B, F&& f) {
   switch (tile_width(B)) {
     case 1: f(std::integral_constant<int, 1>{}); break;
     case 16: f(std::integral_constant<int, 16>{}); break;
-    case 32: f(std::integral_constant<int, 32>{}); break;
-    default: f(std::integral_constant<int, 64>{}); break;
+    default: f(std::integral_constant<int, 32>{}); break;
   }
 }
 
@@ -167,23 +174,58 @@ constexpr int kVecFloats = 4;
 typedef float vfloat __attribute__((vector_size(kVecFloats * sizeof(float))));
 typedef int32_t vint __attribute__((vector_size(kVecFloats * sizeof(int32_t))));
 
+// Independent accumulator chains per column in column_max.  Each entry's
+// vector max depends on the previous entry's (vmaxps latency 4 cycles on
+// Sapphire Rapids / Zen 4), so with one chain a T = 16 column advances one
+// entry per 4 cycles whatever the width of the machine; U chains, entries
+// dealt round-robin and merged at the end, keep U entries in flight.  Enough
+// chains to have ~4 vectors in flight: U = 4 for one vector per entry (T = 16
+// with AVX-512, T = 1), 2 for two, 1 beyond.  Measured single-threaded on
+// Sapphire Rapids (FB15k-237's largest relation, 1.66M entries, B = 256,
+// tile + pull + write, T = 16): 37.7 -> 31.6 ms with U = 4; with argmax (a
+// compare and two blends per vector, a longer chain) 70.1 -> 39.3 ms.
+template <int V>
+constexpr int chains_for() {
+  return V <= 1 ? 4 : V == 2 ? 2 : 1;
+}
+
 // Max over the entries k0..k1 of one CSC column of  xt[row[k]*T + t] * factor(val[k])
-// for the T queries t of a tile, with argmax (smallest row on ties, as rows
-// ascend and only a strictly larger product replaces).  on_entry(i) is called
-// for every support row (the negated kernel marks the support with it).
+// for the T queries t of a tile, with argmax.  on_entry(i) is called for every
+// support row, in ascending order (the negated kernel marks the support with it).
 // Writes T values to out_v and, with ARG, T indices (-1 where the max is 0) to out_a.
-template <int T, bool ARG, typename idx_t, typename Factor, typename OnEntry>
+//
+// Ties: every chain sees its entries in ascending row order and replaces only
+// on a strictly larger product, so it holds its own smallest maximising row;
+// the merge takes the larger value and, on equal positive values, the smaller
+// row.  The result is the smallest maximising i of the whole column, exactly
+// as a single ascending scan with strict '>' (the reference's rule).
+//
+// PF > 0: prefetch the tile row of the entry PF positions ahead (up to row_end,
+// the end of the whole CSC, so the next columns' first rows come in too).  For
+// T = 32 the tile (1.9 MB for N = 14,505) shares a 2 MB L2 with the streaming
+// supports and part of it is evicted: prefetching 16 entries ahead measured
+// 12% faster on FB15k-237's largest relation (B = 256, 29.6 -> 26.0 ms).
+template <int T, bool ARG, int PF = 0, typename idx_t, typename Factor, typename OnEntry>
 inline void column_max(const float* xt, const idx_t* row, const float* val, int64_t k0, int64_t k1, Factor factor,
-                       OnEntry on_entry, float* out_v, int32_t* out_a) {
+                       OnEntry on_entry, float* out_v, int32_t* out_a, const idx_t* row_end = nullptr) {
   if constexpr (T % kVecFloats == 0) {
     constexpr int V = T / kVecFloats;
-    vfloat acc[V];
-    vint arg[V];
-    for (int w = 0; w < V; ++w) {
-      acc[w] = vfloat{};
-      arg[w] = vint{} - 1;
-    }
-    for (int64_t k = k0; k < k1; ++k) {
+    constexpr int U = chains_for<V>();
+    vfloat acc[U][V];
+    vint arg[U][V];
+    for (int u = 0; u < U; ++u)
+      for (int w = 0; w < V; ++w) {
+        acc[u][w] = vfloat{};
+        arg[u][w] = vint{} - 1;
+      }
+    auto step = [&](int u, int64_t k) __attribute__((always_inline)) {
+      if constexpr (PF > 0) {
+        const idx_t* ahead = row + k + PF;
+        if (ahead < row_end) {
+          const char* line = reinterpret_cast<const char*>(xt + static_cast<int64_t>(*ahead) * T);
+          for (int b = 0; b < T * static_cast<int>(sizeof(float)); b += 64) __builtin_prefetch(line + b, 0, 3);
+        }
+      }
       const int64_t i = static_cast<int64_t>(row[k]);
       on_entry(i);
       const float f = factor(val[k]);
@@ -193,43 +235,207 @@ inline void column_max(const float* xt, const idx_t* row, const float* val, int6
         std::memcpy(&x, xr + w * kVecFloats, sizeof(x));
         const vfloat p = x * f;
         if constexpr (ARG) {
-          const vint better = p > acc[w];
-          arg[w] = better ? (vint{} + static_cast<int32_t>(i)) : arg[w];
-          acc[w] = better ? p : acc[w];
+          const vint better = p > acc[u][w];
+          arg[u][w] = better ? (vint{} + static_cast<int32_t>(i)) : arg[u][w];
+          acc[u][w] = better ? p : acc[u][w];
         } else {
-          acc[w] = p > acc[w] ? p : acc[w];
+          acc[u][w] = p > acc[u][w] ? p : acc[u][w];
         }
       }
-    }
+    };
+    int64_t k = k0;
+    for (; k + U <= k1; k += U)
+      for (int u = 0; u < U; ++u) step(u, k + u);
+    for (; k < k1; ++k) step(0, k);  // the tail's rows are above all of chain 0's: still ascending
+    for (int u = 1; u < U; ++u)
+      for (int w = 0; w < V; ++w) {
+        if constexpr (ARG) {
+          const vint gt = acc[u][w] > acc[0][w];
+          const vint take = gt | ((acc[u][w] == acc[0][w]) & (acc[u][w] > vfloat{}) & (arg[u][w] < arg[0][w]));
+          arg[0][w] = take ? arg[u][w] : arg[0][w];
+          acc[0][w] = gt ? acc[u][w] : acc[0][w];
+        } else {
+          acc[0][w] = acc[u][w] > acc[0][w] ? acc[u][w] : acc[0][w];
+        }
+      }
     for (int w = 0; w < V; ++w) {
-      std::memcpy(out_v + w * kVecFloats, &acc[w], sizeof(acc[w]));
-      if constexpr (ARG) std::memcpy(out_a + w * kVecFloats, &arg[w], sizeof(arg[w]));
+      std::memcpy(out_v + w * kVecFloats, &acc[0][w], sizeof(acc[0][w]));
+      if constexpr (ARG) std::memcpy(out_a + w * kVecFloats, &arg[0][w], sizeof(arg[0][w]));
     }
   } else {
-    float acc[T];
-    int32_t arg[T];
-    for (int t = 0; t < T; ++t) {
-      acc[t] = 0.f;
-      arg[t] = -1;
-    }
-    for (int64_t k = k0; k < k1; ++k) {
+    constexpr int U = T == 1 ? 4 : 1;
+    float acc[U][T];
+    int32_t arg[U][T];
+    for (int u = 0; u < U; ++u)
+      for (int t = 0; t < T; ++t) {
+        acc[u][t] = 0.f;
+        arg[u][t] = -1;
+      }
+    auto step = [&](int u, int64_t k) __attribute__((always_inline)) {
       const int64_t i = static_cast<int64_t>(row[k]);
       on_entry(i);
       const float f = factor(val[k]);
       const float* xr = xt + i * T;
       for (int t = 0; t < T; ++t) {
         const float p = xr[t] * f;
-        if (p > acc[t]) {
-          acc[t] = p;
-          arg[t] = static_cast<int32_t>(i);
+        if (p > acc[u][t]) {
+          acc[u][t] = p;
+          if constexpr (ARG) arg[u][t] = static_cast<int32_t>(i);
         }
       }
-    }
-    for (int t = 0; t < T; ++t) out_v[t] = acc[t];
+    };
+    int64_t k = k0;
+    for (; k + U <= k1; k += U)
+      for (int u = 0; u < U; ++u) step(u, k + u);
+    for (; k < k1; ++k) step(0, k);
+    for (int u = 1; u < U; ++u)
+      for (int t = 0; t < T; ++t) {
+        if (acc[u][t] > acc[0][t] || (ARG && acc[u][t] == acc[0][t] && acc[u][t] > 0.f && arg[u][t] < arg[0][t])) {
+          acc[0][t] = acc[u][t];
+          arg[0][t] = arg[u][t];
+        }
+      }
+    for (int t = 0; t < T; ++t) out_v[t] = acc[0][t];
     if constexpr (ARG)
-      for (int t = 0; t < T; ++t) out_a[t] = arg[t];
+      for (int t = 0; t < T; ++t) out_a[t] = arg[0][t];
   }
 }
+
+#if defined(__AVX512F__)
+// In-register transpose of a 16 x 16 float block: r[c][t] = in[t][c].
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  // r[4i + k] now holds, in 128-bit lane L, rows 4i..4i+3 of column 4L + k
+  for (int k = 0; k < 4; ++k) {
+    const __m512 ab_lo = _mm512_shuffle_f32x4(r[k], r[4 + k], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 ab_hi = _mm512_shuffle_f32x4(r[k], r[4 + k], _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512 cd_lo = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 cd_hi = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], _MM_SHUFFLE(3, 1, 3, 1));
+    t[k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, _MM_SHUFFLE(2, 0, 2, 0));
+    t[8 + k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, _MM_SHUFFLE(3, 1, 3, 1));
+    t[4 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, _MM_SHUFFLE(2, 0, 2, 0));
+    t[12 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+#endif
+
+// One tile of the batch-minor layout: xt[i*T + t] = X[(b0 + t)*N + i] for the
+// entities i in [i0, i1) and the tile's nb (<= T) rows, 0 for t in [nb, T).
+// With AVX-512 in 16 x 16 blocks transposed in registers (16 row loads, 16
+// aligned 64-byte stores, 64 shuffles): 1.4 ms for a batch of 256 x 14,505
+// (16 tiles of 16) against 3.2 ms for the scalar blocked copy below (single
+// thread, about the cost of a plain copy of X).  xt must be 64-byte aligned.
+template <int T>
+void transpose_tile(const float* X, int64_t N, int64_t b0, int64_t nb, int64_t i0, int64_t i1, float* xt) {
+#if defined(__AVX512F__)
+  if constexpr (T % 16 == 0) {
+    for (int64_t t0 = 0; t0 < T; t0 += 16) {
+      const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(16, nb - t0));
+      for (int64_t ib = i0; ib < i1; ib += 16) {
+        const int64_t len = std::min<int64_t>(16, i1 - ib);
+        const __mmask16 m = static_cast<__mmask16>((1u << len) - 1u);
+        __m512 r[16];
+        for (int64_t t = 0; t < 16; ++t)
+          r[t] = t < rows ? _mm512_maskz_loadu_ps(m, X + (b0 + t0 + t) * N + ib) : _mm512_setzero_ps();
+        transpose16(r);
+        for (int64_t c = 0; c < len; ++c) _mm512_store_ps(xt + (ib + c) * T + t0, r[c]);
+      }
+    }
+    return;
+  }
+#endif
+  constexpr int64_t kBlock = 64;  // 64 entities x T floats stay in L1 while written
+  for (int64_t ib = i0; ib < i1; ib += kBlock) {
+    const int64_t ie = std::min(i1, ib + kBlock);
+    for (int64_t t = 0; t < T; ++t) {
+      if (t < nb) {
+        const float* src = X + (b0 + t) * N;
+        for (int64_t i = ib; i < ie; ++i) xt[i * T + t] = src[i];
+      } else {
+        for (int64_t i = ib; i < ie; ++i) xt[i * T + t] = 0.f;
+      }
+    }
+  }
+}
+
+// Writes a block of nc (<= 16) consecutive output columns jb.. of one tile
+// back to the batch-major Y (and A): buf[c*T + t] is the value of column jb + c
+// for row b0 + t (t < nb).  With AVX-512, 16 x 16 register transposes and one
+// masked 64-byte store per output row instead of 16 scalar strided copies.
+template <int T, bool ARG>
+inline void store_columns(const float* ybuf, const int32_t* abuf, int64_t nc, int64_t N, int64_t b0, int64_t nb,
+                          int64_t jb, float* Y, int32_t* A) {
+#if defined(__AVX512F__)
+  if constexpr (T % 16 == 0) {
+    const __mmask16 m = static_cast<__mmask16>((1u << nc) - 1u);
+    for (int64_t t0 = 0; t0 < nb; t0 += 16) {
+      const int64_t rows = std::min<int64_t>(16, nb - t0);
+      __m512 r[16];
+      for (int64_t c = 0; c < 16; ++c) r[c] = c < nc ? _mm512_load_ps(ybuf + c * T + t0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int64_t t = 0; t < rows; ++t) _mm512_mask_storeu_ps(Y + (b0 + t0 + t) * N + jb, m, r[t]);
+      if constexpr (ARG) {
+        for (int64_t c = 0; c < 16; ++c)
+          r[c] = c < nc ? _mm512_castsi512_ps(_mm512_load_si512(abuf + c * T + t0)) : _mm512_setzero_ps();
+        transpose16(r);
+        for (int64_t t = 0; t < rows; ++t)
+          _mm512_mask_storeu_epi32(A + (b0 + t0 + t) * N + jb, m, _mm512_castps_si512(r[t]));
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t t = 0; t < nb; ++t) {
+    float* y = Y + (b0 + t) * N + jb;
+    for (int64_t c = 0; c < nc; ++c) y[c] = ybuf[c * T + t];
+    if constexpr (ARG) {
+      int32_t* a = A + (b0 + t) * N + jb;
+      for (int64_t c = 0; c < nc; ++c) a[c] = abuf[c * T + t];
+    }
+  }
+}
+
+// A per-thread scratch buffer of at least n floats, 64-byte aligned, kept
+// between calls (grow-only) when n <= kCachedScratchFloats: the tile copies are
+// re-made on every call, and a fresh multi-megabyte allocation page-faults in
+// every page again (glibc returns large blocks to the OS when freed).  Larger
+// requests get a buffer of their own, freed with the object.  One user per
+// thread at a time (the kernels use it only inside one call).
+constexpr size_t kCachedScratchFloats = size_t(4) << 20;  // 16 MiB
+
+class ThreadScratch {
+ public:
+  explicit ThreadScratch(size_t n) {
+    if (n > kCachedScratchFloats) {
+      own_ = std::make_unique<AlignedFloats>(n);
+      ptr_ = own_->data();
+      return;
+    }
+    thread_local std::unique_ptr<AlignedFloats> cache;
+    thread_local size_t capacity = 0;
+    if (capacity < n || !cache) {
+      cache = std::make_unique<AlignedFloats>(std::max<size_t>(n, 1));
+      capacity = std::max<size_t>(n, 1);
+    }
+    ptr_ = cache->data();
+  }
+  float* data() { return ptr_; }
+
+ private:
+  std::unique_ptr<AlignedFloats> own_;
+  float* ptr_ = nullptr;
+};
 
 }  // namespace detail
 }  // namespace cpu

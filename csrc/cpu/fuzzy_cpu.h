@@ -19,6 +19,15 @@ std::tuple<at::Tensor, at::Tensor> project_cpu(const at::Tensor& x, const at::Te
                                                const at::Tensor& val, const at::Tensor& ccol, const at::Tensor& row,
                                                const at::Tensor& tval, int64_t strategy, bool want_argmax);
 
+// project writing into preallocated outputs: y (B,N) float32 and argmax (B,N) int32, or an empty
+// argmax for values only; both contiguous, on X's device, not overlapping X.
+void project_out_cpu(const at::Tensor& x, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& val,
+                     const at::Tensor& ccol, const at::Tensor& row, const at::Tensor& tval, int64_t strategy,
+                     at::Tensor& y, at::Tensor& argmax);
+
+// The validation of project_out's outputs (shared with project_multi_out).
+void check_out(const at::Tensor& x, const at::Tensor& y, const at::Tensor& argmax, const char* op);
+
 // The strategy (kPush / kPull) that kAuto picks for this X.
 int64_t project_strategy_cpu(const at::Tensor& x, const at::Tensor& crow, int64_t nnz);
 

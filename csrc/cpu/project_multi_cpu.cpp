@@ -790,13 +790,15 @@ int64_t check_stack(const at::Tensor& x, const at::Tensor& rel, const at::Tensor
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> project_multi_cpu(const at::Tensor& x_in, const at::Tensor& rel,
-                                                     const at::Tensor& crow_in, const at::Tensor& col_in,
-                                                     const at::Tensor& val_in, const at::Tensor& tcrow_in,
-                                                     const at::Tensor& trow_in, const at::Tensor& tval_in,
-                                                     int64_t num_entities, int64_t strategy, bool negated,
-                                                     double neg_scale, bool want_argmax) {
-  constexpr const char* op = "kgreason::project_multi";
+namespace {
+
+// project_multi into y and, when want_argmax, a (both allocated or validated by the caller, or
+// allocated here when undefined).
+void project_multi_into(const at::Tensor& x_in, const at::Tensor& rel, const at::Tensor& crow_in,
+                        const at::Tensor& col_in, const at::Tensor& val_in, const at::Tensor& tcrow_in,
+                        const at::Tensor& trow_in, const at::Tensor& tval_in, int64_t num_entities, int64_t strategy,
+                        bool negated, double neg_scale, bool want_argmax, at::Tensor& y, at::Tensor& a,
+                        const char* op) {
   at::Tensor rel64;
   const int64_t N = num_entities;
   check_stack(x_in, rel, crow_in, N, op, rel64);
@@ -831,10 +833,12 @@ std::tuple<at::Tensor, at::Tensor> project_multi_cpu(const at::Tensor& x_in, con
               tlast);
 
   const int64_t B = x.size(0);
-  at::Tensor y = at::empty({B, N}, x.options());
   const auto int_opts = x.options().dtype(at::kInt);
-  at::Tensor a = want_argmax ? at::empty({B, N}, int_opts) : at::empty({0}, int_opts);
-  if (B == 0) return {y, a};
+  if (!y.defined()) y = at::empty({B, N}, x.options());
+  if (!a.defined()) a = want_argmax ? at::empty({B, N}, int_opts) : at::empty({0}, int_opts);
+  check_out(x_in, y, a, op);
+  TORCH_CHECK(!want_argmax || a.numel() == y.numel(), op, ": argmax output missing");
+  if (B == 0) return;
   const float s = static_cast<float>(neg_scale);
   const int64_t* r = rel64.data_ptr<int64_t>();
   const bool p32 = crow.scalar_type() == at::kInt, i32 = col.scalar_type() == at::kInt;
@@ -846,7 +850,29 @@ std::tuple<at::Tensor, at::Tensor> project_multi_cpu(const at::Tensor& x_in, con
     run<int64_t, int32_t>(x, r, crow, col, val, tcrow, trow, tval, N, strategy, negated, s, want_argmax, y, a);
   else
     run<int64_t, int64_t>(x, r, crow, col, val, tcrow, trow, tval, N, strategy, negated, s, want_argmax, y, a);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> project_multi_cpu(const at::Tensor& x, const at::Tensor& rel,
+                                                     const at::Tensor& crow, const at::Tensor& col,
+                                                     const at::Tensor& val, const at::Tensor& tcrow,
+                                                     const at::Tensor& trow, const at::Tensor& tval,
+                                                     int64_t num_entities, int64_t strategy, bool negated,
+                                                     double neg_scale, bool want_argmax) {
+  at::Tensor y, a;
+  project_multi_into(x, rel, crow, col, val, tcrow, trow, tval, num_entities, strategy, negated, neg_scale,
+                     want_argmax, y, a, "kgreason::project_multi");
   return {y, a};
+}
+
+void project_multi_out_cpu(const at::Tensor& x, const at::Tensor& rel, const at::Tensor& crow,
+                           const at::Tensor& col, const at::Tensor& val, const at::Tensor& tcrow,
+                           const at::Tensor& trow, const at::Tensor& tval, int64_t num_entities, int64_t strategy,
+                           bool negated, double neg_scale, at::Tensor& y, at::Tensor& argmax) {
+  TORCH_CHECK(y.defined() && argmax.defined(), "kgreason::project_multi_out: y and argmax must be tensors");
+  project_multi_into(x, rel, crow, col, val, tcrow, trow, tval, num_entities, strategy, negated, neg_scale,
+                     argmax.numel() > 0, y, argmax, "kgreason::project_multi_out");
 }
 
 at::Tensor project_multi_strategy_cpu(const at::Tensor& x_in, const at::Tensor& rel, const at::Tensor& crow_in,

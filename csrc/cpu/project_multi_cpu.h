@@ -21,6 +21,13 @@ std::tuple<at::Tensor, at::Tensor> project_multi_cpu(const at::Tensor& x, const 
                                                      int64_t num_entities, int64_t strategy, bool negated,
                                                      double neg_scale, bool want_argmax);
 
+// project_multi into preallocated outputs: y (B,N) float32 and argmax (B,N) int32, or an empty argmax
+// for values only; contiguous, on X's device, not overlapping X.
+void project_multi_out_cpu(const at::Tensor& x, const at::Tensor& rel, const at::Tensor& crow,
+                           const at::Tensor& col, const at::Tensor& val, const at::Tensor& tcrow,
+                           const at::Tensor& trow, const at::Tensor& tval, int64_t num_entities, int64_t strategy,
+                           bool negated, double neg_scale, at::Tensor& y, at::Tensor& argmax);
+
 // The plan kAuto picks for each row, (B,) int32: kPush (1), kPull (2) or 3 (sweep: push through M_r's entries).
 at::Tensor project_multi_strategy_cpu(const at::Tensor& x, const at::Tensor& rel, const at::Tensor& crow,
                                       int64_t num_entities);
