@@ -98,3 +98,28 @@ def _calibrate_rows_fake(scores, obs_ptr, obs_cols, threshold, delta):
     nnz = torch.library.get_ctx().new_dynamic_size()
     return (scores.new_empty((scores.shape[0],), dtype=torch.int64), scores.new_empty((nnz,), dtype=torch.int32),
             scores.new_empty((nnz,)))
+
+
+@register_fake("kgreason::project_multi_sparse")
+def _project_multi_sparse_fake(xcrow, xcol, xval, rel, crow, col, val, n):
+    torch._check(xcrow.dim() == 1 and xcrow.shape[0] >= 1,
+                 lambda: "kgreason::project_multi_sparse: X's crow must be 1-D with B+1 entries")
+    torch._check(rel.dim() == 1 and rel.shape[0] == xcrow.shape[0] - 1,
+                 lambda: "kgreason::project_multi_sparse: rel must have shape (B,)")
+    # The output's nnz (the columns the rows reach) depends on the values: an unbacked size, as for
+    # calibrate_rows.  The kernel allocates on the CPU (it has no other device).
+    nnz = torch.library.get_ctx().new_dynamic_size()
+    return (xcrow.new_empty(xcrow.shape, dtype=torch.int64), xcrow.new_empty((nnz,), dtype=torch.int64),
+            xval.new_empty((nnz,), dtype=torch.float32))
+
+
+@register_fake("kgreason::sparse_align")
+def _sparse_align_fake(crows, cols, vals, intersect):
+    torch._check(len(crows) > 0, lambda: "kgreason::sparse_align: needs at least one sparse batch")
+    torch._check(len(cols) == len(crows) and len(vals) == len(crows),
+                 lambda: "kgreason::sparse_align: crows, cols and vals must have one tensor per input")
+    for cr in crows[1:]:
+        torch._check(cr.shape[0] == crows[0].shape[0], lambda: "kgreason::sparse_align: inputs must share B")
+    nnz = torch.library.get_ctx().new_dynamic_size()  # the support's size depends on the columns
+    return (crows[0].new_empty(crows[0].shape, dtype=torch.int64), crows[0].new_empty((nnz,), dtype=torch.int64),
+            vals[0].new_empty((len(vals), nnz), dtype=torch.float32))

@@ -72,6 +72,31 @@ def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
                             out.append((x, rel, *t, n, strategy, negated, 3.0, y, a))
                         else:
                             out.append((x, rel, *t, n, strategy, negated, 3.0, strategy != 1))
+    elif op == "project_multi_sparse":
+        from ops.project_multi import prepare_stacked
+        from ops.sparse_rows import SparseRows
+
+        n, r = 20, 3
+        # (pointer dtype, column dtype) of the stack: the artifact's int64 / int32, and the other mix
+        for ptr_dtype, idx_dtype in ((torch.int64, torch.int32), (torch.int32, torch.int64)):
+            mats = [random_matrix(n, 0.2, gen)[1] for _ in range(r)]
+            st = prepare_stacked(torch.cat(mats).to_sparse_csr(), device=device)
+            m = (st.crow.to(ptr_dtype).clone(), st.col.to(idx_dtype).clone(), st.val.clone())
+            rel = torch.randint(0, r, (5,), generator=gen).to(device)
+            for kind in ("onehot", "dense"):
+                x = SparseRows.from_dense(random_batch(5, n, kind, gen).to(device))
+                out.append((x.crow, x.col, x.val, rel, *m, n))
+        z = torch.zeros(1, dtype=torch.int64, device=device)
+        out.append((z, z[:0], torch.zeros(0, device=device), z[:0], *m, n))  # no rows
+    elif op == "sparse_align":
+        from ops.sparse_rows import SparseRows
+
+        for k in (1, 2, 3):
+            xs = [SparseRows.from_dense(torch.rand(5, 17, generator=gen) * (torch.rand(5, 17, generator=gen) < 0.5))
+                  for _ in range(k)]
+            for intersect in (True, False):
+                out.append(([x.crow.to(device) for x in xs], [x.col.to(device) for x in xs],
+                            [x.val.to(device) for x in xs], intersect))
     elif op == "calibrate_rows":
         for index_dtype in (torch.int32, torch.int64):
             s = torch.randn(6, 40, generator=gen) * 4
@@ -111,7 +136,8 @@ def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
 
 #: Every op of the extension (csrc/*.cpp); each needs a fake kernel in ops/_fake.py and samples above.
 OPS = ["calibrate_rows", "csr_transpose", "dijkstra", "fuzzy_reduce", "project", "project_multi", "project_multi_out",
-       "project_multi_strategy", "project_negated", "project_out", "project_strategy"]
+       "project_multi_sparse", "project_multi_strategy", "project_negated", "project_out", "project_strategy",
+       "sparse_align"]
 
 
 def test_every_op_is_checked():
@@ -157,7 +183,7 @@ def test_opcheck(device, seed, op):
 
 #: Ops whose output sizes depend on input values: their fakes allocate unbacked sizes (as torch.nonzero's),
 #: which needs a ShapeEnv; those dimensions are compared as "any size".
-DATA_DEPENDENT = {"calibrate_rows"}
+DATA_DEPENDENT = {"calibrate_rows", "project_multi_sparse", "sparse_align"}
 
 
 def _static_shape(fake_shape, real_shape) -> tuple:

@@ -16,6 +16,15 @@ as the B rows of one ``(B, N)`` tensor per node.  A projection node is one
 its own relation; prepared once per executor), or one ``ops.project`` call when
 all rows share the relation.
 
+Sparse sets (``Executor(sparse=True)``): where nobody needs a node's (B, N) tensor (scores without
+explanations, hooks or kept trace values), sets with few non-zeros travel as
+:class:`ops.sparse_rows.SparseRows`: anchors, projections of sparse sets whose
+push stays small (``ops.sparse_rows.project_multi_sparse``), intersections with a
+sparse argument and unions of sparse arguments.  A node with full support
+(negation, negated projection, union with a dense argument) and the query's
+result are dense.  The values are the dense operators' bit for bit; only the
+cost changes: a one-hop set from an anchor costs its few dozen entries, not N.
+
 Per-node methods: each node type is computed by its own method, through one
 table from op (``"e"``, ``"p"``, ``"np"``, ``"i"``, ``"u"``, ``"n"``) to method;
 every node's result is a :class:`~engine.exec.hooks.NodeValue` (values, the
@@ -61,6 +70,7 @@ import torch
 
 from kgreason.errors import UserError
 from ops.fuzzy import TNORMS
+from ops.sparse_rows import SparseRows, intersect_sparse, project_multi_sparse, push_sizes, union_sparse
 
 from engine.exec.explain import Answer, Explanation, QueryResult, combine_scores
 from engine.exec.hooks import OPS, Hook, HookHandle, NodeContext, NodeValue
@@ -117,11 +127,12 @@ class _Ops:
     def prepare(self, m):
         return self._ops.prepare(m)
 
-    def project(self, x, m, want_arg: bool):
-        return self._ops.project(x, m, return_argmax=want_arg, **self._kw())
+    def project(self, x, m, want_arg: bool, strategy: str = "auto"):
+        return self._ops.project(x, m, return_argmax=want_arg, strategy=strategy, **self._kw())
 
-    def project_negated(self, x, m, neg_scale: float, want_arg: bool):
-        return self._ops.project_negated(x, m, neg_scale=neg_scale, return_argmax=want_arg, **self._kw())
+    def project_negated(self, x, m, neg_scale: float, want_arg: bool, strategy: str = "auto"):
+        return self._ops.project_negated(x, m, neg_scale=neg_scale, return_argmax=want_arg, strategy=strategy,
+                                         **self._kw())
 
     def intersect(self, xs, tnorm: str):
         return self._ops.intersect(*xs, tnorm=tnorm, **self._kw())
@@ -137,6 +148,37 @@ class _Ops:
 #: Node class -> op (the keys of the executor's method table).
 _OP_OF: dict[type, str] = {Anchor: "e", Projection: "p", NegatedProjection: "np", Intersection: "i",
                            Union: "u", Complement: "n"}
+
+
+def _scan(node: Node, n_ent: int, n_rel: int, rels: list[int]) -> tuple | None:
+    """``node``'s shape key, appending its relations in pre-order to ``rels``; ``None`` when a name or an
+    out-of-range id is found (the query then needs :func:`resolve`, which also reports errors)."""
+    t = type(node)
+    if t is Anchor:
+        e = node.entity
+        return _ANCHOR_KEY if type(e) is int and 0 <= e < n_ent else None
+    if t is Projection or t is NegatedProjection:
+        r = node.relation
+        if not (type(r) is int and 0 <= r < n_rel):
+            return None
+        rels.append(r)
+        child = _scan(node.arg, n_ent, n_rel, rels)
+        return None if child is None else (node.head, child)
+    if t is Intersection or t is Union:
+        kids = []
+        for a in node.args:
+            child = _scan(a, n_ent, n_rel, rels)
+            if child is None:
+                return None
+            kids.append(child)
+        return (node.head, *kids)
+    if t is Complement:
+        child = _scan(node.arg, n_ent, n_rel, rels)
+        return None if child is None else (node.head, child)
+    return None  # a subclass or foreign node: the general path decides
+
+
+_ANCHOR_KEY = ("e",)
 
 
 def _op_of(node: Node) -> str:
@@ -170,12 +212,14 @@ class _Run:
     """
 
     def __init__(self, roots: list[Node], query_indices: list[int], trace: BatchTrace, *, want_arg: bool,
-                 record: bool) -> None:
+                 record: bool, sparse: bool = False) -> None:
         self.roots = roots
         self.query_indices = query_indices
         self.trace = trace
         self.want_arg = want_arg
         self.record: dict[tuple[int, ...], NodeValue] | None = {} if record else None
+        #: nodes may return :class:`ops.sparse_rows.SparseRows` (nobody needs their (B, N) tensors)
+        self.sparse = sparse
 
 
 class Executor:
@@ -198,11 +242,27 @@ class Executor:
         frontier_k: keep only the ``k`` largest entries (ties: smaller ids) of every
             projection's input before projecting (``None``, the default: all, exact).
             With a lazy artifact it bounds the rows computed per query and hop to ``k``.
+        sparse: carry sparse intermediate sets as :class:`ops.sparse_rows.SparseRows`
+            (default ``False``: always dense (B, N) tensors).  Worth it on KGs whose
+            sets stay small; on FB15k-237 one hop from a grounded anchor already holds a
+            mean 4,150 of 14,505 entities, and the dense passes measured faster
+            (benchmarks/results/engine_throughput.md, column ``sparse``).  Used
+            where no (B, N) tensor is needed (scores without explanations, hooks or kept
+            trace values; eager artifacts; no frontier): anchors, projections whose push
+            touches at most ``1 / sparse_dense_ratio`` of the B x N cells, intersections
+            with a sparse argument and unions of sparse arguments stay sparse; negations,
+            negated projections and the query's result are dense.  Results are equal, bit
+            for bit, to the dense path's.
     """
+
+    #: A sparse projection result is kept while its push reads at most B*N / sparse_dense_ratio
+    #: matrix entries (an upper bound on its non-zeros); see the ``sparse`` argument.
+    sparse_dense_ratio: float = 8.0
 
     def __init__(self, artifact: "Artifact", *, tnorm: str = "product", neg_scale: float = 3.0,
                  device: str | torch.device = "cpu", backend: str | None = None,
-                 pass_rows: int | None = None, hooks: Sequence[Hook] = (), frontier_k: int | None = None) -> None:
+                 pass_rows: int | None = None, hooks: Sequence[Hook] = (), frontier_k: int | None = None,
+                 sparse: bool = False) -> None:
         if tnorm not in TNORMS:
             raise UserError(f"unknown t-norm {tnorm!r}; expected one of {', '.join(TNORMS)}")
         if not (neg_scale > 0 and np.isfinite(neg_scale)):
@@ -225,6 +285,9 @@ class Executor:
                                        or frontier_k < 1):
             raise UserError(f"frontier_k must be an integer >= 1 (or None for exact), got {frontier_k!r}")
         self.frontier_k = None if frontier_k is None else int(frontier_k)
+        if not isinstance(sparse, bool):
+            raise UserError(f"sparse must be True or False, got {sparse!r}")
+        self.sparse = sparse
         # Lazy artifacts: rows are computed on this executor's device (cache shared with the artifact).
         self._lazy = artifact.matrices.on(str(self.device)) if artifact.is_lazy else None
         if pass_rows is None and self.device.type == "cpu":
@@ -290,39 +353,59 @@ class Executor:
             self._prepared[r] = m
         return m
 
-    def _resolve_all(self, queries: Sequence[Node]) -> list[Node]:
-        out = []
+    def _prepare(self, queries: Sequence[Node]) -> tuple[list[Node], list[tuple]]:
+        """The resolved queries and, per query, ``(shape key, relations in pre-order)`` for grouping.
+
+        One recursive pass per query (:func:`_scan`) both checks that it holds only in-range ids
+        and computes its key; only queries with names (or bad ids) go through :func:`resolve`.
+        At batch 1024 the separate resolve / ``shape_key`` / ``relations_of`` traversals cost
+        as much as a one-hop projection per query.
+        """
+        n_ent, n_rel = self.num_entities, self.artifact.num_relations
+        out, keys = [], []
+        many = len(queries) > 1
         for k, q in enumerate(queries):
             if not isinstance(q, Node):
                 raise TypeError(f"query {k}: expected a query Node, got {type(q).__name__} (parse strings first)")
-            out.append(resolve(q, self.artifact, where=f"query {k + 1}" if len(queries) > 1 else ""))
-        return out
+            rels: list[int] = []
+            shape = _scan(q, n_ent, n_rel, rels)
+            if shape is None:
+                q = resolve(q, self.artifact, where=f"query {k + 1}" if many else "")
+                rels = [int(r) for r in relations_of(q)]
+                shape = shape_key(q)
+            out.append(q)
+            keys.append((shape, tuple(rels)))
+        return out, keys
 
-    def _groups(self, resolved: Sequence[Node], batch_size: int) -> list[list[int]]:
-        """Indices of queries grouped by shape, in chunks of at most ``batch_size`` (and ``pass_rows``)."""
+    def _groups(self, keys: Sequence[tuple], batch_size: int) -> list[list[int]]:
+        """Indices of queries grouped by shape, in chunks of at most ``batch_size`` (and ``pass_rows``).
+
+        ``keys``: per query, ``(shape key, relations)`` from :meth:`_prepare`.
+        """
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
         if self.pass_rows is not None:
             batch_size = min(batch_size, self.pass_rows)
         by_shape: dict[tuple, list[int]] = defaultdict(list)
-        for k, q in enumerate(resolved):
-            by_shape[shape_key(q)].append(k)
+        for k, (shape, _) in enumerate(keys):
+            by_shape[shape].append(k)
         chunks = []
         for idx in by_shape.values():
             # Sorting a shape's queries by their relations (outermost first) makes the rows that
             # share the outermost relation adjacent, so that projection needs no row gather/scatter
             # (first hops from anchors are a single gather whatever the order).
-            idx = sorted(idx, key=lambda k: tuple(relations_of(resolved[k])))
+            idx = sorted(idx, key=lambda k: keys[k][1])
             for lo in range(0, len(idx), batch_size):
                 chunks.append(idx[lo : lo + batch_size])
         return chunks
 
-    def _project_rows(self, x: torch.Tensor, rels: list[int], negated: bool, want_arg: bool):
+    def _project_rows(self, x: torch.Tensor, rels: list[int], negated: bool, want_arg: bool, strategy: str = "auto"):
         """Project each row of ``x`` (B, N) by its own relation ``rels[b]``: ``(y (B, N), argmax (B, N) | None)``.
 
         All rows on one relation: one ``ops.project`` call (measured slightly faster than
         ``ops.project_multi`` there); mixed relations: one ``ops.project_multi`` call over
-        the stacked matrices, whatever the number of distinct relations.
+        the stacked matrices, whatever the number of distinct relations.  ``strategy``: the
+        ops strategy (``"push"`` for one-hot rows, see :meth:`_compute_projection`).
         """
         if self.frontier_k is not None and self.frontier_k < x.shape[1]:
             x = self.ops._ops.topk_prune(x, self.frontier_k, validate=False)
@@ -332,8 +415,8 @@ class Executor:
         def call(xs, r):
             m = self.matrix(r)
             if negated:
-                return self.ops.project_negated(xs, m, self.neg_scale, want_arg)
-            return self.ops.project(xs, m, want_arg)
+                return self.ops.project_negated(xs, m, self.neg_scale, want_arg, strategy)
+            return self.ops.project(xs, m, want_arg, strategy)
 
         first = rels[0]
         if all(r == first for r in rels):
@@ -342,7 +425,7 @@ class Executor:
         # to a loop of ops.project per relation, argmax included), no per-relation Python loop.
         rel_t = torch.tensor(rels, dtype=torch.int64, device=x.device)
         kw = self.ops._kw()
-        out = self.ops._ops.project_multi(x, rel_t, self._stacked_multi(), negated=negated,
+        out = self.ops._ops.project_multi(x, rel_t, self._stacked_multi(), negated=negated, strategy=strategy,
                                           neg_scale=self.neg_scale, return_argmax=want_arg, **kw)
         return out if want_arg else (out, None)
 
@@ -423,6 +506,14 @@ class Executor:
                 arg[lo:hi] = args
         return y, arg
 
+    def _sparse_backend(self) -> str | None:
+        """The backend of the sparse-set ops: the executor's, except ``cpp`` where they have no kernel
+        (CUDA: the pure-torch path; see ops.sparse_rows)."""
+        b = self.ops.backend
+        if b == "cpp" and not self.ops._ops.has_kernel("project_multi_sparse", self.device):
+            return "reference"
+        return b
+
     def _stacked_multi(self):
         """The artifact's matrices as :class:`ops.StackedMatrices` on this device, prepared once."""
         if self._stacked_m is None:
@@ -443,6 +534,9 @@ class Executor:
         ents = tuple([q.entity for q in nodes]) if op == "e" else None
         run.trace.add_node(path, op, rels, ents)
         value, inputs = self._COMPUTE[op](self, nodes, path, run)
+        if isinstance(value, SparseRows):  # run.sparse: no hooks, witnesses, record or kept values
+            run.trace.finish_node(path, None)
+            return value
         hooks = self._hooks_for(op)
         if hooks:
             value = self._apply_hooks(hooks, nodes, path, op, rels, ents, inputs, value, run)
@@ -488,6 +582,9 @@ class Executor:
         return y
 
     def _compute_anchor(self, nodes: list[Node], path: tuple[int, ...], run: _Run):
+        if run.sparse:
+            ents = torch.tensor([q.entity for q in nodes], dtype=torch.int64, device=self.device)
+            return SparseRows.one_hot(ents, self.num_entities), lambda: ()
         return NodeValue(self._one_hot([q.entity for q in nodes])), lambda: ()
 
     def _compute_projection(self, nodes: list[Node], path: tuple[int, ...], run: _Run):
@@ -499,13 +596,40 @@ class Executor:
         """
         negated = isinstance(nodes[0], NegatedProjection)
         x = self._eval([q.arg for q in nodes], path + (0,), run)
-        y, arg = self._project_rows(x.values, [q.relation for q in nodes], negated, run.want_arg)
+        rels = [q.relation for q in nodes]
+        if isinstance(x, SparseRows):
+            # A negated projection has full support, and the query's result is dense anyway: a root
+            # projection writes it directly (a sparse result would be written twice).
+            if not negated and path:
+                rel_t = torch.tensor(rels, dtype=torch.int64, device=self.device)
+                stack = self._stacked_multi()
+                # Sparse out while the push is small against the dense output it replaces; past
+                # that, the dense kernel's contiguous writes win (see sparse_dense_ratio).
+                if int(push_sizes(x, rel_t, stack).sum()) * self.sparse_dense_ratio <= x.batch_size * x.n:
+                    return project_multi_sparse(x, rel_t, stack, backend=self._sparse_backend(), validate=False), \
+                        lambda: ()
+            x = NodeValue(x.to_dense())
+        # One-hot rows (anchors) push: the push reads exactly one CSR row per row, which no pull
+        # can beat; "auto" sent FB15k-237 anchors with long rows to pull (15 % of a batch), and
+        # push measured 1.75-2x faster on such batches (benchmarks/results/engine_notes.md).
+        strategy = "push" if self._lazy is None and isinstance(nodes[0].arg, Anchor) else "auto"
+        y, arg = self._project_rows(x.values, rels, negated, run.want_arg, strategy)
         return NodeValue(y, arg), lambda: (x,)
 
     def _compute_combination(self, nodes: list[Node], path: tuple[int, ...], run: _Run):
         """``i``/``u``: the t-norm / t-conorm of the children (``ops.intersect`` / ``ops.union``)."""
         t = nodes[0]
         xs = tuple(self._eval([q.args[k] for q in nodes], path + (k,), run) for k in range(len(t.args)))
+        is_sparse = [isinstance(x, SparseRows) for x in xs]
+        if any(is_sparse):
+            # A t-norm is 0 wherever one argument is: sparse whenever one argument is.  A t-conorm
+            # is sparse only when every argument is.
+            kw = dict(tnorm=self.tnorm, backend=self._sparse_backend(), validate=False)
+            if isinstance(t, Intersection):
+                return intersect_sparse([x if s else x.values for x, s in zip(xs, is_sparse)], **kw), lambda: ()
+            if all(is_sparse):
+                return union_sparse(list(xs), **kw), lambda: ()
+            xs = tuple(NodeValue(x.to_dense()) if s else x for x, s in zip(xs, is_sparse))
         vals = [x.values for x in xs]
         y = self.ops.intersect(vals, self.tnorm) if isinstance(t, Intersection) else self.ops.union(vals, self.tnorm)
         return NodeValue(y), lambda: xs
@@ -513,6 +637,8 @@ class Executor:
     def _compute_complement(self, nodes: list[Node], path: tuple[int, ...], run: _Run):
         """``n``: ``1 - x`` (``ops.negate``)."""
         x = self._eval([q.arg for q in nodes], path + (0,), run)
+        if isinstance(x, SparseRows):
+            x = NodeValue(x.to_dense())
         return NodeValue(self.ops.negate(x.values)), lambda: (x,)
 
     #: op -> the method computing that node type: (self, nodes, path, run) -> (NodeValue, inputs thunk).
@@ -528,9 +654,13 @@ class Executor:
     def _run_batch(self, roots: list[Node], idx: list[int], *, want_arg: bool, record: bool,
                    trace_values: bool) -> tuple[NodeValue, _Run]:
         trace = BatchTrace(roots, idx, self.artifact, keep_values=trace_values)
-        run = _Run(roots, idx, trace, want_arg=want_arg, record=record)
+        sparse = (self.sparse and not (want_arg or record or trace_values or self._hooks)
+                  and self._lazy is None and self.frontier_k is None)
+        run = _Run(roots, idx, trace, want_arg=want_arg, record=record, sparse=sparse)
         with torch.no_grad():
             value = self._eval(roots, (), run)
+        if isinstance(value, SparseRows):
+            value = NodeValue(value.to_dense())
         return value, run
 
     # ---------------------------------------------------------------------------- public API
@@ -544,8 +674,8 @@ class Executor:
         :class:`~engine.exec.trace.Trace` of ``queries[indices[k]]`` (per-node values
         in it only with ``trace_values=True``).  Hooks run in either case.
         """
-        resolved = self._resolve_all(queries)
-        chunks = self._groups(resolved, batch_size)
+        resolved, keys = self._prepare(queries)
+        chunks = self._groups(keys, batch_size)
         it = chunks
         if progress:
             from tqdm.auto import tqdm
@@ -598,12 +728,12 @@ class Executor:
         """
         if k < 1:
             raise UserError(f"k (top-k) must be >= 1, got {k}")
-        resolved = self._resolve_all(queries)
+        resolved, keys = self._prepare(queries)
         results: list[QueryResult | None] = [None] * len(resolved)
         names = self.artifact.entities
         # Provenance needs the witnesses whenever a hook may have merged evidence somewhere.
         walk = explain or bool(self._hooks)
-        for idx in self._groups(resolved, batch_size):
+        for idx in self._groups(keys, batch_size):
             batch = [resolved[j] for j in idx]
             value, run = self._run_batch(batch, idx, want_arg=walk, record=walk, trace_values=trace_values)
             top_vals, top_ids = _topk_stable(value.values, min(k, self.num_entities))
