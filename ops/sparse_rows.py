@@ -1,10 +1,13 @@
 """Sparse fuzzy sets: a batch of B fuzzy vectors over N entities kept as (indices, values) rows.
 
-Most intermediate sets of a query one or two hops from its anchors hold a few
-hundred non-zeros out of N (on FB15k-237, a one-hop set from an anchor has a
-median of a few dozen entries out of 14,505).  As a dense (B, N) tensor such a
-batch costs B*N writes and reads per operator; as :class:`SparseRows` it costs
-what its non-zeros cost.  The operators here compute, on the support, exactly
+Sets one hop from an anchor can be small: a calibrated FB15k-237 row holds a
+mean of 32 entries (median 15) out of 14,505, and a raw KG's rows fewer.  The
+anchors of real queries are popular entities, though: on the FB15k-237 artifact
+(threshold 0.00097) a grounded 1p answer set holds a median of 861 entries
+(mean 4,266, tenth percentile 46), and after two hops a median of 7,935.  As a
+dense (B, N) tensor a batch costs B*N writes and reads per operator; as
+:class:`SparseRows` it costs what its non-zeros cost, which pays only while
+they are few: the executor decides per node (``Executor(sparse=True)``).  The operators here compute, on the support, exactly
 the float32 values of the dense operators (``ops.project_multi``,
 ``ops.intersect``, ``ops.union``), so densifying a sparse result gives the dense
 result bit for bit:
