@@ -205,13 +205,16 @@ class RowCalibrator:
         n = self.num_entities
         if c == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32)
-        if c == 1:
-            # A one-row matmul goes down BLAS's gemv path, whose sums differ from gemm's in the last
-            # bit (measured with MKL; row sums too); computed twice, a row gets the same floats as
-            # in any chunk, so a lazy row is the eager row bit for bit.
-            nnz2, cols2, vals2 = self.compute(np.repeat(keys, 2), threshold=threshold)
-            k0 = int(nnz2[0])
-            return nnz2[:1], cols2[:k0], vals2[:k0]
+        if c < _MIN_GEMM_ROWS:
+            # BLAS takes other paths for a few rows (gemv for one; small-M kernels and another thread
+            # split for a handful), whose sums differ from a large chunk's in the last bit: MKL on an
+            # AMD EPYC differed for M in {1, 2, 3, 5, 6, 7, 9, 10, 11} with 2 threads, on an Intel
+            # Xeon for M = 1.  Padded to _MIN_GEMM_ROWS rows (the keys repeated), a row gets the same
+            # floats as in any chunk, so a lazy row is the eager row bit for bit.
+            reps = -(-_MIN_GEMM_ROWS // c)
+            nnz2, cols2, vals2 = self.compute(np.tile(keys, reps)[:_MIN_GEMM_ROWS], threshold=threshold)
+            k0 = int(nnz2[:c].sum())
+            return nnz2[:c], cols2[:k0], vals2[:k0]
         import ops  # the post-GEMM op; imported here: importing kge loads no compiled extension
 
         dev = self._tails_t.device
@@ -237,6 +240,10 @@ class RowCalibrator:
             row_nnz, cols, vals = ops.calibrate_rows(s, torch.from_numpy(ptr).to(dev), torch.from_numpy(o_cols).to(dev),
                                                      threshold=thr, delta=self.delta)
             return row_nnz.cpu().numpy(), cols.cpu().numpy(), vals.cpu().numpy()
+
+
+#: Chunks of fewer rows are padded to this many before the score GEMM (see RowCalibrator.compute).
+_MIN_GEMM_ROWS = 16
 
 
 def default_chunk_rows(num_entities: int, device: str) -> int:

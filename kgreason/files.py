@@ -356,6 +356,10 @@ def check_output_file(path: str | os.PathLike, *, what: str = "--out",
     p = Path(path)
     if str(path) == "":
         raise UserError(f"{what}: empty path")
+    # os.path.realpath raises a bare ValueError on a NUL byte, which no file name can hold.
+    for flag, name in ((what, path), *inputs):
+        if name is not None and "\x00" in os.fsdecode(name):
+            raise UserError(f"{flag} {os.fsdecode(name)!r}: a file name cannot contain a NUL byte")
     target = Path(os.path.realpath(p))
     for flag, source in inputs:
         if source is None or str(source) == "":

@@ -810,3 +810,17 @@ def test_f11_unknown_optimizer_is_refused_before_training(tmp_path, capsys, loop
                        "--training-loop", loop, "--optimizer", optimizer]) == 2
     assert message in one_error_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mini.tsv"]
+
+
+@pytest.mark.parametrize("flag", ["--artifact", "--json"])
+def test_nul_byte_in_a_path_is_one_error_line(tmp_path, capsys, monkeypatch, flag):
+    """A NUL byte in an input or output path (fuzz finding: os.path.realpath raised a bare ValueError)."""
+    from engine.evaluate import main as evaluate_main
+
+    monkeypatch.chdir(tmp_path)
+    argv = {"--artifact": ["--artifact", "\x00", "--json", "out.json"],
+            "--json": ["--artifact", "a", "--json", "o\x00.json"]}[flag]
+    assert evaluate_main(["--queries", "q.jsonl", *argv]) == 2
+    err = one_error_line(capsys)
+    assert flag in err and "NUL byte" in err
+    assert list(tmp_path.iterdir()) == []

@@ -309,3 +309,92 @@ def test_out_spares_the_page_faults():
     y = torch.empty(b, n)
     reused = faults(lambda: ops.project(x, prep, strategy="push", validate=False, out=y))
     assert reused < pages // 10, f"out= call page-faulted {reused} times (Y is {pages} pages; fresh: {fresh})"
+
+
+_FAULTS_SCRIPT = r"""
+import resource, sys, torch, ops
+torch.manual_seed(0)
+n, b = 8192, 1024
+m = torch.eye(64).to_sparse_csr()
+crow = torch.cat([m.crow_indices().long(), torch.full((n - 64,), 64)])
+prep = ops.prepare(torch.sparse_csr_tensor(crow, m.col_indices().long(), m.values(), size=(n, n),
+                                          check_invariants=True))
+x = torch.zeros(b, n)
+x[torch.arange(b), torch.randint(0, 64, (b,))] = 1.0
+y = ops.project(x, prep, strategy="push", validate=False)
+del y
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+y = ops.project(x, prep, strategy="push", validate=False)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _big_case(seed: int, b: int = 1030, n: int = 8192):
+    """A one-hot batch whose (b, n) float32 output is above the 32 MiB output-cache threshold."""
+    gen = torch.Generator().manual_seed(seed)
+    m, _ = random_matrix(64, 0.2, gen)
+    crow = torch.cat([m.crow_indices().long(), torch.full((n - 64,), int(m.crow_indices()[-1]))])
+    csr = torch.sparse_csr_tensor(crow, m.col_indices().long(), m.values(), size=(n, n), check_invariants=True)
+    x = torch.zeros(b, n)
+    x[torch.arange(b), torch.randint(0, 64, (b,), generator=gen)] = 1.0
+    return csr, x, gen
+
+
+@needs_cpp
+@pytest.mark.parametrize("op", ["project", "project_multi", "project_negated", "intersect", "union"])
+def test_large_outputs_from_the_cache_equal_and_usable(op):
+    """Outputs of >= 32 MiB come from the output cache (csrc/cpu/fuzzy_common.h, empty_output): equal to
+    the reference, and the tensor behaves as any other (written, cloned, freed, its block reused)."""
+    csr, x, gen = _big_case(1)
+    prep = ops.prepare(csr)
+    b, n = x.shape
+    if op == "project":
+        run, want = (lambda: ops.project(x, prep)), ops.project(x, prep, backend="reference")
+    elif op == "project_negated":
+        run, want = (lambda: ops.project_negated(x, prep)), ops.project_negated(x, prep, backend="reference")
+    elif op == "project_multi":
+        st = ops.prepare_stacked(csr)
+        rel = torch.zeros(b, dtype=torch.int64)
+        run, want = (lambda: ops.project_multi(x, rel, st)), ops.project(x, prep, backend="reference")
+    else:
+        z = torch.rand(b, n, generator=gen)
+        fn = getattr(ops, op)
+        run, want = (lambda: fn(x, z)), fn(x, z, backend="reference")
+    got = run()
+    _check_equal(got, want, op, 1)
+    assert got.is_contiguous() and got.shape == (b, n)
+    got.fill_(0.25)  # writable; then freed: its block goes back to the cache
+    del got
+    first = run()  # the recycled block: every entry overwritten
+    _check_equal(first, want, op + " (recycled block)", 1)
+    second = run()  # first is alive: a different block
+    assert second.data_ptr() != first.data_ptr()
+    _check_equal(first, want, op + " (after another call)", 1)
+    _check_equal(second, want, op + " (second live output)", 1)
+
+
+@needs_cpp
+def test_fresh_large_output_spares_the_page_faults_and_cache_can_be_turned_off():
+    """After the first call, a fresh 33.5 MB output reuses a cached block (no page faults instead of
+    ~8,200); KGREASON_OUTPUT_CACHE_MB=0 restores the default allocator (a fresh process each: the
+    setting is read once)."""
+    import os
+    import subprocess
+    import sys
+
+    pages = 1024 * 8192 * 4 // resource.getpagesize()
+
+    def faults(env_value):
+        env = dict(os.environ)
+        env.pop("KGREASON_OUTPUT_CACHE_MB", None)
+        if env_value is not None:
+            env["KGREASON_OUTPUT_CACHE_MB"] = env_value
+        out = subprocess.run([sys.executable, "-c", _FAULTS_SCRIPT], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.strip().splitlines()[-1])
+
+    cached, off, tiny = faults(None), faults("0"), faults("16")
+    assert cached < pages // 10, f"fresh output faulted {cached} times with the cache (Y is {pages} pages)"
+    assert off > pages // 2, f"KGREASON_OUTPUT_CACHE_MB=0: {off} faults; expected about {pages}"
+    assert tiny > pages // 2, f"a 16 MB cap cannot keep a 33.5 MB block, yet only {tiny} faults"

@@ -16,6 +16,10 @@
 #include <immintrin.h>
 #endif
 
+#include <cstdlib>
+#include <mutex>
+#include <utility>
+
 namespace kgreason {
 namespace cpu {
 namespace detail {
@@ -52,6 +56,91 @@ inline bool any_nonzero(const float* p, int64_t len) {
     acc |= u;
   }
   return acc != 0;
+}
+
+// Large kernel outputs are recycled by empty_output instead of going back to the OS.  Why: glibc serves a
+// block above its mmap threshold (at most 32 MiB on 64-bit) with a fresh mmap on every allocation and unmaps
+// it on free, so every call faults its output in again, one 4 KiB page at a time: a (1024, 14505) float32
+// projection output (59 MB) took 14,506 minor faults, 21.7 ms for a one-hot push whose kernel needs 3.6 ms
+// (AMD EPYC, 2 threads).  Smaller blocks are recycled by glibc itself (no faults after the first call).
+// Transparent huge pages were measured too and rejected: 6 ms in a tight loop, but 62-82 ms once the
+// process paused for 3 s (in a VM, freed 2 MiB blocks go back to the host, which faults them in again).
+// A freed output of at least kCachedOutputBytes is kept, up to a cap, and handed to the next request of
+// the same byte size: batches of one shape (the common case) never fault after the first call.
+constexpr size_t kCachedOutputBytes = size_t(32) << 20;
+
+class OutputCache {
+ public:
+  // The one cache of the process (never destroyed: a tensor may be freed during interpreter shutdown).
+  static OutputCache& instance() {
+    static OutputCache* cache = new OutputCache();
+    return *cache;
+  }
+  // A cached block of exactly `bytes`, else a new one (nullptr when allocation fails).
+  void* take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t k = free_.size(); k-- > 0;) {  // newest first: most likely still in cache and TLB
+        if (free_[k].first == bytes) {
+          void* p = free_[k].second;
+          free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(k));
+          held_ -= bytes;
+          return p;
+        }
+      }
+    }
+    void* p = nullptr;
+    return posix_memalign(&p, 64, bytes) == 0 ? p : nullptr;
+  }
+  // Back into the cache; the oldest blocks are freed while the cache holds more than its cap.
+  void give(void* p, size_t bytes) {
+    std::vector<void*> drop;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.emplace_back(bytes, p);
+      held_ += bytes;
+      while (held_ > cap_ && !free_.empty()) {
+        held_ -= free_.front().first;
+        drop.push_back(free_.front().second);
+        free_.erase(free_.begin());
+      }
+    }
+    for (void* q : drop) std::free(q);
+  }
+  bool enabled() const { return cap_ > 0; }
+
+ private:
+  // KGREASON_OUTPUT_CACHE_MB: the most memory kept in freed outputs (default 256; 0 turns the cache off).
+  OutputCache() {
+    const char* v = std::getenv("KGREASON_OUTPUT_CACHE_MB");
+    long long mb = 256;
+    if (v != nullptr && *v != '\0') {
+      char* end = nullptr;
+      const long long parsed = std::strtoll(v, &end, 10);
+      if (end != nullptr && *end == '\0' && parsed >= 0) mb = parsed;
+    }
+    cap_ = static_cast<size_t>(mb) << 20;
+  }
+  std::mutex mu_;
+  std::vector<std::pair<size_t, void*>> free_;  // (bytes, block), oldest first
+  size_t held_ = 0;
+  size_t cap_ = 0;
+};
+
+// at::empty(sizes, opts) for a kernel's output; a CPU output of at least kCachedOutputBytes comes from (and
+// returns to) the OutputCache.  Its storage is not resizable (as any from_blob tensor).
+inline at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  int64_t numel = 1;
+  for (const int64_t d : sizes) numel *= d;
+  const size_t bytes =
+      static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(opts.dtype()));
+  OutputCache& cache = OutputCache::instance();
+  if (opts.device().is_cpu() && bytes >= kCachedOutputBytes && cache.enabled()) {
+    if (void* p = cache.take(bytes)) {
+      return at::from_blob(p, sizes, [bytes](void* q) { OutputCache::instance().give(q, bytes); }, opts);
+    }
+  }
+  return at::empty(sizes, opts);
 }
 
 // Below this much estimated single-threaded work a kernel runs on the calling

@@ -29,7 +29,7 @@ at::Tensor fuzzy_reduce_cpu(at::TensorList xs_in, int64_t op) {
                 xs_in[0].sizes());
     xs.push_back(x.contiguous());
   }
-  at::Tensor out = at::empty(xs[0].sizes(), xs[0].options());
+  at::Tensor out = detail::empty_output(xs[0].sizes(), xs[0].options());
   const int64_t n = out.numel();
   std::vector<const float*> src;
   for (const auto& x : xs) src.push_back(x.data_ptr<float>());

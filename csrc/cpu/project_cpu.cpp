@@ -311,8 +311,9 @@ std::tuple<at::Tensor, at::Tensor> project_cpu(const at::Tensor& x_in, const at:
   const auto in = checked_inputs(x_in, crow_in, col_in, val_in, ccol_in, row_in, tval_in, strategy);
   const at::Tensor& x = in[0];
   const int64_t B = x.size(0), N = x.size(1);
-  at::Tensor y = at::empty({B, N}, x.options());
-  at::Tensor a = want_argmax ? at::empty({B, N}, x.options().dtype(at::kInt)) : at::empty({0}, x.options().dtype(at::kInt));
+  at::Tensor y = detail::empty_output({B, N}, x.options());
+  at::Tensor a = want_argmax ? detail::empty_output({B, N}, x.options().dtype(at::kInt))
+                             : at::empty({0}, x.options().dtype(at::kInt));
   dispatch_index(in[1], [&](auto tag) {
     using idx_t = decltype(tag);
     run<idx_t>(x, in[1], in[2], in[3], in[4], in[5], in[6], strategy, y.data_ptr<float>(),

@@ -834,8 +834,8 @@ void project_multi_into(const at::Tensor& x_in, const at::Tensor& rel, const at:
 
   const int64_t B = x.size(0);
   const auto int_opts = x.options().dtype(at::kInt);
-  if (!y.defined()) y = at::empty({B, N}, x.options());
-  if (!a.defined()) a = want_argmax ? at::empty({B, N}, int_opts) : at::empty({0}, int_opts);
+  if (!y.defined()) y = detail::empty_output({B, N}, x.options());
+  if (!a.defined()) a = want_argmax ? detail::empty_output({B, N}, int_opts) : at::empty({0}, int_opts);
   check_out(x_in, y, a, op);
   TORCH_CHECK(!want_argmax || a.numel() == y.numel(), op, ": argmax output missing");
   if (B == 0) return;

@@ -226,8 +226,8 @@ std::tuple<at::Tensor, at::Tensor> project_negated_cpu(const at::Tensor& x_in, c
   TORCH_CHECK(N <= INT32_MAX, "kgreason::project_negated: N must fit int32 for argmax");
   const at::Tensor x = x_in.contiguous(), crow = crow_in.contiguous(), col = col_in.contiguous(),
                    ccol = ccol_in.contiguous(), row = row_in.contiguous(), tval = tval_in.contiguous();
-  at::Tensor y = at::empty({B, N}, x.options());
-  at::Tensor a = want_argmax ? at::empty({B, N}, x.options().dtype(at::kInt))
+  at::Tensor y = detail::empty_output({B, N}, x.options());
+  at::Tensor a = want_argmax ? detail::empty_output({B, N}, x.options().dtype(at::kInt))
                              : at::empty({0}, x.options().dtype(at::kInt));
   if (B * N == 0) return {y, a};
   const float s = static_cast<float>(neg_scale);
