@@ -422,3 +422,22 @@ def test_sparse_flag_checked_and_defaults():
     assert Executor(art, sparse=True).sparse is True
     with pytest.raises(UserError, match="sparse"):
         Executor(art, sparse="yes")
+
+
+def test_one_pass_scan_agrees_with_shape_key_and_relations_of():
+    """Executor._prepare groups id-only queries by ``_scan`` and named ones by ``shape_key`` /
+    ``relations_of``: the two must give the same keys, or one shape would split into two batches."""
+    from engine.exec.executor import _scan
+    from engine.lang.query import relations_of, shape_key
+
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    n, r = 30, 5
+    queries = [random_structure_query(rng, name, n, r, neg) for name in STRUCTURES for neg in ("qto", "complement")]
+    queries += [random_nested(rng, n, r, depth=4, budget=[6]) for _ in range(20)]
+    for q in queries:
+        rels: list[int] = []
+        assert _scan(q, n, r, rels) == shape_key(q), f"seed {seed}: {q}"
+        assert rels == relations_of(q), f"seed {seed}: {q}"
+    out_of_range = Projection(r, Anchor(0))
+    assert _scan(out_of_range, n, r, []) is None  # left to resolve(), which reports it

@@ -590,9 +590,9 @@ class Executor:
     def _compute_projection(self, nodes: list[Node], path: tuple[int, ...], run: _Run):
         """``p``/``np`` for every row, each by its own relation: the child, then :meth:`_project_rows`.
 
-        One-hot anchors go through the same call: ``ops.project_multi`` on a one-hot
-        batch measured faster than a vectorised gather of CSR rows (the former anchor
-        fast path) on the default artifact, so there is one strategy for every child.
+        One-hot anchors go through the same call (``ops.project_multi`` on a one-hot
+        batch measured faster than a vectorised gather of CSR rows, the former anchor
+        fast path), with the push strategy; sparse children may stay sparse (``run.sparse``).
         """
         negated = isinstance(nodes[0], NegatedProjection)
         x = self._eval([q.arg for q in nodes], path + (0,), run)
@@ -610,8 +610,8 @@ class Executor:
                         lambda: ()
             x = NodeValue(x.to_dense())
         # One-hot rows (anchors) push: the push reads exactly one CSR row per row, which no pull
-        # can beat; "auto" sent FB15k-237 anchors with long rows to pull (15 % of a batch), and
-        # push measured 1.75-2x faster on such batches (benchmarks/results/engine_notes.md).
+        # can beat; "auto" sent FB15k-237 anchors with long rows (popular entities) to pull, which
+        # reads the whole matrix (benchmarks/results/engine_notes.md, "Anchors push").
         strategy = "push" if self._lazy is None and isinstance(nodes[0].arg, Anchor) else "auto"
         y, arg = self._project_rows(x.values, rels, negated, run.want_arg, strategy)
         return NodeValue(y, arg), lambda: (x,)
