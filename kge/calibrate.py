@@ -159,7 +159,12 @@ class RowCalibrator:
         rel = torch.from_numpy(np.ascontiguousarray(relation, dtype=np.complex64))
         self._e_re, self._e_im = ent.real.contiguous().to(dev), ent.imag.contiguous().to(dev)
         self._w_re, self._w_im = rel.real.contiguous().to(dev), rel.imag.contiguous().to(dev)
-        self._tails_t = torch.cat([self._e_re, self._e_im], dim=1).t().contiguous()  # (2d, N)
+        tails = torch.cat([self._e_re, self._e_im], dim=1).t()  # (2d, N)
+        # Fewer than _MIN_GEMM_COLS entities: zero columns up to that width (dropped after the GEMM), as
+        # for short chunks below; for so narrow an output MKL's sums differed with the chunk's size and
+        # position for nearly every row count (measured for N = 7 on an AMD EPYC).
+        width = max(self.num_entities, _MIN_GEMM_COLS)
+        self._tails_t = torch.nn.functional.pad(tails, (0, width - self.num_entities)).contiguous()  # (2d, W)
         observed = np.asarray(observed, dtype=np.int64).reshape(-1, 3)
         # Observed edges sorted by flattened row (then tail), for per-row lookups by binary search.
         obs_key = observed[:, 1] * self.num_entities + observed[:, 0]
@@ -180,7 +185,7 @@ class RowCalibrator:
         import torch
 
         if self._buf is None or self._buf.shape[0] < c:
-            self._buf = torch.empty((max(c, self.chunk_rows), self.num_entities),
+            self._buf = torch.empty((max(c, self.chunk_rows), self._tails_t.shape[1]),
                                     dtype=torch.float32, device=self._tails_t.device)
         return self._buf[:c]
 
@@ -225,7 +230,9 @@ class RowCalibrator:
             wr, wi = self._w_re[r_ids], self._w_im[r_ids]
             q = torch.cat([hr * wr - hi_ * wi, hr * wi + hi_ * wr], dim=1)  # (c, 2d) = [Re, Im] of e_h*w_r
             s = self._buffer(c)
-            torch.mm(q, self._tails_t, out=s)  # scores (c, N)
+            torch.mm(q, self._tails_t, out=s)  # scores (c, W)
+            if s.shape[1] != n:
+                s = s[:, :n].contiguous()  # the padding columns of a tiny KG
             # the rows' observed tails as a CSR (ptr, cols), from the edges sorted by flattened row
             a = np.searchsorted(self._obs_key, keys, side="left")
             b = np.searchsorted(self._obs_key, keys, side="right")
@@ -244,6 +251,8 @@ class RowCalibrator:
 
 #: Chunks of fewer rows are padded to this many before the score GEMM (see RowCalibrator.compute).
 _MIN_GEMM_ROWS = 16
+#: Score GEMMs are at least this many columns wide (zero columns for tiny KGs; see RowCalibrator).
+_MIN_GEMM_COLS = 32
 
 
 def default_chunk_rows(num_entities: int, device: str) -> int:
