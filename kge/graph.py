@@ -22,6 +22,8 @@ Sources are resolved by :func:`load_kg` through the :data:`LOADERS` registry:
 ``betae``   a BetaE folder: id triples plus ``id2ent.tsv``/``id2rel.tsv``,
             ``entities.txt``/``relations.txt`` or ``id2ent.pkl``/``ent2id.pkl``
 ``pykeen``  a pykeen dataset by name (``umls``, ``nations``, ``kinships`` offline)
+``metaqa``  a MetaQA folder: ``kb.txt`` of ``head|relation|tail`` names, all training
+            (its questions are read by :mod:`engine.eval.metaqa`)
 ========  =================================================================
 """
 from __future__ import annotations
@@ -48,6 +50,7 @@ __all__ = [
     "load_folder",
     "load_betae",
     "load_pykeen",
+    "load_metaqa",
     "drop_edges",
     "inverse_of",
     "PYKEEN_OFFLINE",
@@ -249,6 +252,22 @@ def load_tsv(source: str | os.PathLike, *, delimiter: str | None = None) -> Know
     rel_lines: dict[str, str] = {}
     triples, delim = _read_name_triples(path, delimiter, rel_lines)
     return _from_name_triples({"train": triples}, str(path), {"format": "tsv", "delimiter": delim}, rel_lines)
+
+
+def load_metaqa(source: str | os.PathLike) -> KnowledgeGraph:
+    """A MetaQA folder (or its ``kb.txt``): ``head|relation|tail`` name triples, all training.
+
+    Same-title movies share one name in MetaQA, so its 1,159 repeated lines are
+    duplicates removed here (``stats['duplicates_removed_train']`` counts them
+    both directions).
+    """
+    path = Path(source)
+    kb = path / "kb.txt" if path.is_dir() else path
+    if not kb.is_file():
+        raise UserError(f"{path}: MetaQA folder has no kb.txt (expected kb.txt with head|relation|tail lines)")
+    rel_lines: dict[str, str] = {}
+    triples, _ = _read_name_triples(kb, "|", rel_lines)
+    return _from_name_triples({"train": triples}, str(path), {"format": "metaqa", "delimiter": "|"}, rel_lines)
 
 
 def load_folder(source: str | os.PathLike, *, delimiter: str | None = None) -> KnowledgeGraph:
@@ -503,6 +522,7 @@ LOADERS: dict[str, Callable[..., KnowledgeGraph]] = {
     "folder": load_folder,
     "betae": load_betae,
     "pykeen": load_pykeen,
+    "metaqa": load_metaqa,
 }
 
 
@@ -521,8 +541,11 @@ def _detect(source: str) -> str:
         return "tsv"
     if path.is_dir():
         train = path / "train.txt"
+        if not train.is_file() and (path / "kb.txt").is_file():
+            return "metaqa"
         if not train.is_file():
-            raise UserError(f"{path}: folder has no train.txt (expected train.txt, valid.txt, test.txt)")
+            raise UserError(f"{path}: folder has no train.txt (expected train.txt, valid.txt, test.txt, "
+                            "or a MetaQA kb.txt)")
         parts = _first_line(train).split("\t")
         if len(parts) == 3 and all(p.strip().lstrip("-").isdigit() for p in parts):
             return "betae"

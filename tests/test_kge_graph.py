@@ -220,6 +220,6 @@ def test_error_empty_kg(tmp_path):
 
 
 def test_error_unknown_format(tmp_path):
-    with pytest.raises(UserError, match=r"unknown KG format 'csv'; known: betae, folder, pykeen, tsv"):
+    with pytest.raises(UserError, match=r"unknown KG format 'csv'; known: betae, folder, metaqa, pykeen, tsv"):
         load_kg(tmp_path, format="csv")
-    assert set(LOADERS) == {"tsv", "folder", "betae", "pykeen"}
+    assert set(LOADERS) == {"tsv", "folder", "betae", "pykeen", "metaqa"}
