@@ -2,9 +2,10 @@
 
 The layers, bottom to top::
 
-    kgreason  <-  ops  <-  kge  <-  engine.lang  <-  engine.eval, engine.exec, engine.paths  <-  engine  <-  llm_bridge
+    kgreason  <-  ops  <-  kge  <-  engine.lang, engine.paths  <-  engine.eval, engine.exec  <-  engine  <-  llm_bridge
 
-(``kge`` sits above ``ops``: a calibration runs its post-GEMM step through ``ops.calibrate_rows``.)
+(``kge`` sits above ``ops``: a calibration runs its post-GEMM step through ``ops.calibrate_rows``;
+``engine.paths`` sits below ``engine.exec``: the executor's ask loop retrieves relation paths.)
 
 A module may import a package of a strictly lower layer (or its own package).
 Entry points (``python -m`` modules: a ``__main__.py`` or an
@@ -29,7 +30,7 @@ PACKAGES = ["kgreason", "ops", "kge", "engine", "engine.lang", "engine.exec", "e
             "llm_bridge"]
 #: Layer of each package (imports must go to a strictly lower layer).
 LAYER = {"kgreason": 0, "ops": 1, "kge": 2, "engine.lang": 3, "engine.eval": 4, "engine.exec": 4,
-         "engine.paths": 4, "engine": 5, "llm_bridge": 6}
+         "engine.paths": 3, "engine": 5, "llm_bridge": 6}
 APPS = "<entry points>"
 #: Heavy or optional third-party packages no project package may load at import time.
 NEVER_AT_IMPORT = {"pykeen", "sentence_transformers"}

@@ -119,6 +119,35 @@ class Engine:
         """The query in words."""
         return describe(self.queries(query)[0], self.artifact)
 
+    def retriever(self, *, encoder: Any = "minilm", encoder_kwargs: Any = None):
+        """The :class:`~engine.paths.PathRetriever` over this KG's observed triples (built once per encoder)."""
+        from engine.paths import PathRetriever
+
+        key = (encoder if isinstance(encoder, str) else id(encoder), repr(sorted((encoder_kwargs or {}).items())))
+        cache = self.__dict__.setdefault("_retrievers", {})
+        if key not in cache:
+            cache[key] = PathRetriever.from_artifact(self.artifact, encoder=encoder, encoder_kwargs=encoder_kwargs)
+        return cache[key]
+
+    def ask(self, questions: "str | Sequence[str]", *, planner: Any = None, reasoner: Any = None,
+            linker: Any = None, retriever: Any = None, encoder: Any = "minilm", progress: bool = False,
+            **settings: Any):
+        """Answer natural-language questions with the KARPA loop (plan → retrieve → reason).
+
+        Without ``planner``/``reasoner`` (LLM objects, e.g. ``llm_bridge.karpa_loop.LLMPlanner``)
+        retrieval is embedding-only and the best path's answers are returned.  ``settings``:
+        :class:`~engine.exec.ask.AskSettings` fields (``k=16``, ``mode``, ``max_hops=3``, ``context``, ...).
+        One :class:`~engine.exec.ask.AskResult` for a string, a list for a list.  See engine/exec/ask.py.
+        """
+        from engine.exec.ask import Asker, AskSettings
+
+        single = isinstance(questions, str)
+        asker = Asker(self, retriever if retriever is not None else self.retriever(encoder=encoder),
+                      settings=AskSettings(**settings))
+        out = asker.ask([questions] if single else list(questions), planner=planner, reasoner=reasoner,
+                        linker=linker, progress=progress)
+        return out[0] if single else out
+
     def example(self, structure: str, *, seed: int = 0) -> Node:
         """A seeded example query of ``structure`` that has answers on this KG (ids).
 

@@ -1,0 +1,267 @@
+"""Ask questions in natural language: the KARPA loop (plan → retrieve → reason) from the command line.
+
+Examples::
+
+    python -m engine.ask --artifact artifacts/metaqa "which person directed the movies starred by [John Krasinski]"
+    python -m engine.ask --artifact artifacts/metaqa --questions questions.jsonl --json
+    # with an LLM planner/reasoner (any OpenAI-compatible server; the simulator: llm_bridge.simulate_ask)
+    python -m engine.ask --artifact artifacts/metaqa --questions questions.jsonl --llm \\
+        --llm-base-url http://127.0.0.1:8099/v1 --llm-model sim --context yaml
+
+``--questions`` files: one question per line, or JSON lines ``{"question": ...,
+"answers": [...]}`` (``"path"`` is for the simulator); with gold answers the
+run ends with Hits@1 on stderr.  Without ``--llm`` retrieval is embedding-only
+and the best path's answers are returned.  ``--json`` prints one
+:meth:`AskResult.to_json <engine.exec.ask.AskResult.to_json>` object per question.
+See docs/ask.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from kgreason.cli import ArgumentParser as _Parser  # one-line UserError, user text escaped
+from kgreason.errors import UserError, cli_main
+
+__all__ = ["AskConfig", "parse_args", "read_questions", "run", "main"]
+
+
+@dataclass(frozen=True)
+class AskConfig:
+    """Everything ``engine.ask`` was asked to do (see ``--help``)."""
+
+    artifact: str | None = None
+    question: str | None = None
+    questions: str | None = None
+    k: int = 16
+    mode: str = "pathfinding"
+    max_hops: int = 3
+    answers: int = 10
+    candidate_relations: int = 30
+    replan: bool = True
+    context: str = "yaml"
+    max_context_tokens: int = 1500
+    exclude_topic: bool = True
+    explain: bool = True
+    encoder: str = "minilm"
+    encoder_kwargs: dict[str, Any] = field(default_factory=dict)
+    json: bool = False
+    show_context: bool = False
+    llm: Any = None  # llm_bridge.config.LLMConfig with --llm, else None (embedding-only)
+    reasoner: bool = True
+
+
+def _parser() -> argparse.ArgumentParser:
+    from engine.exec.ask import ASK_MODES
+    from engine.exec.context import CONTEXT_STYLES
+
+    p = _Parser(prog="python -m engine.ask", description="Answer natural-language questions over a knowledge graph: "
+                "plan relation paths (LLM), retrieve the KG's nearest paths, run them as logical queries, reason.")
+    p.add_argument("question", nargs="?", help="a question; the topic entity in [brackets] (else found by name)")
+    p.add_argument("--questions", metavar="FILE", help="one question per line, or JSON lines {\"question\", \"answers\"}")
+    p.add_argument("--artifact", metavar="DIR", help="artifact folder (default: the bundled UMLS KG)")
+    p.add_argument("--k", type=int, default=16, help="candidate relation paths per question (default 16)")
+    p.add_argument("--mode", choices=ASK_MODES, default="pathfinding",
+                   help="retrieval of planned paths: KARPA-P (the plan's length, default) or KARPA-H (any length)")
+    p.add_argument("--max-hops", type=int, default=3, help="longest relation path (default 3)")
+    p.add_argument("--answers", type=int, default=10, help="answers per question (default 10)")
+    p.add_argument("--candidate-relations", type=int, default=30,
+                   help="relations nearest to the question shown to the planner (default 30)")
+    p.add_argument("--no-replan", dest="replan", action="store_false", help="ask the planner once, not twice")
+    p.add_argument("--context", choices=CONTEXT_STYLES, default="yaml",
+                   help="KG context format of the reasoning prompt (default yaml)")
+    p.add_argument("--max-context-tokens", type=int, default=1500, help="context size bound in tokens (default 1500)")
+    p.add_argument("--include-topic", dest="exclude_topic", action="store_false",
+                   help="keep the topic entity among the answers (default: removed, as in MetaQA)")
+    p.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
+                   help="print why each answer holds (default on)")
+    p.add_argument("--encoder", default="minilm", help="relation/question encoder (minilm, hashing, sentence-transformers)")
+    p.add_argument("--encoder-kwargs", default="{}", metavar="JSON", help="encoder keyword arguments as a JSON object")
+    p.add_argument("--json", action="store_true", help="print one JSON object per question (JSON lines)")
+    p.add_argument("--show-context", action="store_true", help="print the KG context the reasoner sees")
+    from llm_bridge.config import add_llm_arguments
+
+    g = add_llm_arguments(p)
+    g.add_argument("--llm", action="store_true", help="plan and reason with the LLM (default: embedding-only)")
+    g.add_argument("--no-llm-reasoner", dest="reasoner", action="store_false",
+                   help="with --llm: the LLM plans, the best-scoring path answers")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> AskConfig:
+    ns = _parser().parse_args(argv)
+    if (ns.question is None) == (ns.questions is None):
+        raise UserError("give a question or --questions FILE (exactly one)")
+    if ns.question is not None and not ns.question.strip():
+        raise UserError("the question is empty")
+    for flag, v, low in (("--k", ns.k, 1), ("--max-hops", ns.max_hops, 1), ("--answers", ns.answers, 1),
+                         ("--candidate-relations", ns.candidate_relations, 1),
+                         ("--max-context-tokens", ns.max_context_tokens, 0)):
+        if v < low:
+            raise UserError(f"{flag} must be >= {low}, got {v}")
+    if ns.max_hops > 6:
+        raise UserError(f"--max-hops must be <= 6 (relation sequences grow exponentially), got {ns.max_hops}")
+    try:
+        kwargs = json.loads(ns.encoder_kwargs)
+    except ValueError as exc:
+        raise UserError(f"--encoder-kwargs: not JSON ({exc.msg})") from None
+    if not isinstance(kwargs, dict):
+        raise UserError("--encoder-kwargs must be a JSON object")
+    llm = None
+    llm_flags = [k for k in vars(ns) if k.startswith("llm_") and getattr(ns, k) not in (None, False)]
+    if ns.llm:
+        from llm_bridge.config import config_from_args
+
+        llm = config_from_args(ns)
+    elif llm_flags or not ns.reasoner:
+        flag = "--" + llm_flags[0].replace("_", "-") if llm_flags else "--no-llm-reasoner"
+        raise UserError(f"{flag} needs --llm")
+    return AskConfig(artifact=ns.artifact, question=ns.question, questions=ns.questions, k=ns.k, mode=ns.mode,
+                     max_hops=ns.max_hops, answers=ns.answers, candidate_relations=ns.candidate_relations,
+                     replan=ns.replan, context=ns.context, max_context_tokens=ns.max_context_tokens,
+                     exclude_topic=ns.exclude_topic, explain=ns.explain, encoder=ns.encoder, encoder_kwargs=kwargs,
+                     json=ns.json, show_context=ns.show_context, llm=llm, reasoner=ns.reasoner)
+
+
+def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:
+    """``(where, question, gold answers or None)`` per non-blank line: plain text or a JSON object."""
+    from kgreason.files import read_lines
+
+    out = []
+    for ln, line in read_lines(path, what="--questions"):
+        if not line.strip():
+            continue
+        where = f"{path}:{ln}"
+        if line.lstrip().startswith("{"):
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise UserError(f"{where}: not a JSON object ({exc.msg})") from None
+            q = obj.get("question") if isinstance(obj, dict) else None
+            if not isinstance(q, str) or not q.strip():
+                raise UserError(f"{where}: expected a \"question\" string")
+            gold = obj.get("answers")
+            if gold is not None and not (isinstance(gold, list) and all(isinstance(a, str) for a in gold)):
+                raise UserError(f"{where}: \"answers\" must be a list of entity names")
+            out.append((where, q, tuple(gold) if gold is not None else None))
+        else:
+            out.append((where, line.strip(), None))
+    if not out:
+        raise UserError(f"--questions: {path} has no questions")
+    return out
+
+
+def _linker(artifact):
+    """The bridge's entity linker for bracketed mentions that are not exact names (None without rapidfuzz)."""
+    try:
+        import rapidfuzz  # noqa: F401
+    except ImportError:
+        return None
+    from llm_bridge.linking import EntityLinker
+
+    linker = EntityLinker.from_artifact(artifact)
+
+    def link(text: str):
+        return linker.link(text).entity
+
+    return link
+
+
+def _print(res, out, show_context: bool, asker) -> None:
+    out.write(f"question: {res.question}\n")
+    if res.error is not None:
+        out.write(f"  error: {res.error}\n\n")
+        return
+    plans = "; ".join(" -> ".join(p) for p in res.plans) or "none"
+    out.write(f"  topic: {res.topic}   retrieval: {res.retrieval}   plans: {plans}\n")
+    if not res.answers:
+        out.write("  no answers\n")
+    for rank, a in enumerate(res.answers, 1):
+        out.write(f"  {rank:>3}. {a.score:.4f}  {a.entity}   via {' -> '.join(a.path)} (path {a.path_rank}, "
+                  f"{a.selected_by}, {a.provenance})\n")
+        if a.explanation is not None:
+            for line in a.explanation.lines():
+                out.write(f"         {line}\n")
+    out.write("  candidate paths:\n")
+    for i, p in enumerate(res.paths, 1):
+        out.write(f"    {i:>2}. cost {p.cost:.4f}  {' -> '.join(p.names)}  ({p.num_tails} tails, {p.source})\n")
+    if show_context and res.paths:
+        from engine.exec.context import format_context
+
+        cps = [asker.context_path(res, p) for p in res.paths]
+        out.write("  context:\n")
+        for line in format_context(cps, style=asker.settings.context,
+                                   max_tokens=asker.settings.max_context_tokens).splitlines():
+            out.write(f"    {line}\n")
+    for w in res.warnings:
+        out.write(f"  warning: {w}\n")
+    if res.llm_calls:
+        out.write(f"  llm: {res.llm_calls} calls, {res.llm_tokens} tokens\n")
+    out.write("\n")
+
+
+def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: Any = None) -> int:
+    """Answer the questions of ``cfg`` and print them to ``out`` (default stdout); a summary goes to ``err``."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    from engine.exec.api import Engine
+    from engine.exec.ask import Asker, AskSettings
+
+    settings = AskSettings(k=cfg.k, mode=cfg.mode, max_hops=cfg.max_hops, answers=cfg.answers,
+                           candidate_relations=cfg.candidate_relations, replan=cfg.replan, context=cfg.context,
+                           max_context_tokens=cfg.max_context_tokens, exclude_topic=cfg.exclude_topic,
+                           explain=cfg.explain)
+    items = [("question", cfg.question, None)] if cfg.question is not None else read_questions(cfg.questions)
+    engine = Engine.load(cfg.artifact)
+    asker = Asker(engine, engine.retriever(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_kwargs or None),
+                  settings=settings)
+    linker = _linker(engine.artifact)
+    t0 = time.perf_counter()
+    results = asker.ask([q for _, q, _ in items], planner=planner, reasoner=reasoner, linker=linker,
+                        progress=len(items) > 50)
+    wall = time.perf_counter() - t0
+    if cfg.question is not None and results[0].error is not None:
+        raise UserError(f"question: {results[0].error}")
+    hits, graded = 0, 0
+    for (where, _, gold), res in zip(items, results):
+        if cfg.json:
+            d = res.to_json()
+            if gold is not None:
+                d["gold"] = list(gold)
+            out.write(json.dumps(d, ensure_ascii=False) + "\n")
+        else:
+            _print(res, out, cfg.show_context, asker)
+        if gold is not None:
+            graded += 1
+            hits += bool(res.answers) and res.answers[0].entity in gold
+    out.flush()
+    n = len(results)
+    summary = {"questions": n, "errors": sum(r.error is not None for r in results),
+               "llm_calls_per_question": round(sum(r.llm_calls for r in results) / n, 3),
+               "tokens_per_question": round(sum(r.llm_tokens for r in results) / n, 1),
+               "seconds_per_question": round(wall / n, 4)}
+    if graded:
+        summary["hits@1"] = round(hits / graded, 4)
+    if cfg.questions is not None:
+        err.write("ask: " + json.dumps(summary) + "\n")
+    return 0
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    if cfg.llm is None:
+        return run(cfg)
+    from llm_bridge.client import LLMClient
+    from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
+
+    with LLMClient(cfg.llm) as client:
+        return run(cfg, planner=LLMPlanner(client), reasoner=LLMReasoner(client) if cfg.reasoner else None)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

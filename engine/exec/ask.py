@@ -1,0 +1,627 @@
+"""Ask in natural language: the KARPA loop (plan → retrieve → reason) over the engine.
+
+For each question:
+
+1. **topic**: the entity in ``[brackets]`` (MetaQA's convention), or the longest
+   run of words that is an entity name (case-insensitive); a ``linker``
+   (``text -> entity id or None``, e.g. :class:`llm_bridge.linking.EntityLinker`)
+   links a bracketed mention that is not an exact name.
+2. **candidate relations**: the ``candidate_relations`` (≤ 30, KARPA's number)
+   relations nearest to the question (its text without the topic) in the
+   retriever's embedding space.
+3. **pre-planning** (with a :class:`Planner`): the planner proposes relation
+   paths from the question, the topic and the candidates; it is then asked once
+   more (``replan``) with the candidates nearest to each step of its first plans
+   and those plans, and the second answer is used (the first where the second
+   fails).  A plan step is a relation name, or any phrase (a paraphrase is
+   embedded); a plan is dropped with a trace warning when it is empty, longer
+   than ``max_hops``, or has a step whose nearest relation is less similar than
+   ``min_step_similarity``.  No usable plan (or no planner) → embedding-only.
+4. **retrieving** (:class:`engine.paths.PathRetriever`): the top ``k`` relation
+   paths of each plan (``mode="pathfinding"``: KARPA-P, the plan's length;
+   ``"heuristic"``: KARPA-H, any length up to ``max_hops``), merged over plans by
+   lowest cost.  Embedding-only retrieval ranks every relation sequence of
+   1..``max_hops`` hops from the topic by the similarity of its text to the
+   question's (KARPA-H with the question as the plan).
+5. **reasoning**: every candidate path becomes a logical query
+   ``(p r_L … (p r_1 topic))``, all of them run by the executor in one batch
+   (scores, explanations).  With a :class:`Reasoner` the LLM sees the paths and
+   their tail entities (:mod:`engine.exec.context`, bounded in tokens) and picks
+   paths and/or answers; without one (or when it fails) the answers of the
+   best-ranked path with answers are returned.
+
+Every answer carries the path and query that produced it, the executor's score,
+explanation and provenance, and who selected it (``"llm"`` or ``"best-path"``).
+The trace (``AskResult.trace``) says what each step did, and its warnings every
+fallback.  ``exclude_topic`` (default on) removes the topic entity from the
+answers, as MetaQA's gold answers do ("co-directors of X" does not list X).
+
+Planners and reasoners are injected (the engine never imports the LLM bridge):
+:class:`llm_bridge.karpa_loop.LLMPlanner` / ``LLMReasoner`` are the LLM ones.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from engine.exec.context import CONTEXT_STYLES, ContextPath, format_context
+from engine.lang.query import Anchor, Complement, Intersection, Node, Projection
+from engine.paths import PathRetriever, Plan, PlanStep, relation_text
+from kgreason.errors import UserError, unknown_name
+
+__all__ = [
+    "ASK_MODES",
+    "AskSettings",
+    "AskAnswer",
+    "AskPath",
+    "AskResult",
+    "PlanRequest",
+    "PlanReply",
+    "ReasonRequest",
+    "ReasonReply",
+    "Planner",
+    "Reasoner",
+    "Asker",
+    "find_topic",
+    "path_query",
+    "question_text",
+]
+
+ASK_MODES = ("pathfinding", "heuristic")
+_BRACKET = re.compile(r"\[([^\[\]]+)\]")
+_WORD = re.compile(r"\S+")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AskSettings:
+    """How the loop runs.
+
+    Attributes:
+        k: candidate relation paths kept per question (default 16, KARPA's K).
+        mode: retrieval of planned paths: ``"pathfinding"`` (KARPA-P, default) or ``"heuristic"`` (KARPA-H).
+        max_hops: longest relation path (embedding-only retrieval and plans; default 3).
+        candidate_relations: relations shown to the planner (default 30).
+        answers: answers returned per question (default 10).
+        replan: ask the planner a second time with the candidates of its first plans (default on).
+        min_step_similarity: a plan step whose nearest relation has a lower cosine similarity names
+            nothing in the KG and drops its plan (default 0.2).
+        context: the reasoning prompt's KG context format: ``triples``, ``lists`` or ``yaml`` (default).
+        max_context_tokens: bound on the context's size in tokens (default 1,500).
+        tails_per_path: tail entities per path shown to the reasoner (default 20).
+        exclude_topic: drop the topic entity from the answers (default on).
+        explain: executor explanations on the answers (default on).
+    """
+
+    k: int = 16
+    mode: str = "pathfinding"
+    max_hops: int = 3
+    candidate_relations: int = 30
+    answers: int = 10
+    replan: bool = True
+    min_step_similarity: float = 0.2
+    context: str = "yaml"
+    max_context_tokens: int = 1500
+    tails_per_path: int = 20
+    exclude_topic: bool = True
+    explain: bool = True
+
+    def __post_init__(self) -> None:
+        for name, low in (("k", 1), ("max_hops", 1), ("candidate_relations", 1), ("answers", 1),
+                          ("max_context_tokens", 0), ("tails_per_path", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise UserError(f"ask: {name} must be an integer >= {low}, got {v!r}")
+        if self.mode not in ASK_MODES:
+            raise unknown_name("ask mode", self.mode, ASK_MODES)
+        if self.context not in CONTEXT_STYLES:
+            raise unknown_name("context style", self.context, CONTEXT_STYLES)
+        if not -1.0 <= self.min_step_similarity <= 1.0:
+            raise UserError(f"ask: min_step_similarity must be in [-1, 1], got {self.min_step_similarity}")
+
+
+# ------------------------------------------------------------------------------ planner / reasoner
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a planner is asked: ``relations`` are candidate relation names, nearest first;
+    ``previous`` the plans of the first round (``None`` in the first round)."""
+
+    question: str
+    topic: str
+    relations: tuple[str, ...]
+    previous: tuple[tuple[str, ...], ...] | None = None
+
+
+@dataclass(frozen=True)
+class PlanReply:
+    """A planner's answer: plans (each a sequence of relation names or phrases), or ``ok=False`` with
+    ``warnings`` saying why (timeout, malformed reply ...); ``calls``/``tokens``: LLM use."""
+
+    plans: tuple[tuple[str, ...], ...] = ()
+    ok: bool = True
+    warnings: tuple[str, ...] = ()
+    calls: int = 0
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ReasonRequest:
+    """What a reasoner is asked: the candidate paths (numbered from 1) and their context text."""
+
+    question: str
+    topic: str
+    paths: tuple[ContextPath, ...]
+    context: str
+    style: str
+
+
+@dataclass(frozen=True)
+class ReasonReply:
+    """A reasoner's pick: path numbers (1-based) and/or answer names, or ``ok=False`` with warnings."""
+
+    paths: tuple[int, ...] = ()
+    answers: tuple[str, ...] = ()
+    ok: bool = True
+    warnings: tuple[str, ...] = ()
+    calls: int = 0
+    tokens: int = 0
+
+
+class Planner(Protocol):
+    """Proposes relation paths for a batch of questions (one reply per request, in order)."""
+
+    def plan(self, requests: Sequence[PlanRequest]) -> list[PlanReply]: ...
+
+
+class Reasoner(Protocol):
+    """Picks paths/answers for a batch of questions (one reply per request, in order)."""
+
+    def reason(self, requests: Sequence[ReasonRequest]) -> list[ReasonReply]: ...
+
+
+# ------------------------------------------------------------------------------ results
+@dataclass(frozen=True)
+class AskPath:
+    """One candidate relation path: its relations, retrieval cost, the executor's query and answers."""
+
+    relations: tuple[int, ...]
+    names: tuple[str, ...]
+    cost: float
+    query: str
+    answers: tuple[Any, ...]  # engine.exec.explain.Answer, best first (topic excluded when asked)
+    num_tails: int  # entities the path reaches in the KG graph (topic excluded when asked)
+    source: str  # "plan" or "embedding"
+    entity_paths: tuple = field(default=(), compare=False)  # a few (head, relation, tail) id paths (evidence)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"relations": list(self.names), "cost": round(self.cost, 6), "query": self.query,
+                "source": self.source, "num_tails": self.num_tails,
+                "answers": [{"entity": a.entity, "id": a.id, "score": a.score} for a in self.answers]}
+
+
+@dataclass(frozen=True)
+class AskAnswer:
+    """One answer: the entity, its score on the path that produced it, that path, and provenance."""
+
+    entity: str
+    id: int
+    score: float
+    path: tuple[str, ...]
+    path_rank: int  # 1-based position of the path among the candidates
+    query: str
+    provenance: str  # the executor's: "kg" (or "llm"/"both" when executor hooks merged evidence)
+    selected_by: str  # "llm" (the reasoner picked it) or "best-path"
+    explanation: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = {"entity": self.entity, "id": self.id, "score": self.score, "path": list(self.path),
+             "path_rank": self.path_rank, "query": self.query, "provenance": self.provenance,
+             "selected_by": self.selected_by}
+        if self.explanation is not None:
+            d["explanation"] = self.explanation.lines()
+        return d
+
+
+@dataclass
+class AskResult:
+    """The loop's outcome for one question (``error`` set, no answers, when no topic was found)."""
+
+    question: str
+    topic: str | None
+    topic_id: int | None
+    answers: list[AskAnswer] = field(default_factory=list)
+    paths: list[AskPath] = field(default_factory=list)
+    plans: list[tuple[str, ...]] = field(default_factory=list)
+    retrieval: str = "embedding"  # "plan" or "embedding"
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    llm_calls: int = 0
+    llm_tokens: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+    def warn(self, step: str, message: str) -> None:
+        self.warnings.append(f"{step}: {message}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"question": self.question, "topic": self.topic, "topic_id": self.topic_id, "error": self.error,
+                "retrieval": self.retrieval, "plans": [list(p) for p in self.plans],
+                "answers": [a.to_json() for a in self.answers], "paths": [p.to_json() for p in self.paths],
+                "warnings": list(self.warnings), "trace": self.trace,
+                "llm": {"calls": self.llm_calls, "tokens": self.llm_tokens}, "seconds": round(self.seconds, 6)}
+
+
+def path_query(topic: int | str, relations: Sequence[int | str], *, exclude_topic: bool = True) -> Node:
+    """The logical query of a relation path from ``topic``: ``(p r_L … (p r_1 topic))``.
+
+    With ``exclude_topic`` the topic is removed from every set from the second hop on,
+    ``(i (p r_s …) (n topic))``: a path that comes back through the topic is no
+    evidence (MetaQA's answer rule, :mod:`engine.eval.metaqa`).
+    """
+    node: Node = Anchor(topic)
+    for step, x in enumerate(relations):
+        node = Projection(x, node)
+        if exclude_topic and step >= 1:
+            node = Intersection((node, Complement(Anchor(topic))))
+    return node
+
+
+# ------------------------------------------------------------------------------ topic entity
+def _fold(s: str) -> str:
+    return " ".join(s.casefold().split())
+
+
+def question_text(question: str, topic: str | None = None) -> str:
+    """The question without its topic mention (brackets removed; the topic's words dropped)."""
+    text = _BRACKET.sub(" ", question) if _BRACKET.search(question) else question
+    if topic and not _BRACKET.search(question):
+        text = re.sub(re.escape(topic), " ", text, flags=re.IGNORECASE)
+    return " ".join(text.split())
+
+
+def find_topic(question: str, names: Sequence[str], *, index: dict[str, int] | None = None,
+               folded: dict[str, int] | None = None, linker: Callable[[str], int | None] | None = None,
+               max_words: int = 12) -> tuple[int | None, str]:
+    """(entity id or None, how) of the question's topic entity.
+
+    ``how``: ``"brackets"``, ``"linked"`` (the linker mapped the bracketed mention),
+    ``"words"`` (the longest word run equal to a name, case-insensitive) or an
+    explanation of the failure.  ``index``/``folded``: name -> id maps (built from
+    ``names`` when not given; pass them for many questions).
+    """
+    index = {n: i for i, n in enumerate(names)} if index is None else index
+    m = _BRACKET.search(question)
+    if m is not None:
+        mention = m.group(1).strip()
+        if mention in index:
+            return index[mention], "brackets"
+        folded = _folded(names) if folded is None else folded
+        if _fold(mention) in folded:
+            return folded[_fold(mention)], "brackets"
+        if linker is not None:
+            i = linker(mention)
+            if i is not None:
+                return int(i), "linked"
+        return None, f"[{mention}] is no entity name" + ("" if linker is None else " and was not linked")
+    folded = _folded(names) if folded is None else folded
+    words = _WORD.findall(question)
+    stripped = [w.strip("?!.,;:\"'()") for w in words]
+    for n in range(min(max_words, len(words)), 0, -1):
+        for s in range(len(words) - n + 1):
+            for cand in (" ".join(words[s:s + n]), " ".join(stripped[s:s + n])):
+                key = _fold(cand)
+                if key and key in folded:
+                    return folded[key], "words"
+    return None, "no entity name in the question (put the topic entity in [brackets])"
+
+
+def _folded(names: Sequence[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i, n in enumerate(names):
+        out.setdefault(_fold(n), i)
+    return out
+
+
+# ------------------------------------------------------------------------------ the loop
+class Asker:
+    """The loop over one engine (executor) and one path retriever (see the module docstring).
+
+    Args:
+        engine: an :class:`engine.exec.api.Engine` (its artifact and executor).
+        retriever: the :class:`~engine.paths.PathRetriever` over the same KG.
+        settings: :class:`AskSettings`.
+    """
+
+    def __init__(self, engine: Any, retriever: PathRetriever, *, settings: AskSettings | None = None) -> None:
+        self.engine = engine
+        self.retriever = retriever
+        self.settings = settings or AskSettings()
+        names = engine.artifact.entities
+        self._index = {n: i for i, n in enumerate(names)}
+        self._folded: dict[str, int] | None = None
+        rel = retriever.relation_emb
+        self._rel_unit = rel / np.maximum(np.linalg.norm(rel, axis=1, keepdims=True), 1e-12)
+
+    # ---------------------------------------------------------------- helpers
+    def _nearest_relations(self, texts: Sequence[str], n: int) -> list[list[int]]:
+        if not texts:
+            return []
+        q = np.asarray(self.retriever.encoder.encode(list(texts)), dtype=np.float64)
+        sims = q @ self._rel_unit.T
+        return [list(np.argsort(-row, kind="stable")[:n]) for row in sims]
+
+    def _check_plan(self, plan: Sequence[Any], where: str) -> tuple[Plan | None, str | None]:
+        """A usable :class:`Plan` of ``plan``'s steps, or (None, why not)."""
+        s = self.settings
+        if not isinstance(plan, (list, tuple)) or not plan:
+            return None, f"{where}: empty plan"
+        if len(plan) > s.max_hops:
+            return None, f"{where}: {len(plan)} steps, more than max_hops={s.max_hops}"
+        steps: list[PlanStep] = []
+        free: list[tuple[int, str]] = []
+        for j, ph in enumerate(plan):
+            if not isinstance(ph, str) or not ph.strip():
+                return None, f"{where}: step {j + 1} is not a relation name ({ph!r})"
+            ph = ph.strip()
+            try:
+                r = self.retriever.resolve_relation(ph)
+            except UserError:
+                r = None  # an unknown or ambiguous single token: embedded as a paraphrase
+            if r is None:
+                steps.append(PlanStep(raw=ph, text=relation_text(ph) if " " not in ph else ph, relation=None))
+                free.append((j, steps[-1].text))
+            else:
+                steps.append(PlanStep(raw=ph, text=relation_text(self.retriever.graph.relation_names[r]), relation=r))
+        if free:
+            emb = np.asarray(self.retriever.encoder.encode([t for _, t in free]), dtype=np.float64)
+            sims = emb @ self._rel_unit.T
+            for (j, text), row in zip(free, sims):
+                best = int(np.argmax(row))
+                if row[best] < s.min_step_similarity:
+                    name = self.retriever.graph.relation_names[best]
+                    return None, (f"{where}: step {j + 1} {plan[j]!r} names no relation of the KG (closest "
+                                  f"{name!r}, similarity {row[best]:.2f} < {s.min_step_similarity})")
+        return Plan(tuple(steps)), None
+
+    # ---------------------------------------------------------------- API
+    def ask(self, questions: Sequence[str], *, planner: Planner | None = None, reasoner: Reasoner | None = None,
+            linker: Callable[[str], int | None] | None = None, progress: bool = False) -> list[AskResult]:
+        """Answer each question (one :class:`AskResult` each, in order); questions are batched per step."""
+        s = self.settings
+        t_start = time.perf_counter()
+        names = self.engine.artifact.entities
+        results: list[AskResult] = []
+        for q in questions:
+            if not isinstance(q, str) or not q.strip():
+                raise UserError(f"ask: a question must be non-empty text, got {q!r}")
+            if self._folded is None:
+                self._folded = _folded(names)
+            tid, how = find_topic(q, names, index=self._index, folded=self._folded, linker=linker)
+            r = AskResult(question=q, topic=names[tid] if tid is not None else None, topic_id=tid)
+            if tid is None:
+                r.error = how
+                r.warn("topic", how)
+            else:
+                r.trace.append({"step": "topic", "entity": names[tid], "id": tid, "how": how})
+            results.append(r)
+        live = [r for r in results if r.topic_id is not None]
+        texts = {id(r): question_text(r.question, r.topic) or r.question for r in live}
+
+        # 2-3. candidate relations, plans
+        rel_names = self.retriever.graph.relation_names
+        plans: dict[int, list[Plan]] = {id(r): [] for r in live}
+        if planner is not None and live:
+            near = self._nearest_relations([texts[id(r)] for r in live], s.candidate_relations)
+            reqs = [PlanRequest(r.question, r.topic, tuple(rel_names[i] for i in nr)) for r, nr in zip(live, near)]
+            replies = self._call_planner(planner, reqs, live, round_=1)
+            final = replies
+            if s.replan:
+                again, again_req = [], []
+                for r, req, rep in zip(live, reqs, replies):
+                    if not rep.ok or not rep.plans:
+                        continue
+                    steps = [st for p in rep.plans for st in p if isinstance(st, str) and st.strip()]
+                    near_steps = self._nearest_relations([relation_text(x) if " " not in x else x for x in steps],
+                                                         s.candidate_relations)
+                    cand: list[int] = []
+                    for k in range(s.candidate_relations):  # round robin over the steps: each step's nearest first
+                        for row in near_steps:
+                            if k < len(row) and row[k] not in cand:
+                                cand.append(int(row[k]))
+                    cand = cand[: s.candidate_relations]
+                    prev = tuple(tuple(str(x) for x in p) for p in rep.plans if isinstance(p, (list, tuple)))
+                    again.append(r)
+                    again_req.append(PlanRequest(r.question, r.topic, tuple(rel_names[i] for i in cand), prev))
+                if again:
+                    second = self._call_planner(planner, again_req, again, round_=2)
+                    by_id = {id(r): rep for r, rep in zip(again, second)}
+                    final = [by_id[id(r)] if id(r) in by_id and by_id[id(r)].ok and by_id[id(r)].plans else rep
+                             for r, rep in zip(live, replies)]
+            for r, rep in zip(live, final):
+                if not rep.ok:
+                    continue
+                for j, p in enumerate(rep.plans):
+                    plan, why = self._check_plan(p, f"plan {j + 1}")
+                    if plan is None:
+                        r.warn("plan", why or "unusable plan")
+                    elif all(plan.steps != q.steps for q in plans[id(r)]):
+                        plans[id(r)].append(plan)
+                        r.plans.append(tuple(st.raw for st in plan.steps))
+                if not plans[id(r)]:
+                    r.warn("plan", "no usable plan: embedding-only retrieval")
+
+        # 4. retrieval
+        planned = [(r, p) for r in live for p in plans[id(r)]]
+        by_q: dict[int, dict[tuple[int, ...], tuple[float, str, Any]]] = {id(r): {} for r in live}
+        if planned:
+            kw: dict[str, Any] = dict(mode=s.mode, k=s.k, progress=progress)
+            if s.mode == "heuristic":
+                kw["max_hops"] = s.max_hops
+            got = self.retriever.retrieve([r.topic_id for r, _ in planned], plans=[p for _, p in planned], **kw)
+            for (r, _), res in zip(planned, got):
+                for path in res.paths:
+                    cur = by_q[id(r)].get(path.relations)
+                    if cur is None or path.cost < cur[0]:
+                        by_q[id(r)][path.relations] = (path.cost, "plan", path)
+        for r in live:
+            r.retrieval = "plan" if by_q[id(r)] else "embedding"
+            if planner is not None and plans[id(r)] and not by_q[id(r)]:
+                r.warn("retrieve", "the plans match no path from the topic: embedding-only retrieval")
+        emb_only = [r for r in live if not by_q[id(r)]]
+        if emb_only:
+            eplans = [Plan((PlanStep(raw=texts[id(r)], text=texts[id(r)], relation=None),)) for r in emb_only]
+            got = self.retriever.retrieve([r.topic_id for r in emb_only], plans=eplans, mode="heuristic", k=s.k,
+                                          max_hops=s.max_hops, progress=progress)
+            for r, res in zip(emb_only, got):
+                if res.truncated:
+                    r.warn("retrieve", f"relation sequences capped at {res.candidates}")
+                for path in res.paths:
+                    by_q[id(r)][path.relations] = (path.cost, "embedding", path)
+        ranked: dict[int, list[tuple[tuple[int, ...], float, str, Any]]] = {}
+        for r in live:
+            items = sorted(by_q[id(r)].items(), key=lambda kv: (kv[1][0], len(kv[0]), kv[0]))[: s.k]
+            ranked[id(r)] = [(rels, c, src, rp) for rels, (c, src, rp) in items]
+            r.trace.append({"step": "retrieve", "source": r.retrieval, "plans": [list(p) for p in r.plans],
+                            "paths": [[rel_names[x] for x in rels] for rels, _, _, _ in ranked[id(r)]]})
+
+        # 5. executor: every candidate path of every question in one call
+        nodes: list[Node] = []
+        owners: list[tuple[AskResult, tuple[int, ...], float, str, Any]] = []
+        for r in live:
+            for rels, c, src, rp in ranked[id(r)]:
+                node = path_query(int(r.topic_id), rels, exclude_topic=s.exclude_topic)
+                nodes.append(node)
+                owners.append((r, rels, c, src, rp))
+        if nodes:
+            extra = 1 if s.exclude_topic else 0
+            res_all = self.engine.executor.answer(nodes, k=max(s.answers, s.tails_per_path) + extra,
+                                                  explain=s.explain)
+            for (r, rels, c, src, rp), qr in zip(owners, res_all):
+                ans = [a for a in qr.answers if not (s.exclude_topic and a.id == r.topic_id)]
+                tails = rp.tails
+                ntails = int(len(tails)) - int(s.exclude_topic and bool(np.any(tails == r.topic_id)))
+                r.paths.append(AskPath(relations=rels, names=tuple(rel_names[x] for x in rels), cost=float(c),
+                                       query=qr.query, answers=tuple(ans[: max(s.answers, s.tails_per_path)]),
+                                       num_tails=max(ntails, 0), source=src, entity_paths=rp.entity_paths))
+
+        # reasoning
+        picked: dict[int, ReasonReply] = {}
+        if reasoner is not None:
+            reqs_r, who = [], []
+            for r in live:
+                if not r.paths:
+                    continue
+                cps = tuple(self.context_path(r, p) for p in r.paths)
+                ctx = format_context(cps, style=s.context, max_tokens=s.max_context_tokens,
+                                     count_tokens=getattr(reasoner, "count_tokens", None))
+                reqs_r.append(ReasonRequest(r.question, r.topic, cps, ctx, s.context))
+                who.append(r)
+            if reqs_r:
+                try:
+                    replies_r = list(reasoner.reason(reqs_r))
+                except UserError:
+                    raise
+                except Exception as exc:  # a broken reasoner degrades to the best path, with a warning
+                    replies_r = [ReasonReply(ok=False, warnings=(f"reasoner failed: {type(exc).__name__}: {exc}",))
+                                 for _ in reqs_r]
+                if len(replies_r) != len(reqs_r):
+                    raise RuntimeError(f"reasoner returned {len(replies_r)} replies for {len(reqs_r)} requests")
+                for r, rep in zip(who, replies_r):
+                    r.llm_calls += rep.calls
+                    r.llm_tokens += rep.tokens
+                    for w in rep.warnings:
+                        r.warn("reason", w)
+                    r.trace.append({"step": "reason", "ok": rep.ok, "paths": list(rep.paths),
+                                    "answers": list(rep.answers)})
+                    if rep.ok:
+                        picked[id(r)] = rep
+        for r in live:
+            r.answers = self._select(r, picked.get(id(r)))
+            if not r.answers and r.paths:
+                r.warn("answer", "no candidate path has answers")
+            elif not r.paths:
+                r.warn("retrieve", "no relation path from the topic")
+        elapsed = time.perf_counter() - t_start
+        for r in results:
+            r.seconds = elapsed / max(len(results), 1)
+        return results
+
+    # ---------------------------------------------------------------- pieces
+    def _call_planner(self, planner: Planner, reqs: list[PlanRequest], live: list[AskResult], round_: int
+                      ) -> list[PlanReply]:
+        try:
+            replies = list(planner.plan(reqs))
+        except UserError:
+            raise
+        except Exception as exc:  # a broken planner degrades to embedding-only, with a warning
+            replies = [PlanReply(ok=False, warnings=(f"planner failed: {type(exc).__name__}: {exc}",)) for _ in reqs]
+        if len(replies) != len(reqs):
+            raise RuntimeError(f"planner returned {len(replies)} replies for {len(reqs)} requests")
+        for r, req, rep in zip(live, reqs, replies):
+            r.llm_calls += rep.calls
+            r.llm_tokens += rep.tokens
+            for w in rep.warnings:
+                r.warn(f"plan round {round_}", w)
+            r.trace.append({"step": "plan", "round": round_, "candidates": len(req.relations), "ok": rep.ok,
+                            "plans": [list(p) if isinstance(p, (list, tuple)) else p for p in rep.plans]})
+        return replies
+
+    def context_path(self, r: AskResult, p: AskPath) -> ContextPath:
+        s = self.settings
+        g = self.retriever.graph
+        evidence = tuple(tuple((g.entity_name(h), g.relation_name(x), g.entity_name(t)) for h, x, t in ep)
+                         for ep in p.entity_paths)
+        return ContextPath(topic=str(r.topic), relations=p.names,
+                           answers=tuple(a.entity for a in p.answers[: s.tails_per_path]),
+                           evidence=evidence, num_answers=max(p.num_tails, len(p.answers)))
+
+    def _select(self, r: AskResult, rep: ReasonReply | None) -> list[AskAnswer]:
+        s = self.settings
+        out: list[AskAnswer] = []
+        seen: set[int] = set()
+
+        def add(rank: int, a: Any, by: str) -> None:
+            if a.id in seen or len(out) >= s.answers:
+                return
+            seen.add(a.id)
+            p = r.paths[rank - 1]
+            out.append(AskAnswer(entity=a.entity, id=a.id, score=a.score, path=p.names, path_rank=rank,
+                                 query=p.query, provenance=a.provenance, selected_by=by, explanation=a.explanation))
+
+        if rep is not None:
+            bad = [i for i in rep.paths if not (isinstance(i, int) and 1 <= i <= len(r.paths))]
+            if bad:
+                r.warn("reason", f"path numbers {bad} out of range 1..{len(r.paths)}: ignored")
+            chosen = [i for i in rep.paths if isinstance(i, int) and 1 <= i <= len(r.paths)]
+            if rep.answers:
+                # Named answers: each from the first chosen (else any) path that has it.
+                order = chosen + [i for i in range(1, len(r.paths) + 1) if i not in chosen]
+                unknown = []
+                for name in rep.answers:
+                    key = _fold(str(name))
+                    hit = next(((i, a) for i in order for a in r.paths[i - 1].answers if _fold(a.entity) == key), None)
+                    if hit is None:
+                        unknown.append(str(name))
+                    else:
+                        add(hit[0], hit[1], "llm")
+                if unknown:
+                    r.warn("reason", f"{len(unknown)} answer(s) not among the candidates' tails, e.g. {unknown[0]!r}")
+            elif chosen:
+                # Paths only: their answers merged by the executor's score.
+                merged = sorted(((a.score, -i, a) for i in chosen for a in r.paths[i - 1].answers),
+                                key=lambda t: (-t[0], -t[1], t[2].id))
+                for _, neg_i, a in merged:
+                    add(-neg_i, a, "llm")
+            if out:
+                return out
+            r.warn("reason", "the reasoner picked nothing usable: best-path answers")
+        for i, p in enumerate(r.paths, 1):
+            if p.answers:
+                for a in p.answers:
+                    add(i, a, "best-path")
+                break
+        return out

@@ -1,0 +1,290 @@
+"""A simulated KARPA planner/reasoner, served over HTTP by the simulator (:mod:`llm_bridge.simulate`).
+
+::
+
+    python -m llm_bridge.simulate_ask --artifact artifacts/metaqa --questions questions.jsonl \\
+        --plan-error 0.2 --reason-error 0.1 --port 8099
+    python -m engine.ask --artifact artifacts/metaqa --questions questions.jsonl \\
+        --llm-base-url http://127.0.0.1:8099/v1 --llm-model sim
+
+It knows the gold relation path of every benchmark question (``--questions``:
+JSON lines ``{"question": ..., "path": ["r1", "r2"], "answers": [...]}``, the
+format ``python -m engine.ask --questions`` reads) and answers the prompts of
+:mod:`llm_bridge.karpa_loop` (recognised by parsing the real prompt text); every
+other prompt goes to the LGOT simulator it extends (:class:`SimulatedLLM`).
+
+* **planning**: with probability ``plan_error`` per question the planner is
+  *wrong*: one step of the gold path (picked at random) is replaced by another
+  relation of the KG, in both rounds.  Round 1 paraphrases every step
+  (``directed_by`` → "director of", ``starred_actors^-1`` → "inverse of
+  starring actors" ...: readable words, a synonym, filler); round 2, which shows
+  candidate relations, names a step exactly when it is among the candidates
+  and paraphrases it otherwise (``--no-exact-replan``: always paraphrase).  A
+  question the simulator does not know gets the reply "[]".
+* **failure modes** (fractions of questions, decided per question and applied to
+  both rounds): ``unknown`` (a plan naming a relation the KG lacks), ``empty``
+  (``[]``), ``malformed`` (prose with no JSON).  HTTP failures and timeouts
+  come from the base simulator's ``--fail-rate`` / ``--fail-mode``.
+* **reasoning**: returns ``{"paths": [i]}`` for the candidate path equal to the
+  gold path; with probability ``reason_error`` another candidate instead; path
+  1 when the gold path is not among the candidates.
+
+Draws are seeded by sha256 of (``--seed``, the question, what is drawn), so
+replies are deterministic and identical whatever the batching.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from kgreason.cli import ArgumentParser as _Parser, check_seed
+from kgreason.errors import UserError, cli_main
+
+from .karpa_loop import parse_plan_prompt, parse_reason_prompt
+from .simulate import Choice, KnowledgeBase, SimulatedLLM, SimulatorConfig, SimulatorServer, _rng, _uniform
+
+__all__ = ["AskSimConfig", "AskSimulatedLLM", "load_gold", "paraphrase", "start_ask_server", "main"]
+
+_TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
+INVERSE_SUFFIX = "^-1"
+#: Words a paraphrase may swap (MetaQA's and generic relation vocabulary).
+SYNONYMS = {
+    "directed": ("director of", "direction by"), "starred": ("starring", "acted in by"),
+    "actors": ("actors", "cast"), "written": ("writer of", "screenplay by"), "genre": ("category", "kind of genre"),
+    "language": ("spoken language", "language used"), "release": ("released in", "premiere"),
+    "year": ("year", "date"), "tags": ("topics", "keywords"), "imdb": ("IMDb",), "rating": ("score", "rating"),
+    "votes": ("vote count", "votes"), "located": ("situated", "found"), "parent": ("mother or father", "parent"),
+    "likes": ("is fond of", "likes"), "works": ("is employed", "works"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AskSimConfig:
+    """The simulated planner's and reasoner's quality (fractions of questions, in [0, 1])."""
+
+    plan_error: float = 0.0
+    reason_error: float = 0.0
+    unknown: float = 0.0
+    empty: float = 0.0
+    malformed: float = 0.0
+    synonym_rate: float = 0.5
+    exact_replan: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("plan_error", "reason_error", "unknown", "empty", "malformed", "synonym_rate"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+                raise UserError(f"--{name.replace('_', '-')} must be in [0, 1], got {v!r}")
+
+
+def _fold(q: str) -> str:
+    return " ".join(q.split()).casefold()
+
+
+def load_gold(path: str | Path, relations: Sequence[str] | None = None) -> dict[str, tuple[str, ...]]:
+    """question (case/space-folded) -> gold relation path, from a JSON-lines questions file.
+
+    Errors name ``file:line``; with ``relations`` every path step must be one of them.
+    """
+    from kgreason.files import read_lines
+
+    known = set(relations) if relations is not None else None
+    gold: dict[str, tuple[str, ...]] = {}
+    for ln, line in read_lines(path, what="--questions"):
+        if not line.strip():
+            continue
+        where = f"{path}:{ln}"
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise UserError(f"{where}: not a JSON object ({exc.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("question"), str):
+            raise UserError(f"{where}: expected an object with a \"question\" string")
+        p = obj.get("path")
+        if not isinstance(p, list) or not p or not all(isinstance(x, str) for x in p):
+            raise UserError(f"{where}: the simulator needs \"path\": a non-empty list of relation names")
+        if known is not None:
+            bad = [x for x in p if x not in known]
+            if bad:
+                from kgreason.errors import unknown_name
+
+                raise unknown_name("relation", bad[0], sorted(known), where)
+        gold[_fold(obj["question"])] = tuple(p)
+    if not gold:
+        raise UserError(f"--questions: {path} has no questions")
+    return gold
+
+
+def paraphrase(name: str, rng: np.random.Generator, synonym_rate: float = 0.5) -> str:
+    """A paraphrase of a relation name: its words, one swapped for a synonym with probability
+    ``synonym_rate`` (when one is known), and filler; inverses keep "inverse of"."""
+    inverse = name.endswith(INVERSE_SUFFIX)
+    base = name[: -len(INVERSE_SUFFIX)] if inverse else name
+    words = [w for w in re.split(r"[/._\s]+", base) if w]
+    swappable = [i for i, w in enumerate(words) if w.lower() in SYNONYMS]
+    if swappable and rng.random() < synonym_rate:
+        i = swappable[int(rng.integers(len(swappable)))]
+        opts = SYNONYMS[words[i].lower()]
+        words[i] = opts[int(rng.integers(len(opts)))]
+        words = [w for j, w in enumerate(words) if not (j == i + 1 and w.lower() in ("by", "of", "in"))]
+    text = " ".join(words)
+    filler = rng.random()
+    if filler < 0.3:
+        text = f"the {text}"
+    elif filler < 0.6 or len(text.split()) == 1:
+        text += " relation"  # also: a single word would be read as a relation name, not a paraphrase  # a single word would be read as a relation name, not a paraphrase
+    return f"inverse of {text}" if inverse else text
+
+
+def _choice(text: str) -> Choice:
+    tokens = [(t, -0.001) for t in _TOKEN.findall(text)]
+    return Choice(text=text, tokens=tokens)
+
+
+class AskSimulatedLLM(SimulatedLLM):
+    """:class:`SimulatedLLM` that also answers the KARPA loop's plan and reason prompts."""
+
+    def __init__(self, kb: KnowledgeBase, config: SimulatorConfig, *, ask: AskSimConfig,
+                 gold: Mapping[str, Sequence[str]]) -> None:
+        super().__init__(kb, config)
+        self.ask = ask
+        self.gold = {_fold(q): tuple(p) for q, p in gold.items()}
+        self.counts = {"plan": 0, "reason": 0}
+
+    def respond(self, messages: list[dict[str, Any]], *, n: int = 1, temperature: float = 1.0,
+                seed: int | None = None) -> list[Choice]:
+        pp = parse_plan_prompt(messages)
+        if pp is not None:
+            self.counts["plan"] += 1
+            return [_choice(self._plan(pp))] * n
+        rp = parse_reason_prompt(messages)
+        if rp is not None:
+            self.counts["reason"] += 1
+            return [_choice(self._reason(rp))] * n
+        return super().respond(messages, n=n, temperature=temperature, seed=seed)
+
+    def _draw(self, question: str, what: str) -> float:
+        return _uniform(self.config.seed, "ask", _fold(question), what)
+
+    def _plan(self, pp) -> str:
+        gold = self.gold.get(_fold(pp.question))
+        if gold is None:
+            return "[]"
+        a = self.ask
+        u = self._draw(pp.question, "failure")
+        if u < a.malformed:
+            return "I would follow the movies of the topic entity and then look at who made them."
+        if u < a.malformed + a.empty:
+            return "[]"
+        if u < a.malformed + a.empty + a.unknown:
+            return json.dumps([["zzglorp_quuxify"] + list(gold[1:])])
+        path = list(gold)
+        if self._draw(pp.question, "plan") < a.plan_error:
+            rng = _rng(self.config.seed, "ask-wrong", _fold(pp.question))
+            j = int(rng.integers(len(path)))
+            others = [r for r in self.kb.relations if r != path[j]]
+            if others:
+                path[j] = others[int(rng.integers(len(others)))]
+        round2 = pp.previous is not None
+        steps = []
+        for j, r in enumerate(path):
+            if round2 and a.exact_replan and r in pp.relations:
+                steps.append(r)
+            else:
+                steps.append(paraphrase(r, _rng(self.config.seed, "para", _fold(pp.question), j, round2),
+                                        a.synonym_rate))
+        return json.dumps([steps], ensure_ascii=False)
+
+    def _reason(self, rp) -> str:
+        gold = self.gold.get(_fold(rp.question))
+        if not rp.paths:
+            return json.dumps({"paths": [], "answers": []})
+        right = next((i for i, p in enumerate(rp.paths, 1) if gold is not None and tuple(p) == gold), None)
+        if right is None:
+            return json.dumps({"paths": [1], "answers": []})
+        if len(rp.paths) > 1 and self._draw(rp.question, "reason") < self.ask.reason_error:
+            rng = _rng(self.config.seed, "ask-reason", _fold(rp.question))
+            others = [i for i in range(1, len(rp.paths) + 1) if i != right]
+            return json.dumps({"paths": [others[int(rng.integers(len(others)))]], "answers": []})
+        return json.dumps({"paths": [right], "answers": []})
+
+
+def start_ask_server(artifact: str | Path | KnowledgeBase, gold: Mapping[str, Sequence[str]],
+                     ask: AskSimConfig | None = None, config: SimulatorConfig | None = None, *,
+                     host: str = "127.0.0.1", port: int = 0) -> SimulatorServer:
+    """Start the simulator with the KARPA planner/reasoner in a daemon thread; ``.stop()`` when done."""
+    import threading
+
+    kb = artifact if isinstance(artifact, KnowledgeBase) else KnowledgeBase.from_artifact(artifact)
+    llm = AskSimulatedLLM(kb, config or SimulatorConfig(), ask=ask or AskSimConfig(), gold=gold)
+    try:
+        server = SimulatorServer(llm, host, port)
+    except OSError as exc:
+        raise UserError(f"simulator: cannot listen on {host}:{port} ({exc.strerror})") from None
+    threading.Thread(target=server.serve_forever, name="ask-simulator", daemon=True).start()
+    return server
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m llm_bridge.simulate_ask",
+                description="Simulated KARPA planner/reasoner (OpenAI-compatible HTTP) that knows each "
+                            "benchmark question's gold relation path.")
+    p.add_argument("--artifact", required=True, metavar="DIR", help="artifact folder (its relations and full KG)")
+    p.add_argument("--questions", required=True, metavar="FILE",
+                   help='JSON lines {"question": ..., "path": [relation names]} (the gold paths)')
+    p.add_argument("--plan-error", type=float, default=0.0, help="fraction of questions planned wrong (default 0)")
+    p.add_argument("--reason-error", type=float, default=0.0,
+                   help="fraction of questions whose reasoning picks a wrong path (default 0)")
+    p.add_argument("--unknown", type=float, default=0.0, help="fraction of plans naming an unknown relation")
+    p.add_argument("--empty", type=float, default=0.0, help="fraction of empty plans")
+    p.add_argument("--malformed", type=float, default=0.0, help="fraction of malformed planner replies")
+    p.add_argument("--synonym-rate", type=float, default=0.5,
+                   help="probability that a paraphrase swaps a word for a synonym (default 0.5)")
+    p.add_argument("--no-exact-replan", action="store_true", help="paraphrase in the second round too")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8099, help="0 picks a free port (printed)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every completion")
+    p.add_argument("--fail-rate", type=float, default=0.0, help="fraction of requests that fail")
+    p.add_argument("--fail-mode", choices=("status", "hang", "mixed"), default="status")
+    p.add_argument("--hang-s", type=float, default=60.0, help="how long a 'hang' failure waits")
+    return p
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    check_seed(args.seed)
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be in [0, 65535], got {args.port}")
+    ask = AskSimConfig(plan_error=args.plan_error, reason_error=args.reason_error, unknown=args.unknown,
+                       empty=args.empty, malformed=args.malformed, synonym_rate=args.synonym_rate,
+                       exact_replan=not args.no_exact_replan)
+    config = SimulatorConfig(seed=args.seed, latency_ms=args.latency_ms, fail_rate=args.fail_rate,
+                             fail_mode=args.fail_mode, hang_s=args.hang_s)
+    kb = KnowledgeBase.from_artifact(args.artifact)
+    gold = load_gold(args.questions, kb.relations)
+    try:
+        server = SimulatorServer(AskSimulatedLLM(kb, config, ask=ask, gold=gold), args.host, args.port)
+    except OSError as exc:
+        raise UserError(f"simulator: cannot listen on {args.host}:{args.port} ({exc.strerror})") from None
+    print(f"simulated KARPA planner on {server.base_url} ({len(gold)} questions; plan error {ask.plan_error}, "
+          f"reason error {ask.reason_error})", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""The KARPA ask loop (engine.exec.ask, Engine.ask, python -m engine.ask) end to end over HTTP with the
+simulated planner/reasoner (llm_bridge.simulate_ask) on a generated KG, its fallbacks, and the CLI."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _llm_server import generate_kg, make_artifact  # noqa: F401  (tests/ is on sys.path)
+from engine.exec.api import Engine
+from engine.exec.ask import AskSettings, PlanReply, find_topic, path_query, question_text
+from kgreason.errors import UserError
+
+RELS = ("directed_by", "starred_actors", "written_by", "has_genre")
+ENC = {"dim": 64, "seed": 1}
+TEMPLATES = {
+    ("starred_actors^-1", "directed_by"): "which person directed the movies starred by [{}]",
+    ("directed_by^-1", "written_by"): "who wrote the films directed by [{}]",
+    ("starred_actors^-1",): "what movies did [{}] act in",
+    ("directed_by^-1", "has_genre"): "what genres are the movies directed by [{}]",
+    ("starred_actors^-1", "starred_actors", "starred_actors^-1"): "what films star the co-actors of [{}]",
+}
+
+
+@pytest.fixture(scope="module")
+def kg(tmp_path_factory):
+    art = make_artifact(tmp_path_factory.mktemp("ask") / "artifact", drop=0.0, relations=RELS, num_entities=120)
+    eng = Engine.load(art)
+    return art, eng, eng.retriever(encoder="hashing", encoder_kwargs=ENC)
+
+
+def gold_answers(triples, names, topic, path, exclude=True):
+    rel_ids = {n: i for i, n in enumerate(names)}
+    frontier = {topic}
+    for s, r in enumerate(path):
+        rid = rel_ids[r]
+        frontier = {int(t) for h, rr, t in triples.tolist() if rr == rid and h in frontier}
+        if exclude and s >= 1:
+            frontier.discard(topic)
+    return frontier
+
+
+@pytest.fixture(scope="module")
+def questions(kg):
+    """(question, gold path, gold answer names): 4 topics per template with a non-empty answer set."""
+    art, eng, _ = kg
+    ents, rels = eng.artifact.entities, eng.artifact.relations
+    obs = np.asarray(eng.artifact.observed)
+    rng = np.random.default_rng(0)
+    out = []
+    for path, tmpl in TEMPLATES.items():
+        got = 0
+        for topic in rng.permutation(len(ents)).tolist():
+            ans = gold_answers(obs, rels, topic, path)
+            if ans and len(ans) < 40:
+                out.append((tmpl.format(ents[topic]), path, sorted(ents[a] for a in ans)))
+                got += 1
+                if got == 4:
+                    break
+    return out
+
+
+def write_questions(path: Path, questions) -> Path:
+    path.write_text("".join(json.dumps({"question": q, "path": list(p), "answers": a}) + "\n"
+                            for q, p, a in questions), encoding="utf-8")
+    return path
+
+
+def client_config(server, **kw):
+    from llm_bridge.config import LLMConfig
+
+    base = dict(base_url=server.base_url, model="sim", n=1, temperature=0.0, use_cache=False, max_retries=0,
+                timeout_s=10.0)
+    base.update(kw)
+    return LLMConfig(**base)
+
+
+def sim(art, questions, **ask):
+    from llm_bridge.simulate_ask import AskSimConfig, start_ask_server
+
+    cfg = {"synonym_rate": 0.0, **ask}
+    return start_ask_server(art, {q: p for q, p, _ in questions}, AskSimConfig(**cfg))
+
+
+def run_loop(kg, questions, server, *, reasoner=True, **settings):
+    from llm_bridge.client import LLMClient
+    from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
+
+    _, eng, ret = kg
+    with LLMClient(client_config(server)) as client:
+        return eng.ask([q for q, _, _ in questions], planner=LLMPlanner(client),
+                       reasoner=LLMReasoner(client) if reasoner else None, retriever=ret, **settings)
+
+
+# ------------------------------------------------------------------------------ pieces
+def test_topic_from_brackets_words_and_linker():
+    names = ["Tom Hanks", "Cast Away", "The Terminal", "Big"]
+    assert find_topic("what did [Tom Hanks] star in", names) == (0, "brackets")
+    assert find_topic("what did [tom  hanks] star in", names) == (0, "brackets")
+    assert find_topic("who directed the terminal?", names) == (2, "words")
+    i, why = find_topic("what did [Tom Hank] star in", names)
+    assert i is None and "no entity name" in why
+    assert find_topic("what did [Tom Hank] star in", names, linker=lambda s: 0) == (0, "linked")
+    assert find_topic("nothing here", names)[0] is None
+    assert question_text("what did [Tom Hanks] star in") == "what did star in"
+
+
+def test_path_query_matches_the_metaqa_converter():
+    from engine.eval.metaqa import question_node
+    from engine.lang.query import to_sexpr
+
+    for rels in (["a"], ["a", "b"], ["a", "b", "c"]):
+        assert to_sexpr(path_query("T", rels)) == to_sexpr(question_node("T", rels, exclude_topic=True))
+        assert to_sexpr(path_query("T", rels, exclude_topic=False)) == to_sexpr(question_node("T", rels, exclude_topic=False))
+
+
+def test_settings_are_checked():
+    with pytest.raises(UserError, match="k must be"):
+        AskSettings(k=0)
+    with pytest.raises(UserError, match="pathfinding"):
+        AskSettings(mode="dfs")
+    with pytest.raises(UserError, match="yaml"):
+        AskSettings(context="xml")
+
+
+# ------------------------------------------------------------------------------ embedding-only
+def test_embedding_only_answers_are_the_best_paths_executor_answers(kg, questions):
+    _, eng, ret = kg
+    res = eng.ask([q for q, _, _ in questions], retriever=ret)
+    for r, (q, _, _) in zip(res, questions):
+        assert r.error is None and r.retrieval == "embedding" and r.llm_calls == 0
+        assert 1 <= len(r.paths) <= 16
+        assert [p.cost for p in r.paths] == sorted(p.cost for p in r.paths)
+        best = next(p for p in r.paths if p.answers)
+        # The answers are the executor's on that path's query (topic excluded), with path and provenance.
+        ref = eng.answer(path_query(r.topic_id, best.relations), k=10)[0]
+        assert [(a.id, a.score) for a in r.answers] == [(a.id, a.score) for a in ref.answers if a.id != r.topic_id][:10]
+        for a in r.answers:
+            assert a.path == best.names and a.selected_by == "best-path" and a.provenance == "kg"
+            assert a.explanation is not None and abs(a.explanation.recompute("product") - a.score) < 1e-5
+        assert json.loads(json.dumps(r.to_json()))["answers"][0]["path"] == list(best.names)
+
+
+# ------------------------------------------------------------------------------ over HTTP
+def test_paraphrased_plans_retrieve_the_gold_path_and_answer_right(kg, questions):
+    server = sim(kg[0], questions, exact_replan=False)
+    try:
+        res = run_loop(kg, questions, server, replan=False)
+        stats = dict(server.llm.counts)
+    finally:
+        server.stop()
+    assert stats == {"plan": len(questions), "reason": len(questions)}
+    for r, (q, path, gold) in zip(res, questions):
+        assert r.retrieval == "plan" and not r.warnings, (q, r.warnings)
+        # The plan was paraphrased (not the relation names), yet the gold path is retrieved first.
+        assert all(step not in kg[1].artifact.relations for step in r.plans[0]), r.plans
+        assert r.paths[0].names == path, (q, r.plans, [p.names for p in r.paths[:3]])
+        assert r.answers and all(a.entity in gold for a in r.answers)
+        assert all(a.selected_by == "llm" and a.path == path for a in r.answers)
+        assert r.llm_calls == 2 and r.llm_tokens > 0
+
+
+def test_replanning_names_candidate_relations(kg, questions):
+    server = sim(kg[0], questions)
+    try:
+        res = run_loop(kg, questions, server)
+    finally:
+        server.stop()
+    for r, (q, path, gold) in zip(res, questions):
+        rounds = [t for t in r.trace if t["step"] == "plan"]
+        assert [t["round"] for t in rounds] == [1, 2]
+        assert r.plans == [path]  # round 2 named the relations exactly
+        assert r.paths[0].names == path and r.answers[0].entity in gold
+        assert r.llm_calls == 3
+
+
+def test_wrong_reasoning_picks_another_path(kg, questions):
+    server = sim(kg[0], questions, reason_error=1.0)
+    try:
+        res = run_loop(kg, questions, server)
+    finally:
+        server.stop()
+    for r, (_, path, _) in zip(res, questions):
+        assert r.paths[0].names == path
+        assert r.answers and r.answers[0].path != path and r.answers[0].selected_by == "llm"
+
+
+@pytest.mark.parametrize("failure, warning", [
+    ("unknown", "names no relation of the KG"),
+    ("empty", "no usable plan"),
+    ("malformed", "malformed planner reply"),
+])
+def test_bad_plans_degrade_to_embedding_only_with_a_warning(kg, questions, failure, warning):
+    server = sim(kg[0], questions, **{failure: 1.0})
+    try:
+        res = run_loop(kg, questions, server, reasoner=False)
+    finally:
+        server.stop()
+    _, eng, ret = kg
+    base = eng.ask([q for q, _, _ in questions], retriever=ret)
+    for r, b in zip(res, base):
+        assert r.retrieval == "embedding"
+        assert any(warning in w for w in r.warnings), r.warnings
+        assert [p.names for p in r.paths] == [p.names for p in b.paths]
+        assert [a.id for a in r.answers] == [a.id for a in b.answers]
+
+
+def test_timeouts_degrade_to_embedding_only(kg, questions):
+    from llm_bridge.client import LLMClient
+    from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
+    from llm_bridge.simulate import SimulatorConfig
+    from llm_bridge.simulate_ask import AskSimConfig, start_ask_server
+
+    few = questions[:3]
+    server = start_ask_server(kg[0], {q: p for q, p, _ in few}, AskSimConfig(),
+                              SimulatorConfig(fail_rate=1.0, fail_mode="hang", hang_s=5.0))
+    try:
+        with LLMClient(client_config(server, timeout_s=0.3)) as client:
+            res = kg[1].ask([q for q, _, _ in few], planner=LLMPlanner(client), reasoner=LLMReasoner(client),
+                            retriever=kg[2])
+    finally:
+        server.stop()
+    for r in res:
+        assert r.retrieval == "embedding" and r.answers
+        assert any("timeout" in w for w in r.warnings), r.warnings
+        assert any(w.startswith("reason") for w in r.warnings)
+        assert all(a.selected_by == "best-path" for a in r.answers)
+
+
+def test_a_raising_or_misbehaving_planner_degrades(kg, questions):
+    _, eng, ret = kg
+
+    class Broken:
+        def plan(self, requests):
+            raise ConnectionError("boom")
+
+    class Odd:
+        def plan(self, requests):
+            return [PlanReply(plans=((), ("a", "b", "c", "d"), (3,), ("",))) for _ in requests]
+
+    qs = [q for q, _, _ in questions[:2]]
+    for planner, warning in ((Broken(), "planner failed: ConnectionError: boom"), (Odd(), "empty plan")):
+        res = eng.ask(qs, planner=planner, retriever=ret)
+        for r in res:
+            assert r.retrieval == "embedding" and any(warning in w for w in r.warnings), r.warnings
+    res = eng.ask(qs, planner=Odd(), retriever=ret)
+    assert any("more than max_hops=3" in w for w in res[0].warnings)
+
+
+def test_unknown_topic_is_an_error_in_the_result_not_a_traceback(kg):
+    _, eng, ret = kg
+    r = eng.ask("who directed [No Such Movie]", retriever=ret)
+    assert r.error is not None and "No Such Movie" in r.error and not r.answers
+
+
+# ------------------------------------------------------------------------------ CLI
+def cli(argv):
+    from engine.ask import parse_args, run
+
+    out, err = io.StringIO(), io.StringIO()
+    run(parse_args(argv), out, err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_cli_single_question_and_batch_with_hits(kg, questions, tmp_path):
+    art = str(kg[0])
+    q, path, gold = questions[0]
+    out, _ = cli(["--artifact", art, "--encoder", "hashing", "--encoder-kwargs", json.dumps(ENC), q])
+    assert out.startswith(f"question: {q}\n") and "retrieval: embedding" in out and "candidate paths:" in out
+    qfile = write_questions(tmp_path / "q.jsonl", questions)
+    out, err = cli(["--artifact", art, "--encoder", "hashing", "--encoder-kwargs", json.dumps(ENC),
+                    "--questions", str(qfile), "--json"])
+    rows = [json.loads(l) for l in out.splitlines()]
+    assert len(rows) == len(questions) and rows[0]["gold"] == gold
+    summary = json.loads(err.split("ask: ", 1)[1])
+    hits = np.mean([bool(r["answers"]) and r["answers"][0]["entity"] in r["gold"] for r in rows])
+    assert summary["hits@1"] == round(float(hits), 4) and summary["questions"] == len(questions)
+
+
+def test_cli_with_the_simulated_llm_over_http(kg, questions, tmp_path):
+    server = sim(kg[0], questions)
+    try:
+        qfile = write_questions(tmp_path / "q.jsonl", questions)
+        from engine.ask import main
+
+        import contextlib
+
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(["--artifact", str(kg[0]), "--encoder", "hashing", "--encoder-kwargs", json.dumps(ENC),
+                       "--questions", str(qfile), "--llm", "--llm-base-url", server.base_url, "--llm-model", "sim",
+                       "--no-llm-cache", "--context", "lists", "--show-context"])
+    finally:
+        server.stop()
+    assert rc == 0
+    summary = json.loads(err.getvalue().split("ask: ", 1)[1])
+    assert summary["hits@1"] == 1.0 and summary["llm_calls_per_question"] == 3.0
+    assert "context:" in out.getvalue() and "retrieval: plan" in out.getvalue()
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "give a question or --questions"),
+    (["q", "--questions", "f"], "exactly one"),
+    (["   "], "the question is empty"),
+    (["q", "--k", "0"], "--k must be >= 1"),
+    (["q", "--max-hops", "9"], "--max-hops must be <= 6"),
+    (["q", "--encoder-kwargs", "{"], "--encoder-kwargs: not JSON"),
+    (["q", "--llm-base-url", "http://x/v1"], "--llm-base-url needs --llm"),
+    (["q", "--no-llm-reasoner"], "--no-llm-reasoner needs --llm"),
+    (["q", "--context", "xml"], "invalid choice"),
+])
+def test_cli_bad_input_is_one_error_line(argv, message, capsys):
+    from engine.ask import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err and "Traceback" not in err
+
+
+def test_cli_bad_questions_file_and_unknown_topic(kg, tmp_path, capsys):
+    from engine.ask import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "ok [Entity_001]"}\n{"question": 3}\n', encoding="utf-8")
+    enc = ["--encoder", "hashing", "--encoder-kwargs", json.dumps(ENC)]
+    assert main(["--artifact", str(kg[0]), *enc, "--questions", str(bad)]) == 2
+    assert f"{bad}:2: expected a \"question\" string" in capsys.readouterr().err
+    assert main(["--artifact", str(kg[0]), *enc, "who is [Nobody Here]"]) == 2
+    assert "error: question: [Nobody Here] is no entity name" in capsys.readouterr().err
+
+
+def test_simulator_questions_file_errors(kg, tmp_path):
+    from llm_bridge.simulate_ask import load_gold
+
+    p = tmp_path / "g.jsonl"
+    p.write_text('{"question": "a", "path": ["directed_by", "direcVted_by"]}\n', encoding="utf-8")
+    with pytest.raises(UserError, match=r"g.jsonl:1.*direcVted_by"):
+        load_gold(p, kg[1].artifact.relations)
+    p.write_text('{"question": "a"}\n', encoding="utf-8")
+    with pytest.raises(UserError, match="needs \"path\""):
+        load_gold(p)
