@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from kgreason.errors import UserError
@@ -32,7 +34,8 @@ _DEFAULTS = {"mode": "lgot", "theta": 0.3, "alpha": 0.1, "merge": "max", "confid
              "relation_questions": "llm", "link_threshold": 90.0, "answer_check": 0, "check_penalty": 0.5}
 # Flags that mean nothing without --llm (their dest names).
 _LLM_DESTS = ("llm_base_url", "llm_model", "llm_api_key_env", "llm_temperature", "llm_n", "llm_max_tokens",
-              "llm_timeout", "llm_max_retries", "llm_concurrency", "llm_budget_calls", "llm_budget_tokens",
+              "llm_timeout", "llm_deadline", "llm_max_response_bytes", "llm_json", "llm_max_retries",
+              "llm_concurrency", "llm_budget_calls", "llm_budget_tokens",
               "llm_logprobs", "llm_cache", "llm_mode", "llm_theta", "llm_alpha", "llm_merge", "llm_inputs",
               "llm_confidence", "llm_relation_questions", "llm_names_file", "llm_link_threshold",
               "llm_answer_check", "llm_check_penalty")
@@ -113,7 +116,24 @@ def options_from_args(ns: argparse.Namespace, *, top_k: int = 10) -> LLMOptions 
     if values["confidence"] in ("logprobs-first", "logprobs-mean") and not config.logprobs:
         raise UserError(f"--llm-confidence {values['confidence']} needs --llm-logprobs")
     settings = LGOTSettings(**{k: (_DEFAULTS[k] if v is None else v) for k, v in values.items()})
+    if ns.llm_names_file is not None:
+        _check_names_file(ns.llm_names_file)
     return LLMOptions(config=config, settings=settings, names_file=ns.llm_names_file)
+
+
+def _check_names_file(path: str) -> None:
+    """A one-line error unless ``--llm-names-file`` is a readable regular file."""
+    p = Path(path).expanduser()
+    if str(path) == "":
+        raise UserError("--llm-names-file: empty path")
+    if p.is_dir():
+        raise UserError(f"--llm-names-file {path}: is a folder; give the aliases file (e.g. id2ent.tsv)")
+    if not p.exists():
+        raise UserError(f"--llm-names-file {path}: no such file")
+    if not p.is_file():
+        raise UserError(f"--llm-names-file {path}: not a regular file")
+    if not os.access(p, os.R_OK):
+        raise UserError(f"--llm-names-file {path}: file is not readable")
 
 
 @contextlib.contextmanager

@@ -13,14 +13,32 @@
 Every call returns a :class:`Completion` or an :class:`LLMFailure`; server
 trouble never raises, so a caller can fall back to KG-only answers.
 
-* **Retries** are done here (the ``openai`` package's own are off, so they are
-  counted and bounded): on 429, 5xx, connection errors and timeouts, with
-  exponential backoff and jitter, honouring a 429's ``Retry-After``; never on
-  other 4xx.
-* **Concurrency**: at most ``config.concurrency`` HTTP requests in flight.
+* **HTTP** is the ``openai`` package's ``AsyncOpenAI``, with its own retries
+  (``max_retries``: 408, 409, 429, 5xx, connection errors, timeouts; never
+  other 4xx) and per-attempt ``timeout``.  Two of its hooks are used: the
+  per-attempt request hook counts attempts (retries, the call budget) and the
+  backoff hook applies ``backoff_s``/``max_backoff_s`` with jitter, honouring a
+  429's ``Retry-After`` up to ``max_backoff_s``.
+* **Deadline**: one call (:meth:`LLMClient.complete`, :meth:`LLMClient.complete_many`
+  and their sync forms) takes at most ``config.deadline_s``, retries and backoff
+  included; prompts unanswered by then are ``LLMFailure(reason="timeout")``.
+  While a call waits longer than a second a progress bar runs on stderr.
+* **Replies are validated** against a schema of the Chat Completions reply
+  (pydantic, on the raw JSON): anything else -- not JSON, no or malformed
+  ``choices``, non-string ``content``, non-numeric ``usage``, a body over
+  ``config.max_response_bytes`` -- is ``LLMFailure(reason="bad_response")`` and is
+  never cached.
+* **Untrusted text**: every text from the server (completions, model name,
+  error messages) has the API key scrubbed and control characters / ANSI
+  escapes removed (:func:`llm_bridge.text.clean_text`) before it is returned,
+  logged or cached.
+* **Concurrency**: at most ``config.concurrency`` requests in flight.
 * **Budget**: ``config.budget_calls`` HTTP requests and ``config.budget_tokens``
   tokens per client; once spent every further request is an
   ``LLMFailure(reason="budget")``.  Cache hits are free.
+* **De-duplication**: identical prompts (same model, messages and parameters)
+  are asked once per client: later ones wait for the one in flight or reuse
+  its completion (an in-memory map of the last :data:`MEMO_SIZE` completions).
 * **n > 1 on servers that ignore it** (llama.cpp's server returns one choice):
   the missing samples are requested one by one, sample ``j`` with ``seed=j``
   so that they differ and replay identically; the client then remembers that
@@ -30,19 +48,23 @@ trouble never raises, so a caller can fall back to KG-only answers.
   that succeeds the client remembers that the server rejects it and drops it
   from later requests (``stats.response_format_fallbacks`` counts them).
 * **Cache**: complete responses are stored in SQLite (:mod:`llm_bridge.cache`)
-  keyed by model + messages + parameters; a hit needs no server.
-* **Secrets**: the API key is never logged, and is scrubbed from failure
-  messages (servers sometimes echo it).
+  keyed by model + messages + parameters; a hit needs no server.  A read-only
+  cache serves its hits; misses are asked and not stored (one warning).
+* **Secrets**: the API key is never logged, printed or stored.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import contextvars
 import dataclasses
+import functools
 import importlib.util
 import json
 import logging
 import random
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -52,8 +74,10 @@ from kgreason.errors import UserError
 
 from .cache import ResponseCache, request_key
 from .config import LLMConfig
+from .text import clean_text
 
-__all__ = ["LLMClient", "Completion", "LLMFailure", "LLMStats", "TokenLogprob", "Messages", "FAILURE_REASONS"]
+__all__ = ["LLMClient", "Completion", "LLMFailure", "LLMStats", "TokenLogprob", "Messages", "FAILURE_REASONS",
+           "MEMO_SIZE", "clean_text"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +89,10 @@ FAILURE_REASONS = ("budget", "timeout", "connection", "server_error", "rate_limi
 #: Version of the cached value layout; part of every cache key so an incompatible layout is a miss.
 _CACHE_FORMAT = 1
 _OPENAI_URL = "https://api.openai.com/v1"
+#: Completions a client keeps in memory for identical prompts asked again (across batches).
+MEMO_SIZE = 10_000
+#: A call waiting longer than this shows a progress bar on stderr.
+_PROGRESS_AFTER_S = 1.0
 
 
 class TokenLogprob(NamedTuple):
@@ -160,20 +188,27 @@ class LLMStats:
     """Counters of one client (updated under a lock; read them after the calls finish).
 
     ``calls``: prompts asked (cache hits included); ``deduplicated``: prompts answered by an
-    identical prompt already in flight (no request of their own);
-    ``requests``: HTTP requests sent (retries and n-fallback samples included;
-    this is what ``budget_calls`` limits); ``request_s``: summed request
-    latency; ``wall_s``: time during which at least one call was running.
+    identical prompt in flight or asked earlier by this client (no request of their own);
+    ``cache_misses``: cache lookups that found nothing; ``unstored``: completions a
+    read-only cache could not keep; ``requests``: HTTP requests sent (retries and
+    n-fallback samples included; this is what ``budget_calls`` limits);
+    ``retries``: requests beyond the first of a logical request; ``timeouts``: logical
+    requests that failed with a timeout, and prompts cut off by the deadline
+    (``deadline_hits`` counts the latter alone); ``request_s``: summed latency of
+    logical requests; ``wall_s``: time during which at least one call was running.
     """
 
     calls: int = 0
     cache_hits: int = 0
+    cache_misses: int = 0
+    unstored: int = 0
     deduplicated: int = 0
     requests: int = 0
     retries: int = 0
     failures: int = 0
     budget_refusals: int = 0
     timeouts: int = 0
+    deadline_hits: int = 0
     n_fallback_requests: int = 0
     response_format_fallbacks: int = 0
     prompt_tokens: int = 0
@@ -196,32 +231,164 @@ class LLMStats:
 
 
 class _Attempt(NamedTuple):
-    """The outcome of one HTTP request: a parsed response, or why not and whether to retry."""
+    """The outcome of one logical request (the SDK's retries inside): a validated reply, or why not."""
 
-    response: Any | None
+    reply: Any | None
+    attempts: int
     reason: str | None = None
     message: str = ""
     status: int | None = None
-    retry_after: float | None = None
+
+
+class _Record:
+    """HTTP attempts of one logical request, counted by the SDK's per-attempt hook."""
+
+    __slots__ = ("attempts",)
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+
+#: The logical request the running task is making (the SDK calls its hooks inside that task).
+_CURRENT: contextvars.ContextVar[_Record | None] = contextvars.ContextVar("kgreason_llm_request", default=None)
+
+
+class _BudgetRefused(Exception):
+    """Raised by the per-attempt hook when the budget refuses the next HTTP request (never retried)."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+@functools.lru_cache(maxsize=None)
+def _sdk_client_class() -> type:
+    """``openai.AsyncOpenAI`` with the client's per-attempt hook and backoff (built on first use)."""
+    import openai
+
+    class _SDKClient(openai.AsyncOpenAI):
+        _kg_owner: "LLMClient"
+
+        async def _prepare_request(self, request: Any) -> None:  # once per HTTP attempt, retries included
+            await super()._prepare_request(request)
+            owner = self._kg_owner
+            refused = owner._reserve_request()
+            if refused is not None:
+                raise _BudgetRefused(refused)
+            rec = _CURRENT.get()
+            if rec is not None:
+                rec.attempts += 1
+                if rec.attempts > 1:
+                    with owner._lock:
+                        owner.stats.retries += 1
+
+        def _calculate_retry_timeout(self, remaining_retries: int, options: Any, response_headers: Any = None) -> float:
+            cfg = self._kg_owner.config
+            retry = max(0, cfg.max_retries - remaining_retries)
+            delay = min(cfg.max_backoff_s, cfg.backoff_s * (2 ** min(retry, 60)) * (0.5 + self._kg_owner._rng.random()))
+            try:
+                after = self._parse_retry_after_header(response_headers)
+            except Exception:  # a malformed header is no instruction
+                after = None
+            if after is not None and after == after and after > 0:
+                delay = min(cfg.max_backoff_s, max(delay, after))
+            return delay
+
+    return _SDKClient
+
+
+def _reply_model() -> type:
+    """The pydantic model of a Chat Completions reply: only what the client reads, strictly typed."""
+    return _reply_models()[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _reply_models() -> tuple[type, ...]:
+    from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+
+    class _Base(BaseModel):
+        model_config = ConfigDict(extra="ignore", frozen=True)
+
+    class TokenLP(_Base):
+        token: StrictStr
+        logprob: StrictFloat | StrictInt
+
+    class Logprobs(_Base):
+        content: list[TokenLP] | None = None
+
+    class Message(_Base):
+        content: StrictStr
+
+    class Choice(_Base):
+        index: StrictInt | None = None
+        message: Message
+        finish_reason: StrictStr | None = None
+        logprobs: Logprobs | None = None
+
+    class Usage(_Base):
+        prompt_tokens: StrictInt | None = Field(default=None, ge=0)
+        completion_tokens: StrictInt | None = Field(default=None, ge=0)
+
+    class Reply(_Base):
+        choices: list[Choice] = Field(min_length=1)
+        model: StrictStr | None = None
+        usage: Usage | None = None
+
+    return (Reply,)
+
+
+def _parse_reply(body: bytes) -> tuple[Any | None, str]:
+    """(validated reply, "") or (None, what is wrong with ``body``)."""
+    from pydantic import ValidationError
+
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        head = body[:60].decode("utf-8", "replace")
+        return None, f"not JSON (starts {head!r})"
+    if not isinstance(data, dict):
+        return None, f"a JSON {type(data).__name__}, not an object"
+    try:
+        return _reply_model().model_validate(data), ""
+    except ValidationError as exc:
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        where = ".".join(str(x) for x in first.get("loc", ())) or "reply"
+        return None, f"not a chat completion ({where}: {first.get('msg', 'invalid')}; {len(errs)} error(s))"
+
+
+async def _read_capped(raw: Any, limit: int) -> bytes:
+    """The body of the SDK's streamed response, refusing more than ``limit`` bytes."""
+    declared = raw.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _TooLarge(f"the server announced {int(declared):,} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in raw.iter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge(f"more than {limit:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class _LoopState:
     """Per-event-loop resources: the openai client and the concurrency semaphore bind to a loop."""
 
-    def __init__(self, config: LLMConfig) -> None:
-        import openai
-
-        self.openai = openai.AsyncOpenAI(
+    def __init__(self, owner: "LLMClient") -> None:
+        config = owner.config
+        self.openai = _sdk_client_class()(
             api_key=config.effective_api_key,
             base_url=config.base_url or _OPENAI_URL,
-            max_retries=0,  # retries are ours: counted, bounded and logged without secrets
+            max_retries=config.max_retries,
             timeout=config.timeout_s,
         )
+        self.openai._kg_owner = owner
         self.semaphore = asyncio.Semaphore(config.concurrency)
 
 
 class LLMClient:
-    """Chat Completions with caching, bounded concurrency, retries and a budget (see the module docstring).
+    """Chat Completions with caching, bounded concurrency, retries, a deadline and a budget (see the module docstring).
 
     Args:
         config: the :class:`~llm_bridge.config.LLMConfig`.
@@ -229,14 +396,17 @@ class LLMClient:
             clients; by default one is opened at ``config.cache_path`` when
             ``config.use_cache`` (and closed with the client).
         rng: jitter source for retry delays (tests pass a seeded one).
+        progress: show a progress bar on stderr while a call waits longer than a
+            second (default True).
     """
 
     def __init__(self, config: LLMConfig, *, cache: ResponseCache | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, progress: bool = True) -> None:
         if importlib.util.find_spec("openai") is None:
             raise UserError("the LLM bridge needs the 'openai' package: pip install -e \".[llm]\"")
         self.config = config
         self.stats = LLMStats()
+        self.progress = progress
         self._own_cache = cache is None and config.use_cache
         self.cache: ResponseCache | None = cache if cache is not None else (
             ResponseCache(config.cache_path) if config.use_cache else None)
@@ -249,10 +419,12 @@ class LLMClient:
         self._depth: dict[asyncio.AbstractEventLoop, int] = {}
         self._pinned: set[asyncio.AbstractEventLoop] = set()
         self._pending: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Future] = {}
+        self._memo: collections.OrderedDict[str, Completion] = collections.OrderedDict()
         self._in_flight = 0
         self._active_calls = 0
         self._active_since = 0.0
         self._budget_spent: str | None = None
+        self._warned_unstored = False
         #: Set once a server answered n > 1 with fewer choices: later prompts go out as n single requests.
         self.server_ignores_n = False
         #: Set once a server answered a request with ``response_format`` 400/422 and the same request without it.
@@ -272,11 +444,80 @@ class LLMClient:
         ``messages`` is a list of ``{"role": ..., "content": ...}``;
         ``response_format`` is passed through (e.g. ``{"type": "json_object"}``).
         Returns a :class:`Completion`, or an :class:`LLMFailure` when the
-        server could not be used (budget spent, timeouts, errors).
+        server could not be used (budget spent, timeouts, errors, the deadline).
         """
         self._check_open()
+        _check_messages(messages)
+        return (await self.complete_many([messages], n=n, temperature=temperature,
+                                         response_format=response_format))[0]
+
+    async def complete_many(self, batch: Sequence[Messages], *, n: int | None = None,
+                            temperature: float | None = None,
+                            response_format: Mapping[str, Any] | None = None) -> "list[Completion | LLMFailure]":
+        """:meth:`complete` for every element of ``batch``, concurrently; results in input order.
+
+        The whole call takes at most ``config.deadline_s`` seconds.
+        """
+        self._check_open()
+        batch = list(batch)
+        for i, messages in enumerate(batch):
+            try:
+                _check_messages(messages)
+            except ValueError as exc:
+                raise ValueError(f"batch[{i}]: {exc}") from None
+        if not batch:
+            return []
         async with self._loop_scope():
-            return await self._complete(messages, n=n, temperature=temperature, response_format=response_format)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.config.deadline_s
+            done = [0]
+
+            async def one(m: Messages) -> "Completion | LLMFailure":
+                try:
+                    return await self._bounded(m, deadline, n=n, temperature=temperature,
+                                               response_format=response_format)
+                finally:
+                    done[0] += 1
+
+            ticker = loop.create_task(self._progress(done, len(batch))) if self.progress else None
+            try:
+                return list(await asyncio.gather(*(one(m) for m in batch)))
+            finally:
+                if ticker is not None:
+                    ticker.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await ticker
+
+    def complete_sync(self, messages: Messages, **kwargs: Any) -> "Completion | LLMFailure":
+        """:meth:`complete` for callers without an event loop."""
+        self._check_open()
+        return self._run_sync(self.complete(messages, **kwargs))
+
+    def complete_many_sync(self, batch: Sequence[Messages], **kwargs: Any) -> "list[Completion | LLMFailure]":
+        """:meth:`complete_many` for callers without an event loop (may be called any number of times)."""
+        self._check_open()
+        return self._run_sync(self.complete_many(batch, **kwargs))
+
+    @property
+    def budget_spent(self) -> bool:
+        """True once the call or token budget refused a request."""
+        return self._budget_spent is not None
+
+    # ------------------------------------------------------------------ one prompt
+    async def _bounded(self, messages: Messages, deadline: float, **kwargs: Any) -> "Completion | LLMFailure":
+        """:meth:`_complete` cut off at ``deadline`` (the event loop's clock)."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        try:
+            if remaining <= 0:
+                raise asyncio.TimeoutError
+            return await asyncio.wait_for(self._complete(messages, **kwargs), remaining)
+        except asyncio.TimeoutError:
+            with self._lock:
+                self.stats.timeouts += 1
+                self.stats.deadline_hits += 1
+                self.stats.failures += 1
+            return LLMFailure("timeout", f"no answer within the deadline of {self.config.deadline_s:g} s "
+                                         "(--llm-deadline)")
 
     async def _complete(self, messages: Messages, *, n: int | None, temperature: float | None,
                         response_format: Mapping[str, Any] | None) -> "Completion | LLMFailure":
@@ -301,15 +542,25 @@ class LLMClient:
         try:
             if self.cache is not None:
                 hit = self.cache.get(key)
+                completion = None
                 if hit is not None:
                     try:
-                        completion = Completion.from_json(hit, cached=True)
+                        completion = self._clean(Completion.from_json(hit, cached=True))
                     except (KeyError, TypeError, ValueError):
                         completion = None  # an unreadable entry is a miss; the fresh response overwrites it
-                    if completion is not None:
-                        with self._lock:
-                            self.stats.cache_hits += 1
-                        return dataclasses.replace(completion, requests=0, latency_s=0.0)
+                if completion is not None:
+                    with self._lock:
+                        self.stats.cache_hits += 1
+                    return dataclasses.replace(completion, requests=0, latency_s=0.0)
+                with self._lock:
+                    self.stats.cache_misses += 1
+            with self._lock:
+                memo = self._memo.get(key)
+                if memo is not None:
+                    self._memo.move_to_end(key)
+                    self.stats.deduplicated += 1
+            if memo is not None:
+                return dataclasses.replace(memo, requests=0, latency_s=0.0)
             # The same prompt already on its way (a batch's rows often share one): wait for it.
             loop = asyncio.get_running_loop()
             pending = self._pending.get((loop, key))
@@ -329,8 +580,8 @@ class LLMClient:
             self._pending[(loop, key)] = future
             try:
                 result = await self._sample(params, n)
-                if self.cache is not None and isinstance(result, Completion) and not result.partial:
-                    self.cache.put(key, result.to_json(), model=cfg.model, request={"n": n, **params})
+                if isinstance(result, Completion) and not result.partial:
+                    self._remember(key, result, params, n)
                 future.set_result(result)
             except BaseException:
                 future.cancel()  # waiters then ask on their own
@@ -342,53 +593,43 @@ class LLMClient:
         finally:
             self._exit_call()
 
-    async def complete_many(self, batch: Sequence[Messages], *, n: int | None = None,
-                            temperature: float | None = None,
-                            response_format: Mapping[str, Any] | None = None) -> "list[Completion | LLMFailure]":
-        """:meth:`complete` for every element of ``batch``, concurrently; results in input order."""
-        self._check_open()
-        batch = list(batch)
-        for i, messages in enumerate(batch):
-            try:
-                _check_messages(messages)
-            except ValueError as exc:
-                raise ValueError(f"batch[{i}]: {exc}") from None
-        async with self._loop_scope():
-            coros = [self._complete(m, n=n, temperature=temperature, response_format=response_format) for m in batch]
-            return list(await asyncio.gather(*coros))
-
-    def complete_sync(self, messages: Messages, **kwargs: Any) -> "Completion | LLMFailure":
-        """:meth:`complete` for callers without an event loop."""
-        self._check_open()
-        return self._run_sync(self.complete(messages, **kwargs))
-
-    def complete_many_sync(self, batch: Sequence[Messages], **kwargs: Any) -> "list[Completion | LLMFailure]":
-        """:meth:`complete_many` for callers without an event loop (may be called any number of times)."""
-        self._check_open()
-        return self._run_sync(self.complete_many(batch, **kwargs))
-
-    @property
-    def budget_spent(self) -> bool:
-        """True once the call or token budget refused a request."""
-        return self._budget_spent is not None
+    def _remember(self, key: str, result: "Completion", params: Mapping[str, Any], n: int) -> None:
+        with self._lock:
+            self._memo[key] = result
+            self._memo.move_to_end(key)
+            while len(self._memo) > MEMO_SIZE:
+                self._memo.popitem(last=False)
+        if self.cache is None:
+            return
+        stored = self.cache.put(key, result.to_json(), model=self.config.model, request={"n": n, **params})
+        if not stored:
+            with self._lock:
+                self.stats.unstored += 1
+                warn, self._warned_unstored = not self._warned_unstored, True
+            if warn:
+                log.warning("LLM cache %s is read-only: answers not in it are asked of the server and not stored",
+                            self.cache.path)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        """Close the HTTP clients, the background loop (if the sync API started one) and an owned cache."""
+        """Close the HTTP clients, the background loop (if the sync API started one) and an owned cache.
+
+        Calls still running on the sync API's loop (after a Ctrl-C) are cancelled first.
+        """
         if self._closed:
             return
         self._closed = True
         if self._loop is not None and self._thread is not None:
             states = [s for loop, s in self._states.items() if loop is self._loop]
-            if states:
-                fut = asyncio.run_coroutine_threadsafe(_close_states(states), self._loop)
-                try:
-                    fut.result(timeout=10)
-                except Exception:  # closing is best effort; the process may be shutting down
-                    pass
+            fut = asyncio.run_coroutine_threadsafe(_shutdown(states), self._loop)
+            try:
+                fut.result(timeout=10)
+            except BaseException:  # closing is best effort; the process may be shutting down
+                pass
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
-            self._loop.close()
+            if not self._thread.is_alive():
+                self._loop.close()
             self._loop = self._thread = None
         self._states.clear()
         if self._own_cache and self.cache is not None:
@@ -439,8 +680,17 @@ class LLMClient:
                 ready.wait()
                 self._loop, self._thread = loop, thread
         if threading.current_thread() is self._thread:
+            if asyncio.iscoroutine(coro):
+                coro.close()
             raise RuntimeError("the sync LLM API cannot be called from inside its own event loop")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        try:
+            return fut.result()
+        except BaseException:
+            # Ctrl-C (or SIGTERM turned into an exception) while waiting: cancel the call on the loop
+            # so that nothing keeps running or dies later with a traceback; close() waits for it.
+            fut.cancel()
+            raise
 
     @contextlib.asynccontextmanager
     async def _loop_scope(self) -> AsyncIterator[None]:
@@ -465,8 +715,25 @@ class LLMClient:
             # Loops that ended (asyncio.run per call) take their HTTP clients with them.
             for old in [lp for lp in self._states if lp.is_closed()]:
                 del self._states[old]
-            state = self._states[loop] = _LoopState(self.config)
+            state = self._states[loop] = _LoopState(self)
         return state
+
+    async def _progress(self, done: list[int], total: int) -> None:
+        """A progress bar on stderr once a call has waited :data:`_PROGRESS_AFTER_S`, refreshed every second."""
+        await asyncio.sleep(_PROGRESS_AFTER_S)
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="llm", unit="prompt", file=sys.stderr, leave=False, mininterval=0.5)
+        try:
+            while True:
+                bar.n = done[0]
+                with self._lock:
+                    retries = self.stats.retries
+                bar.set_postfix_str(f"{retries} retries, deadline {self.config.deadline_s:g} s", refresh=False)
+                bar.refresh()
+                await asyncio.sleep(1.0)
+        finally:
+            bar.close()
 
     def _enter_call(self) -> None:
         with self._lock:
@@ -527,19 +794,16 @@ class LLMClient:
             if not pieces:
                 return failures[0]
         choices = [c for p in pieces for c in sorted(p.choices, key=lambda c: c.index or 0)][:n]
-        if not choices:
-            return LLMFailure("bad_response", "the server returned no choices", attempts=requests)
-        texts = tuple((c.message.content or "") if c.message is not None else "" for c in choices)
-        logprobs = tuple(_choice_logprobs(c) for c in choices)
         prompt_tokens = sum(_usage(p)[0] for p in pieces)
         completion_tokens = sum(_usage(p)[1] for p in pieces)
         return Completion(
-            texts=texts,
-            logprobs=logprobs,
-            finish_reasons=tuple(c.finish_reason for c in choices),
+            texts=tuple(self._untrusted(c.message.content) for c in choices),
+            logprobs=tuple(_choice_logprobs(c, self._untrusted) for c in choices),
+            finish_reasons=tuple(None if c.finish_reason is None else self._untrusted(c.finish_reason)
+                                 for c in choices),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
-            model=str(pieces[0].model or params["model"]),
+            model=self._untrusted(pieces[0].model or params["model"]),
             n_requested=n,
             cached=False,
             requests=requests,
@@ -548,89 +812,96 @@ class LLMClient:
         )
 
     async def _request(self, params: dict[str, Any]) -> "tuple[Any | LLMFailure, int]":
-        """One logical request with retries: (response or failure, HTTP requests made)."""
-        cfg = self.config
-        attempts = 0
+        """One logical request (the SDK retries inside it): (validated reply or failure, HTTP requests made)."""
         if self.server_rejects_response_format and "response_format" in params:
             params = {k: v for k, v in params.items() if k != "response_format"}
             with self._lock:
                 self.stats.response_format_fallbacks += 1
-        while True:
-            refused = self._reserve_request()
-            if refused is not None:
-                return LLMFailure("budget", refused, attempts=attempts), attempts
-            attempts += 1
-            outcome = await self._attempt(params)
-            if outcome.response is not None:
-                return outcome.response, attempts
-            if outcome.status in (400, 422) and "response_format" in params:
-                # Perhaps a server without JSON-constrained output: ask once more without it.
-                params = {k: v for k, v in params.items() if k != "response_format"}
-                log.info("LLM request with response_format refused (%s); asking again without it", outcome.message)
-                resp, more = await self._request(params)
-                if not isinstance(resp, LLMFailure):
-                    with self._lock:
-                        if not self.server_rejects_response_format:
-                            log.warning("the LLM server rejects response_format (%s); sending requests without it",
-                                        outcome.message)
-                        self.server_rejects_response_format = True
-                        self.stats.response_format_fallbacks += 1
-                return resp, attempts + more
-            retryable = outcome.reason in ("timeout", "connection", "server_error", "rate_limited")
-            if not retryable or attempts > cfg.max_retries:
+        outcome = await self._attempt(params)
+        attempts = outcome.attempts
+        if outcome.reply is not None:
+            return outcome.reply, attempts
+        if outcome.status in (400, 422) and "response_format" in params:
+            # Perhaps a server without JSON-constrained output: ask once more without it.
+            params = {k: v for k, v in params.items() if k != "response_format"}
+            log.info("LLM request with response_format refused (%s); asking again without it", outcome.message)
+            resp, more = await self._request(params)
+            if not isinstance(resp, LLMFailure):
                 with self._lock:
-                    self.stats.failures += 1
-                log.info("LLM request failed after %d attempt(s): %s", attempts, outcome.message)
-                return LLMFailure(outcome.reason or "bad_response", outcome.message, outcome.status, attempts), attempts
-            delay = min(cfg.max_backoff_s, cfg.backoff_s * (2 ** (attempts - 1)) * (0.5 + self._rng.random()))
-            if outcome.retry_after is not None:
-                delay = min(cfg.max_backoff_s, max(delay, outcome.retry_after))
-            with self._lock:
-                self.stats.retries += 1
-            log.info("LLM request attempt %d: %s; retrying in %.2f s", attempts, outcome.message, delay)
-            await asyncio.sleep(delay)
+                    if not self.server_rejects_response_format:
+                        log.warning("the LLM server rejects response_format (%s); sending requests without it",
+                                    outcome.message)
+                    self.server_rejects_response_format = True
+                    self.stats.response_format_fallbacks += 1
+            return resp, attempts + more
+        with self._lock:
+            self.stats.failures += 1
+            if outcome.reason == "timeout":
+                self.stats.timeouts += 1
+        log.info("LLM request failed after %d attempt(s): %s", attempts, outcome.message)
+        return LLMFailure(outcome.reason or "bad_response", outcome.message, outcome.status, attempts), attempts
 
     async def _attempt(self, params: dict[str, Any]) -> _Attempt:
+        """The SDK's request (with its retries), the body read up to the size cap and validated."""
         import openai
 
         cfg = self.config
         state = self._state()
-        async with state.semaphore:
-            with self._lock:
-                self._in_flight += 1
-                self.stats.max_in_flight = max(self.stats.max_in_flight, self._in_flight)
-            t0 = time.perf_counter()
-            try:
-                # A hard deadline over the whole request: httpx's timeouts are per read, and a
-                # server that trickles bytes would never trip them.
-                resp = await asyncio.wait_for(state.openai.chat.completions.create(**params), cfg.timeout_s)
-            except (TimeoutError, openai.APITimeoutError):
+        rec = _Record()
+        token = _CURRENT.set(rec)
+        try:
+            async with state.semaphore:
                 with self._lock:
-                    self.stats.timeouts += 1
-                return _Attempt(None, "timeout", f"no response within {cfg.timeout_s:g} s")
-            except openai.APIConnectionError as exc:
-                return _Attempt(None, "connection", self._scrub(f"connection error: {exc}"))
-            except openai.APIStatusError as exc:
-                status = int(exc.status_code)
-                reason = "rate_limited" if status == 429 else "server_error" if status >= 500 else "bad_request"
-                return _Attempt(None, reason, self._scrub(f"HTTP {status}: {_short(exc.message)}"), status,
-                                _retry_after(exc) if status == 429 else None)
-            except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
-                return _Attempt(None, "bad_response", self._scrub(f"unreadable response: {_short(str(exc))}"))
-            finally:
-                with self._lock:
-                    self._in_flight -= 1
-                    self.stats.request_s += time.perf_counter() - t0
-        if not hasattr(resp, "choices") or resp.choices is None:
-            return _Attempt(None, "bad_response", "response has no 'choices'")
-        p, c = _usage(resp)
+                    self._in_flight += 1
+                    self.stats.max_in_flight = max(self.stats.max_in_flight, self._in_flight)
+                t0 = time.perf_counter()
+                try:
+                    async with state.openai.chat.completions.with_streaming_response.create(**params) as raw:
+                        body = await _read_capped(raw, cfg.max_response_bytes)
+                except _BudgetRefused as exc:
+                    return _Attempt(None, rec.attempts, "budget", str(exc))
+                except _TooLarge as exc:
+                    return _Attempt(None, rec.attempts, "bad_response",
+                                    f"response too large: {exc} (--llm-max-response-bytes {cfg.max_response_bytes})")
+                except openai.APITimeoutError:
+                    return _Attempt(None, rec.attempts, "timeout",
+                                    f"no response within {cfg.timeout_s:g} s (--llm-timeout)")
+                except openai.APIConnectionError as exc:
+                    cause = exc.__cause__ or exc.__context__
+                    detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+                    return _Attempt(None, rec.attempts, "connection", self._untrusted_short(f"connection error: {detail}"))
+                except openai.APIStatusError as exc:
+                    status = int(exc.status_code)
+                    reason = "rate_limited" if status == 429 else "server_error" if status >= 500 else "bad_request"
+                    return _Attempt(None, rec.attempts, reason,
+                                    self._untrusted_short(f"HTTP {status}: {exc.message}"), status)
+                except openai.OpenAIError as exc:
+                    return _Attempt(None, rec.attempts, "bad_response",
+                                    self._untrusted_short(f"unreadable response: {exc}"))
+                except Exception as exc:  # the transport's errors while streaming the body (not retried)
+                    name = type(exc).__name__
+                    if not type(exc).__module__.startswith(("httpx", "httpcore", "anyio", "h11")):
+                        raise
+                    reason = "timeout" if "Timeout" in name else "connection"
+                    return _Attempt(None, rec.attempts, reason, self._untrusted_short(f"reading the response: {name}: {exc}"))
+                finally:
+                    with self._lock:
+                        self._in_flight -= 1
+                        self.stats.request_s += time.perf_counter() - t0
+        finally:
+            _CURRENT.reset(token)
+        reply, problem = _parse_reply(body)
+        if reply is None:
+            return _Attempt(None, rec.attempts, "bad_response", self._untrusted_short(f"unusable response: {problem}"))
+        p, c = _usage(reply)
         with self._lock:
             self.stats.prompt_tokens += p
             self.stats.completion_tokens += c
-            if getattr(resp, "usage", None) is None:
+            if reply.usage is None or reply.usage.prompt_tokens is None:
                 self.stats.estimated_token_requests += 1
-        return _Attempt(resp)
+        return _Attempt(reply, rec.attempts)
 
+    # ------------------------------------------------------------------ untrusted text
     def _scrub(self, text: str) -> str:
         key = self.config.api_key
         if key:
@@ -638,6 +909,19 @@ class LLMClient:
             if len(key) > 12:  # servers echo keys partly masked, e.g. "sk-abc...wxyz"
                 text = text.replace(key[:8], "***").replace(key[-4:], "***")
         return text
+
+    def _untrusted(self, text: str) -> str:
+        """Server text as the client passes it on: the key scrubbed, control characters removed."""
+        return clean_text(self._scrub(text))
+
+    def _untrusted_short(self, text: str) -> str:
+        return _short(self._untrusted(text))
+
+    def _clean(self, completion: "Completion") -> "Completion":
+        """A cached completion's texts as fresh ones would be (caches written by older versions)."""
+        return dataclasses.replace(
+            completion, texts=tuple(self._untrusted(t) for t in completion.texts),
+            model=self._untrusted(completion.model))
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -652,29 +936,21 @@ def _check_messages(messages: Messages) -> list[dict[str, str]]:
     return out
 
 
-def _choice_logprobs(choice: Any) -> tuple[TokenLogprob, ...] | None:
-    lp = getattr(choice, "logprobs", None)
-    content = getattr(lp, "content", None) if lp is not None else None
+def _choice_logprobs(choice: Any, clean: Any) -> tuple[TokenLogprob, ...] | None:
+    lp = choice.logprobs
+    content = lp.content if lp is not None else None
     if not content:
         return None
-    return tuple(TokenLogprob(str(t.token), float(t.logprob)) for t in content)
+    return tuple(TokenLogprob(clean(t.token), float(t.logprob)) for t in content)
 
 
-def _usage(resp: Any) -> tuple[int, int]:
+def _usage(reply: Any) -> tuple[int, int]:
     """(prompt, completion) tokens; estimated at 4 characters a token when the server reports none."""
-    usage = getattr(resp, "usage", None)
+    usage = reply.usage
     if usage is not None and usage.prompt_tokens is not None:
-        return int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0)
-    chars = sum(len((c.message.content or "") if c.message else "") for c in resp.choices or [])
+        return int(usage.prompt_tokens), int(usage.completion_tokens or 0)
+    chars = sum(len(c.message.content) for c in reply.choices)
     return 0, (chars + 3) // 4
-
-
-def _retry_after(exc: Any) -> float | None:
-    try:
-        value = exc.response.headers.get("retry-after")
-        return max(0.0, float(value)) if value is not None else None
-    except (AttributeError, TypeError, ValueError):
-        return None
 
 
 def _short(text: str, limit: int = 300) -> str:
@@ -685,3 +961,14 @@ def _short(text: str, limit: int = 300) -> str:
 async def _close_states(states: list[_LoopState]) -> None:
     for s in states:
         await s.openai.close()
+
+
+async def _shutdown(states: list[_LoopState]) -> None:
+    """Cancel the loop's other tasks (calls cut short by Ctrl-C), wait for them, close the HTTP clients."""
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    await _close_states(states)

@@ -20,18 +20,21 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from kgreason.errors import UserError
+from kgreason.files import user_cache_dir
 
 __all__ = [
     "LLMConfig",
     "DEFAULT_MODEL",
     "JSON_OUTPUT_MODES",
     "default_cache_path",
+    "check_base_url",
     "add_llm_arguments",
     "config_from_args",
 ]
@@ -46,10 +49,37 @@ JSON_OUTPUT_MODES = ("off", "object", "schema")
 NO_KEY = "EMPTY"
 
 
+#: Largest HTTP response body read by default (:attr:`LLMConfig.max_response_bytes`).
+DEFAULT_MAX_RESPONSE_BYTES = 1 << 20
+
+
 def default_cache_path() -> Path:
-    """``$XDG_CACHE_HOME/kgreason/llm-cache.sqlite`` (``~/.cache`` when XDG_CACHE_HOME is unset or empty)."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "kgreason" / "llm-cache.sqlite"
+    """``$KGREASON_HOME/llm-cache.sqlite`` (``~/.cache/kgreason`` when KGREASON_HOME is unset or empty;
+    :func:`kgreason.files.user_cache_dir`)."""
+    return user_cache_dir() / "llm-cache.sqlite"
+
+
+def check_base_url(url: object) -> str:
+    """``url`` without trailing slashes if it is an ``http(s)://host[:port][/path]`` URL; else a
+    :class:`ValueError` saying what is wrong (callers add the flag or variable it came from)."""
+    if not isinstance(url, str):
+        raise ValueError(f"must be a string, got {type(url).__name__}")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"must start with http:// or https://, got {url!r}")
+    if re.search(r"[\s\x00-\x1f\x7f]", url):
+        raise ValueError(f"must not contain spaces or control characters, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # range-checked by urllib: 0..65535
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", a non-numeric port
+        raise ValueError(f"is not a valid URL ({exc}), got {url!r}") from None
+    if not parts.hostname:
+        raise ValueError(f"has no host name, got {url!r}")
+    if port == 0:
+        raise ValueError(f"port must be in [1, 65535], got {url!r}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"must not carry a query or fragment, got {url!r}")
+    return url.rstrip("/")
 
 
 def _mask(key: str | None) -> str | None:
@@ -68,16 +98,25 @@ class LLMConfig:
         temperature: sampling temperature (LGOT: 0.2).
         n: samples per prompt; confidence p(e) = count/n (LGOT: 6).
         max_tokens: completion token limit per sample.
-        timeout_s: hard deadline of one HTTP request, seconds.
-        max_retries: retries after the first attempt on 429/5xx/connection errors/timeouts.
+        timeout_s: timeout of one HTTP attempt, seconds (connect, and each read/write: the
+            ``openai`` package's ``timeout``).
+        deadline_s: bound on one call of the client (:meth:`~llm_bridge.client.LLMClient.complete`
+            or :meth:`~llm_bridge.client.LLMClient.complete_many`: one stage of the bridge),
+            retries and backoff included; prompts still unanswered then fail with reason
+            ``"timeout"``.
+        max_retries: retries after the first attempt on 408/409/429/5xx/connection errors/timeouts
+            (the ``openai`` package's ``max_retries``).
         backoff_s: first retry delay; doubled per retry with jitter, capped by ``max_backoff_s``.
         max_backoff_s: longest delay between two attempts (also caps a server's Retry-After).
         concurrency: most HTTP requests in flight at once.
         budget_calls: most HTTP requests per run (None: no limit); cache hits are free.
         budget_tokens: most prompt + completion tokens per run (None: no limit). Checked
             before each request, so requests already in flight may overshoot it.
+        max_response_bytes: largest HTTP response body read; a longer one is a
+            ``bad_response`` failure (never stored).
         cache_path: SQLite file of cached responses (default :func:`default_cache_path`).
-        use_cache: read and write the cache.
+        use_cache: read and write the response cache and the relation-question sidecars
+            (False: nothing is read from or written to disk).
         logprobs: ask for token log-probabilities (servers that cannot simply omit them).
         json_output: JSON-constrained answers to the projection prompts: ``"off"``,
             ``"object"`` (``response_format={"type": "json_object"}``) or ``"schema"``
@@ -92,12 +131,14 @@ class LLMConfig:
     n: int = 6
     max_tokens: int = 256
     timeout_s: float = 60.0
+    deadline_s: float = 180.0
     max_retries: int = 4
     backoff_s: float = 0.5
     max_backoff_s: float = 20.0
     concurrency: int = 8
     budget_calls: int | None = None
     budget_tokens: int | None = None
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     cache_path: Path = field(default_factory=default_cache_path)
     use_cache: bool = True
     logprobs: bool = False
@@ -108,9 +149,10 @@ class LLMConfig:
             return UserError(f"LLM config: {name} {message}")
 
         if self.base_url is not None:
-            if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
-                raise bad("base_url", f"must start with http:// or https://, got {self.base_url!r}")
-            object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+            try:
+                object.__setattr__(self, "base_url", check_base_url(self.base_url))
+            except ValueError as exc:
+                raise bad("base_url", str(exc)) from None
         if self.api_key is not None and not isinstance(self.api_key, str):
             raise bad("api_key", f"must be a string, got {type(self.api_key).__name__}")
         if not isinstance(self.model, str) or not self.model.strip():
@@ -136,6 +178,8 @@ class LLMConfig:
         number("n", integer=True, low=1, high=128)
         number("max_tokens", integer=True, low=1)
         number("timeout_s", integer=False, low=0.0, low_open=True)
+        number("deadline_s", integer=False, low=0.0, low_open=True)
+        number("max_response_bytes", integer=True, low=1024)
         number("max_retries", integer=True, low=0, high=100)
         number("backoff_s", integer=False, low=0.0)
         number("max_backoff_s", integer=False, low=0.0)
@@ -201,6 +245,12 @@ class LLMConfig:
                 values[name] = env[var]
         values.update({k: v for k, v in overrides.items() if v is not None})
         base_url = values.get("base_url")
+        if base_url is not None:
+            try:
+                base_url = values["base_url"] = check_base_url(base_url)
+            except ValueError as exc:
+                source = "base_url" if overrides.get("base_url") is not None else "OPENAI_BASE_URL"
+                raise UserError(f"LLM config: {source} {exc}") from None
         if base_url and "model" not in values and urlsplit(str(base_url)).hostname != "api.openai.com":
             # The response cache is keyed by model name, not by address: a local server's answers filed
             # under the default OpenAI model name would later be replayed as that model's.
@@ -235,9 +285,16 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
     g.add_argument("--llm-temperature", metavar="T", type=float, default=None, help="sampling temperature (default 0.2)")
     g.add_argument("--llm-n", metavar="N", type=int, default=None, help="samples per prompt (default 6)")
     g.add_argument("--llm-max-tokens", metavar="N", type=int, default=None, help="completion tokens per sample (default 256)")
-    g.add_argument("--llm-timeout", metavar="SECONDS", type=float, default=None, help="per-request timeout (default 60)")
+    g.add_argument("--llm-timeout", metavar="SECONDS", type=float, default=None,
+                   help="timeout of one HTTP attempt (connect, each read; default 60)")
+    g.add_argument("--llm-deadline", metavar="SECONDS", type=float, default=None,
+                   help="most time one stage of LLM calls may take, retries included; unanswered prompts then "
+                        "fall back to KG-only (default 180)")
+    g.add_argument("--llm-max-response-bytes", metavar="N", type=int, default=None,
+                   help=f"largest HTTP response read; longer ones count as bad responses "
+                        f"(default {DEFAULT_MAX_RESPONSE_BYTES})")
     g.add_argument("--llm-max-retries", metavar="N", type=int, default=None,
-                   help="retries on 429/5xx/connection errors/timeouts (default 4)")
+                   help="retries on 408/409/429/5xx/connection errors/timeouts (default 4)")
     g.add_argument("--llm-concurrency", metavar="N", type=int, default=None, help="requests in flight at once (default 8)")
     g.add_argument("--llm-budget-calls", metavar="N", type=int, default=None,
                    help="most LLM requests per run; then the bridge falls back to KG-only (default: no limit)")
@@ -250,7 +307,8 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                         "llama.cpp's schema (a list of strings); dropped if the server rejects it (default off)")
     g.add_argument("--llm-cache", metavar="PATH", default=None,
                    help=f"SQLite response cache (default: {default_cache_path()})")
-    g.add_argument("--no-llm-cache", action="store_true", default=False, help="neither read nor write the response cache")
+    g.add_argument("--no-llm-cache", action="store_true", default=False,
+                   help="read and write no LLM cache: neither the response cache nor relation-question files")
     return g
 
 
@@ -265,6 +323,8 @@ def config_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = Non
         "n": ns.llm_n,
         "max_tokens": ns.llm_max_tokens,
         "timeout_s": ns.llm_timeout,
+        "deadline_s": getattr(ns, "llm_deadline", None),
+        "max_response_bytes": getattr(ns, "llm_max_response_bytes", None),
         "max_retries": getattr(ns, "llm_max_retries", None),
         "concurrency": ns.llm_concurrency,
         "budget_calls": ns.llm_budget_calls,
@@ -281,7 +341,8 @@ def config_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = Non
             raise UserError(f"--llm-api-key-env: environment variable {key_var} is not set")
         overrides["api_key"] = env[key_var]
     names = {"temperature": "--llm-temperature", "n": "--llm-n", "max_tokens": "--llm-max-tokens",
-             "timeout_s": "--llm-timeout", "max_retries": "--llm-max-retries", "concurrency": "--llm-concurrency",
+             "timeout_s": "--llm-timeout", "deadline_s": "--llm-deadline",
+             "max_response_bytes": "--llm-max-response-bytes", "max_retries": "--llm-max-retries", "concurrency": "--llm-concurrency",
              "budget_calls": "--llm-budget-calls", "budget_tokens": "--llm-budget-tokens",
              "base_url": "--llm-base-url", "model": "--llm-model", "cache_path": "--llm-cache"}
     try:

@@ -372,7 +372,8 @@ def settle_questions(artifact, args: ExperimentArgs, config, queries, questions_
 
     rels = sorted({artifact.relations[r] if isinstance(r, (int, np.integer)) else r
                    for q in queries for r in _relations_of(q.node, set())})
-    questions = RelationQuestions.for_artifact(artifact, model=config.model, cache_dir=questions_dir)
+    questions = RelationQuestions.for_artifact(artifact, model=config.model, cache_dir=questions_dir,
+                                               use_cache=config.use_cache)
     info: dict[str, Any] = {"relations": len(rels), "mode": args.relation_questions}
     if args.relation_questions == "llm":
         t0 = time.perf_counter()

@@ -332,7 +332,9 @@ class LGOTHook:
             self.linker = EntityLinker.from_artifact(artifact, names_file=self.names_file,
                                                      threshold=self.settings.link_threshold)
         if self.questions is None:
-            self.questions = RelationQuestions.for_artifact(artifact, model=self.model, cache_dir=self.questions_dir)
+            self.questions = RelationQuestions.for_artifact(
+                artifact, model=self.model, cache_dir=self.questions_dir,
+                use_cache=bool(getattr(getattr(self.client, "config", None), "use_cache", True)))
 
     # ------------------------------------------------------------------------------ dispatch
     def __call__(self, ctx: NodeContext, value: NodeValue) -> NodeValue | None:

@@ -17,10 +17,14 @@ of an artifact :class:`RelationQuestions` holds one, from (first wins):
 they read (issue 9), so generated templates go to a sidecar file under the
 user cache dir, keyed by the artifact's checksum and the model::
 
-    $XDG_CACHE_HOME/kgreason/relation-questions/<artifact key>/<model>.json
+    $KGREASON_HOME/relation-questions/<artifact key>/<model>.json
 
-(``~/.cache`` when ``XDG_CACHE_HOME`` is unset; ``cache_dir`` overrides the
-root).  The artifact key is the sha256 of the artifact's ``meta.json`` file
+(``~/.cache/kgreason`` when ``KGREASON_HOME`` is unset, as for every kgreason
+cache: :func:`kgreason.files.user_cache_dir`; ``cache_dir`` overrides the
+root).  With ``--no-llm-cache`` (``LLMConfig.use_cache=False``) sidecars are
+neither read nor written: :meth:`RelationQuestions.for_artifact` and
+:meth:`RelationQuestions.ensure` take ``use_cache``, and ``ensure`` also
+follows the client's ``config.use_cache``.  The artifact key is the sha256 of the artifact's ``meta.json`` file
 checksums (so a rebuilt artifact gets fresh templates); an artifact without a
 folder or checksums keeps its templates in memory only.  The sidecar is
 written atomically (temp file + rename) and only holds LLM-generated
@@ -50,6 +54,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from kgreason.files import user_cache_dir
+from llm_bridge.text import clean_text
 from llm_bridge.prompts import (
     ENTITY_SLOT,
     clean_question_template,
@@ -76,8 +82,7 @@ EXAMPLES = 5
 
 
 def _cache_root() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "kgreason" / "relation-questions"
+    return user_cache_dir() / "relation-questions"
 
 
 def artifact_key(artifact: "Artifact") -> str | None:
@@ -167,7 +172,7 @@ class RelationQuestions:
             raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
         if relation not in self._index:
             raise KeyError(f"unknown relation {relation!r}")
-        t = clean_question_template(template)
+        t = clean_question_template(None if template is None else clean_text(str(template)))
         if t is None:
             return False
         owner = self._by_text.get(_norm(t))
@@ -206,14 +211,15 @@ class RelationQuestions:
     # ----------------------------------------------------------------------------- loading
     @classmethod
     def for_artifact(cls, artifact: "Artifact", *, model: str | None = None,
-                     cache_dir: str | os.PathLike | None = None) -> "RelationQuestions":
-        """The templates known for ``artifact``: its own file, then ``model``'s sidecar, then fallbacks."""
+                     cache_dir: str | os.PathLike | None = None, use_cache: bool = True) -> "RelationQuestions":
+        """The templates known for ``artifact``: its own file, then ``model``'s sidecar (unless
+        ``use_cache`` is False: ``--no-llm-cache``), then fallbacks."""
         rq = cls(relations=artifact.relations)
         if artifact.path is not None and (Path(artifact.path) / ARTIFACT_FILE).is_file():
             for r, t in _read_templates(Path(artifact.path) / ARTIFACT_FILE).items():
                 if r in rq._index:
                     rq.set(r, t, source="artifact")
-        if model is not None:
+        if model is not None and use_cache:
             path = sidecar_path(artifact, model, cache_dir)
             if path is not None and path.is_file():
                 for r, t in _read_templates(path).items():
@@ -222,13 +228,18 @@ class RelationQuestions:
         return rq
 
     def ensure(self, relations: Iterable[str], *, artifact: "Artifact", client: Any, model: str | None = None,
-               cache_dir: str | os.PathLike | None = None, seed: int = 0) -> dict[str, str]:
+               cache_dir: str | os.PathLike | None = None, seed: int = 0,
+               use_cache: bool | None = None) -> dict[str, str]:
         """Ask the LLM for the templates of ``relations`` still on their fallback (one batch); save the sidecar.
 
         Returns relation -> what happened (``"llm"``, or why the fallback stays:
         ``"no examples"``, ``"unusable reply"``, ``"failed: <reason>"``).
         Relations already from the artifact or the sidecar are not asked again.
+        The sidecar is not written when ``use_cache`` is False (default: the
+        client's ``config.use_cache``, i.e. not with ``--no-llm-cache``).
         """
+        if use_cache is None:
+            use_cache = bool(getattr(getattr(client, "config", None), "use_cache", True))
         todo = [r for r in dict.fromkeys(relations) if r in self._index and self._sources[r] == "fallback"]
         todo = [r for r in todo if r not in self._asked]
         if not todo:
@@ -252,7 +263,7 @@ class RelationQuestions:
                     continue
                 used = any(self.set(r, text, source="llm") for text in res.texts[:1])
                 out[r] = "llm" if used else "unusable reply"
-        if any(v == "llm" for v in out.values()) and model is not None:
+        if any(v == "llm" for v in out.values()) and model is not None and use_cache:
             self.save_sidecar(artifact, model, cache_dir)
         return out
 
@@ -261,17 +272,25 @@ class RelationQuestions:
         path = sidecar_path(artifact, model, cache_dir)
         if path is None:
             return None
+        data = json.dumps(self.to_json(model=model, artifact_key=artifact_key(artifact)), indent=1,
+                          sort_keys=True, ensure_ascii=False)
+        tmp: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            data = json.dumps(self.to_json(model=model, artifact_key=artifact_key(artifact)), indent=1,
-                              sort_keys=True, ensure_ascii=False)
             fd, tmp = tempfile.mkstemp(prefix=".rq-", suffix=".json", dir=path.parent)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(data + "\n")
             os.replace(tmp, path)
-        except OSError as exc:  # a read-only cache dir costs only the next run's regeneration
-            log.warning("cannot write relation questions to %s (%s)", path, exc.strerror)
+            tmp = None
+        except OSError as exc:  # a read-only or full cache dir costs only the next run's regeneration
+            log.warning("cannot write relation questions to %s (%s)", path, exc.strerror or exc)
             return None
+        finally:
+            if tmp is not None:  # any failure, Ctrl-C included: no .rq-*.json left behind
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
         return path
 
 

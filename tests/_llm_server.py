@@ -15,6 +15,10 @@ Use from a test module (tests/ is on sys.path, as for ``_ops_helpers``)::
   (``.base_url``, ``.stats``); stops it on exit.
 * :func:`simulator_process`: the same as a separate ``python -m llm_bridge.simulate``
   process (the CLI path); yields the base URL.
+* :func:`scripted_server`: a bare HTTP server on 127.0.0.1 whose every reply to
+  ``POST /v1/chat/completions`` a test function decides (any status, headers and
+  bytes, or a hang), for replies no real server should send; yields a
+  :class:`ScriptedServer` (``.base_url``, ``.requests``, ``.bodies``).
 * ``local_llm``: a session-scoped fixture for ``pytest -m llm`` tests: llama.cpp's
   server with SmolLM2 (:mod:`llm_bridge.local`) on 127.0.0.1; yields its
   :class:`~llm_bridge.local.LocalServer` (``.base_url``).  Skipped unless ``-m``
@@ -24,13 +28,16 @@ Use from a test module (tests/ is on sys.path, as for ``_ops_helpers``)::
 from __future__ import annotations
 
 import contextlib
+import http.server
+import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -149,6 +156,95 @@ def simulator_process(artifact, *args: str, startup_s: float = 60.0) -> Iterator
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+#: What a scripted handler returns: (status, body, headers), or HANG to never answer.
+HANG = "hang"
+
+
+def chat_reply(*contents: Any, model: str = "scripted", usage: Any = None) -> bytes:
+    """A well-formed Chat Completions body with one choice per content (``usage`` omitted when None)."""
+    body: dict[str, Any] = {
+        "id": "x", "object": "chat.completion", "created": 0, "model": model,
+        "choices": [{"index": i, "message": {"role": "assistant", "content": c}, "finish_reason": "stop"}
+                    for i, c in enumerate(contents)],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return json.dumps(body).encode("utf-8")
+
+
+class ScriptedServer(http.server.ThreadingHTTPServer):
+    """See :func:`scripted_server`; ``requests`` counts POSTs, ``bodies`` holds their JSON."""
+
+    daemon_threads = True
+
+    def __init__(self, handler: Callable[[dict, dict], Any]) -> None:
+        super().__init__(("127.0.0.1", 0), _ScriptedHandler)
+        self.handler = handler
+        self.requests = 0
+        self.bodies: list[dict] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _ScriptedHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"  # bodies may end at the connection's close (no Content-Length)
+
+    def log_message(self, *args: Any) -> None:  # keep the test output clean
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802
+        srv: ScriptedServer = self.server  # type: ignore[assignment]
+        length = int(self.headers.get("content-length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            body = {}
+        with srv.lock:
+            srv.requests += 1
+            srv.bodies.append(body)
+        out = srv.handler(body, {k.lower(): v for k, v in self.headers.items()})
+        if out == HANG:
+            srv.stopping.wait(60)
+            return
+        status, data, headers = out
+        self.send_response(status)
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        for k, v in headers.items():
+            if v is not None:
+                self.send_header(k, v)
+        if "Content-Length" not in headers:
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except OSError:
+            pass  # the client stopped reading (a reply over its size cap)
+
+
+@contextlib.contextmanager
+def scripted_server(handler: Callable[[dict, dict], Any]) -> Iterator[ScriptedServer]:
+    """Serve ``handler(request_json, headers) -> (status, body bytes, headers) | HANG`` on a free port.
+
+    The request's header names reach ``handler`` in lower case.
+    A header set to None is left out (``{"Content-Length": None}``: the body ends at the close).
+    Hanging handlers are released when the server stops.
+    """
+    srv = ScriptedServer(handler)
+    thread = threading.Thread(target=srv.serve_forever, name="scripted-llm", daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.stopping.set()
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="session")

@@ -773,7 +773,7 @@ def test_caches_point_into_the_test_session(tmp_path):
         assert home / ".cache" not in [value, *value.parents], (var, value)
     from llm_bridge.config import default_cache_path
 
-    assert Path(os.environ["XDG_CACHE_HOME"]) in default_cache_path().parents
+    assert Path(os.environ["KGREASON_HOME"]) in default_cache_path().parents  # every cache under KGREASON_HOME
 
 
 def test_interrupts_deferred_delivers_ctrl_c_after_the_block(request):

@@ -5,6 +5,8 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import re
 import socket
 import sqlite3
 import threading
@@ -12,7 +14,7 @@ import time
 
 import pytest
 
-from _llm_server import llm_artifact, local_llm, simulator  # noqa: F401
+from _llm_server import HANG, chat_reply, llm_artifact, local_llm, scripted_server, simulator  # noqa: F401
 from kgreason.errors import UserError
 from llm_bridge import prompts
 from llm_bridge.cache import ResponseCache, request_key
@@ -49,11 +51,17 @@ def test_config_defaults_masking_and_validation(tmp_path, monkeypatch):
     for text in (repr(cfg), str(cfg), json.dumps(cfg.to_json())):
         assert SECRET not in text and "***" in text
     assert "api_key=None" in repr(LLMConfig())
+    # every cache lives under KGREASON_HOME (XDG_CACHE_HOME is not consulted), default ~/.cache/kgreason
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert default_cache_path() == tmp_path / "xdg" / "kgreason" / "llm-cache.sqlite"
-    assert LLMConfig().cache_path == tmp_path / "xdg" / "kgreason" / "llm-cache.sqlite"
-    monkeypatch.setenv("XDG_CACHE_HOME", "")
-    assert str(default_cache_path()).endswith(".cache/kgreason/llm-cache.sqlite")
+    monkeypatch.setenv("KGREASON_HOME", str(tmp_path / "home"))
+    assert default_cache_path() == tmp_path / "home" / "llm-cache.sqlite"
+    assert LLMConfig().cache_path == tmp_path / "home" / "llm-cache.sqlite"
+    from llm_bridge.relations import _cache_root
+
+    assert _cache_root() == tmp_path / "home" / "relation-questions"
+    monkeypatch.setenv("KGREASON_HOME", "")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert default_cache_path() == tmp_path / "user" / ".cache" / "kgreason" / "llm-cache.sqlite"
     for kwargs, field in [({"temperature": 3.0}, "temperature"), ({"n": 0}, "n"), ({"timeout_s": 0}, "timeout_s"),
                           ({"base_url": "localhost:8080"}, "base_url"), ({"concurrency": 0}, "concurrency"),
                           ({"budget_calls": -1}, "budget_calls"), ({"model": " "}, "model"),
@@ -112,8 +120,10 @@ def test_complete_and_batch_against_simulator(llm_artifact, tmp_path):
         assert json.loads(json.dumps(results[0].to_json()))["texts"] == list(results[0].texts)
         assert Completion.from_json(results[0].to_json()) == results[0]
         s = client.stats
-        assert (s.calls, s.requests, s.retries, s.failures, s.cache_hits) == (6, 6, 0, 0, 0)
-        assert s.prompt_tokens == sum(r.prompt_tokens for r in results) + again.prompt_tokens
+        # the repeated prompt is answered from the client's memory (cross-batch de-duplication)
+        assert (s.calls, s.requests, s.retries, s.failures, s.cache_hits, s.deduplicated) == (6, 5, 0, 0, 0, 1)
+        assert again.requests == 0 and not again.cached
+        assert s.prompt_tokens == sum(r.prompt_tokens for r in results)
         assert s.wall_s > 0 and s.request_s > 0
         json.dumps(s.to_json())
         one = client.complete_sync(batch[0], n=1, temperature=0.0)
@@ -210,7 +220,8 @@ def test_timeouts_then_failure(llm_artifact):
         r = client.complete_sync(_prompts(1)[0])
         elapsed = time.perf_counter() - t0
         assert isinstance(r, LLMFailure) and (r.reason, r.attempts) == ("timeout", 2)
-        assert 0.5 < elapsed < 5 and client.stats.timeouts == 2
+        # the openai package retries the timeout itself: one logical request failed with a timeout
+        assert 0.5 < elapsed < 5 and client.stats.timeouts == 1 and client.stats.retries == 1
         assert srv.stats["injected_hang"] == 2
 
 
@@ -318,13 +329,6 @@ def test_cache_keys_and_sharing_across_threads_and_connections(tmp_path):
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     a.close()
     b.close()
-
-
-def test_corrupt_cache_file_is_a_clear_error(tmp_path):
-    bad = tmp_path / "broken.sqlite"
-    bad.write_bytes(b"this is not a sqlite database at all" * 200)
-    with pytest.raises(UserError, match=r"LLM cache .*broken\.sqlite is not a usable SQLite database.*delete it"):
-        LLMClient(_cfg("http://127.0.0.1:1/v1", cache_path=bad, use_cache=True))
 
 
 def test_api_key_never_printed_or_logged(llm_artifact, tmp_path, capfd, caplog):
@@ -441,3 +445,281 @@ def test_a_non_openai_base_url_needs_a_model_name(tmp_path):
         LLMConfig.from_env({}, base_url="http://127.0.0.1:8080/v1")
     assert LLMConfig.from_env({"KGREASON_LLM_MODEL": "smollm2"}, base_url="http://127.0.0.1:8080/v1").model == "smollm2"
     assert LLMConfig.from_env({}, base_url="https://api.openai.com/v1").model == "gpt-4o-mini"
+
+
+# ------------------------------------------------------------------ untrusted servers (issue 21 item 4)
+def _ok(body: bytes, status: int = 200, **headers):
+    return lambda req, hdrs: (status, body, headers)
+
+
+_VALID_CHOICE = {"index": 0, "message": {"role": "assistant", "content": "[\"a\"]"}, "finish_reason": "stop"}
+MALFORMED = {
+    "choices not a list": b'{"choices": "nope"}',
+    "no choices": b'{"id": "x", "model": "m"}',
+    "empty choices": b'{"choices": []}',
+    "content is a number": json.dumps({"choices": [{"index": 0, "message": {"content": 5}}]}).encode(),
+    "content is null": json.dumps({"choices": [{"index": 0, "message": {"content": None}}]}).encode(),
+    "no message": json.dumps({"choices": [{"index": 0, "finish_reason": "stop"}]}).encode(),
+    "usage not numeric": json.dumps({"choices": [_VALID_CHOICE],
+                                     "usage": {"prompt_tokens": "many", "completion_tokens": 1}}).encode(),
+    "usage negative": json.dumps({"choices": [_VALID_CHOICE],
+                                  "usage": {"prompt_tokens": -3, "completion_tokens": 1}}).encode(),
+    "logprob not numeric": json.dumps({"choices": [{**_VALID_CHOICE, "logprobs": {
+        "content": [{"token": "a", "logprob": "high"}]}}]}).encode(),
+    "a JSON list": b"[1, 2, 3]",
+    "not JSON": b"this is not JSON at all",
+    "HTML": b"<html><body><h1>502 Bad Gateway</h1></body></html>",
+    "not UTF-8": b"\xff\xfe\x00garbage",
+    "truncated JSON": b'{"choices": [{"index": 0, "message": {"content": "a',
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_200_replies_are_bad_response_never_cached(name, tmp_path, capfd):
+    content_type = "text/html" if name == "HTML" else "application/json"
+    with scripted_server(_ok(MALFORMED[name], **{"Content-Type": content_type})) as srv, \
+            LLMClient(_cfg(srv.base_url, tmp_path, max_retries=3)) as client:
+        results = client.complete_many_sync(_prompts(2))
+        for r in results:
+            assert isinstance(r, LLMFailure) and r.reason == "bad_response", r
+            assert r.attempts == 1 and "\n" not in r.message
+        assert srv.requests == 2  # a bad reply is not retried
+        assert client.stats.failures == 2 and len(client.cache) == 0
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_old_client_crashed_on_choices_nope(tmp_path):
+    """Regression: `{"choices": "nope"}` with HTTP 200 ended in a traceback (AttributeError) before."""
+    with scripted_server(_ok(b'{"choices": "nope", "model": "m"}')) as srv, \
+            LLMClient(_cfg(srv.base_url, None, n=1)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert r.reason == "bad_response" and "choices" in r.message
+
+
+def test_well_formed_replies_from_the_scripted_server(tmp_path):
+    usage = {"prompt_tokens": 7, "completion_tokens": 3}
+    with scripted_server(_ok(chat_reply('["x"]', '["y"]', usage=usage))) as srv, \
+            LLMClient(_cfg(srv.base_url, tmp_path, n=2)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert r.ok and r.texts == ('["x"]', '["y"]') and (r.prompt_tokens, r.completion_tokens) == (7, 3)
+        assert len(client.cache) == 1 and srv.bodies[0]["n"] == 2
+
+
+@pytest.mark.parametrize("timeout_s, max_retries", [(30.0, 0), (0.4, 50)])
+def test_a_hanging_server_is_bounded_by_the_deadline(timeout_s, max_retries, capfd):
+    """A server that never answers: the whole call ends at --llm-deadline, retries or not, with progress on stderr."""
+    with scripted_server(lambda req, hdrs: HANG) as srv, \
+            LLMClient(_cfg(srv.base_url, None, timeout_s=timeout_s, max_retries=max_retries, deadline_s=2.0,
+                           backoff_s=0.05, max_backoff_s=0.1)) as client:
+        t0 = time.perf_counter()
+        results = client.complete_many_sync(_prompts(3))
+        elapsed = time.perf_counter() - t0
+        assert all(r.reason == "timeout" and "deadline of 2 s" in r.message for r in results)
+        assert 1.9 < elapsed < 4.0, elapsed
+        assert client.stats.deadline_hits == 3 and srv.requests >= 3
+        # the next stage gets its own deadline (the client is still usable)
+        t0 = time.perf_counter()
+        assert client.complete_sync(_prompts(1, "parent_of")[0]).reason == "timeout"
+        assert time.perf_counter() - t0 < 4.0
+    out, err = capfd.readouterr()
+    assert "llm" in err and "prompt" in err and "deadline 2 s" in err  # the progress bar
+    assert out == ""
+
+
+def test_api_key_echoed_in_a_200_reply_is_scrubbed_everywhere(tmp_path, capfd, caplog):
+    caplog.set_level(logging.DEBUG)
+
+    def echo(req, hdrs):
+        key = hdrs.get("authorization", "").removeprefix("Bearer ")
+        assert key == SECRET
+        return 200, chat_reply(f"your key is {key}!", model=f"model-{key}"), {}
+
+    with scripted_server(echo) as srv, LLMClient(_cfg(srv.base_url, tmp_path, api_key=SECRET, n=1)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert r.ok and r.texts == ("your key is ***!",) and SECRET not in r.model
+        print(r, r.to_json(), client.stats.to_json())
+        hit = client.cache.get(next(iter(client.cache._conn.execute("SELECT key FROM responses")))[0])
+        assert SECRET not in json.dumps(hit)
+    out, err = capfd.readouterr()
+    logs = "\n".join(f"{rec.name} {rec.getMessage()} {rec.args!r}" for rec in caplog.records)
+    for text in (out, err, logs):
+        assert SECRET not in text and SECRET[:8] not in text
+    for f in tmp_path.glob("cache.sqlite*"):
+        assert SECRET.encode() not in f.read_bytes()
+
+
+def test_control_characters_and_ansi_escapes_are_removed(tmp_path):
+    from llm_bridge.text import clean_text
+
+    nasty = "\x1b[31mRed\x1b[0m\r\nline\x07 two\u202e\x1b]0;title\x07\x00 end\rX\t[\"a\"]"
+    assert clean_text(nasty) == "Red\nline two end\nX\t[\"a\"]"
+    assert clean_text("plain ✓ text") == "plain ✓ text"
+    with scripted_server(_ok(chat_reply(nasty, model="m\x1b[2J"))) as srv, \
+            LLMClient(_cfg(srv.base_url, tmp_path, n=1)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert r.texts == ("Red\nline two end\nX\t[\"a\"]",) and r.model == "m"
+    stored = [row[0] for row in sqlite3.connect(tmp_path / "cache.sqlite").execute("SELECT response FROM responses")]
+    assert len(stored) == 1 and not any(c in stored[0] for c in "\x1b\x07\r\u202e")
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "until-close"])
+def test_a_huge_reply_is_capped_and_not_cached(declared, tmp_path):
+    big = chat_reply("x" * (3 << 20))
+    headers = {} if declared else {"Content-Length": None}
+    with scripted_server(_ok(big, **headers)) as srv, \
+            LLMClient(_cfg(srv.base_url, tmp_path, n=1, max_response_bytes=1 << 20)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert r.reason == "bad_response" and "too large" in r.message and "--llm-max-response-bytes" in r.message
+        assert len(client.cache) == 0
+    assert sum(f.stat().st_size for f in tmp_path.glob("cache.sqlite*")) < 200_000
+    # the same body is fine under a larger cap
+    with scripted_server(_ok(big, **headers)) as srv, \
+            LLMClient(_cfg(srv.base_url, None, n=1, max_response_bytes=8 << 20)) as client:
+        assert client.complete_sync(_prompts(1)[0]).ok
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://127.0.0.1:99999/v1", "Port out of range"),
+    ("http://[::1", "Invalid IPv6 URL"),
+    ("ftp://x/v1", "must start with http:// or https://"),
+    ("localhost:8080/v1", "must start with http:// or https://"),
+    ("http:///v1", "has no host name"),
+    ("http://h:abc/v1", "not a valid URL"),
+    ("http://h:0/v1", "port must be in"),
+    ("http://h /v1", "spaces or control characters"),
+])
+def test_bad_base_urls_are_one_line_errors_naming_the_flag(url, why, llm_artifact, capsys):
+    with pytest.raises(UserError, match=r"LLM config: base_url .*" + re.escape(why)):
+        LLMConfig(base_url=url)
+    with pytest.raises(UserError, match=r"LLM config: OPENAI_BASE_URL .*" + re.escape(why)):
+        LLMConfig.from_env({"OPENAI_BASE_URL": url, "KGREASON_LLM_MODEL": "m"})
+    from engine.answer import main
+
+    argv = ["--artifact", str(llm_artifact), "--expr", "(p likes Entity_003)", "--llm", "--llm-base-url", url,
+            "--llm-model", "m", "--no-llm-cache"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --llm-base-url ") and why in err and err.count("\n") == 1
+
+
+def test_identical_prompts_across_batches_are_asked_once(llm_artifact):
+    """Regression: prompts were de-duplicated only inside one batch (45 requests for 34 distinct prompts)."""
+    distinct = _prompts(20) + _prompts(14, "parent_of")
+    batches = [distinct[0:16], distinct[8:24], distinct[16:34] + distinct[:5], distinct[30:34]]
+    with simulator(llm_artifact) as srv, LLMClient(_cfg(srv.base_url, None, n=2)) as client:
+        results = [r for b in batches for r in client.complete_many_sync(b)]
+        assert srv.stats["requests"] == 34 == client.stats.requests
+        assert client.stats.deduplicated == sum(len(b) for b in batches) - 34
+        assert all(r.ok for r in results)
+        again = client.complete_many_sync(distinct)
+        assert srv.stats["requests"] == 34 and [r.requests for r in again] == [0] * 34
+
+
+def test_memo_is_bounded(llm_artifact, monkeypatch):
+    import llm_bridge.client as client_mod
+
+    monkeypatch.setattr(client_mod, "MEMO_SIZE", 3)
+    # one request at a time: prompts finish in input order, so the memo keeps the last three
+    with simulator(llm_artifact) as srv, LLMClient(_cfg(srv.base_url, None, n=1, concurrency=1)) as client:
+        client.complete_many_sync(_prompts(5))
+        assert len(client._memo) == 3
+        client.complete_many_sync(_prompts(5)[-3:])
+        assert srv.stats["requests"] == 5
+        client.complete_sync(_prompts(5)[0])  # evicted: asked again
+        assert srv.stats["requests"] == 6
+
+
+def test_no_llm_cache_reads_and_writes_nothing(llm_artifact, tmp_path, monkeypatch, capsys):
+    """--no-llm-cache: no response cache and no relation-question file, read or written (issue 21)."""
+    from engine.answer import main
+    from kge.artifact import Artifact
+    from llm_bridge.relations import RelationQuestions, sidecar_path
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("KGREASON_HOME", str(home))
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    art = Artifact.load(llm_artifact)
+    # A sidecar from an earlier run with a template the simulator would not send back.
+    planted = RelationQuestions(relations=art.relations)
+    planted.set("likes", "Planted question about {entity}?", source="llm")
+    path = planted.save_sidecar(art, "sim")
+    assert path is not None and path.is_file() and home in path.parents
+    before = sorted(p for p in home.rglob("*"))
+    with simulator(llm_artifact, recall=1.0, hallucination=0.0) as srv:
+        argv = ["--artifact", str(llm_artifact), "--expr", "(p likes Entity_003)", "--json", "--llm",
+                "--llm-base-url", srv.base_url, "--llm-model", "sim", "--no-llm-cache"]
+        assert main(argv) == 0
+        requests = srv.stats["requests"]
+    out = json.loads(capsys.readouterr().out)
+    questions = [n["notes"]["llm"].get("question", "") for n in out["trace"]["nodes"] if "llm" in n.get("notes", {})]
+    assert questions and not any("Planted" in q for q in questions)
+    assert requests == 2  # the relation question and the projection: nothing came from disk
+    assert sorted(p for p in home.rglob("*")) == before  # nothing written, no cache file created
+    assert sidecar_path(art, "sim") == path
+    # with the cache: the sidecar is read (no relation-question request), and the response cache is made
+    with simulator(llm_artifact, recall=1.0, hallucination=0.0) as srv:
+        argv[argv.index("--llm-base-url") + 1] = srv.base_url
+        assert main(argv[:-1]) == 0
+        assert srv.stats["requests"] == 1
+    assert (home / "llm-cache.sqlite").is_file()
+
+
+def test_relation_question_file_write_failure_leaves_no_temp_file(llm_artifact, tmp_path, monkeypatch):
+    from kge.artifact import Artifact
+    from llm_bridge import relations
+
+    art = Artifact.load(llm_artifact)
+    rq = relations.RelationQuestions(relations=art.relations)
+    rq.set("likes", "Who likes {entity}?", source="llm")
+
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(relations.os, "replace", fail)
+    assert rq.save_sidecar(art, "m", tmp_path) is None
+    assert not list(tmp_path.rglob(".rq-*"))
+
+    def interrupt(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(relations.os, "replace", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        rq.save_sidecar(art, "m", tmp_path)
+    assert not list(tmp_path.rglob(".rq-*"))
+
+
+def test_names_file_that_is_a_folder_is_a_one_line_error(llm_artifact, tmp_path, capsys):
+    from engine.answer import main
+
+    base = ["--artifact", str(llm_artifact), "--expr", "(p likes Entity_003)", "--llm", "--llm-base-url",
+            "http://127.0.0.1:9/v1", "--llm-model", "m", "--no-llm-cache"]
+    assert main(base + ["--llm-names-file", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --llm-names-file ") and "is a folder" in err and err.count("\n") == 1
+    assert main(base + ["--llm-names-file", str(tmp_path / "nope.tsv")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_requests_prints_one_line_and_exits_130(llm_artifact, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from _llm_server import ROOT
+
+    with scripted_server(lambda req, hdrs: HANG) as srv:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), KGREASON_HOME=str(tmp_path / "home"))
+        cmd = [sys.executable, "-m", "engine.answer", "--artifact", str(llm_artifact), "--expr",
+               "(p likes Entity_003)", "--llm", "--llm-base-url", srv.base_url, "--llm-model", "m",
+               "--llm-concurrency", "4"]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while srv.requests == 0 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert srv.requests > 0, proc.communicate(timeout=10)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip() and not line.startswith("llm:")]
+    assert lines == ["interrupted"], err
+    assert "Traceback" not in err and "Task was destroyed" not in err

@@ -129,7 +129,7 @@ def test_smollm2_answers_an_lgot_query_end_to_end(local_llm, llm_artifact, tmp_p
     """SmolLM2 behind llama.cpp's server answers one LGOT query through ``python -m engine.answer --llm``."""
     from engine.answer import main
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # relation-question sidecars
+    monkeypatch.setenv("KGREASON_HOME", str(tmp_path / "home"))  # relation-question sidecars
     for var in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "KGREASON_LLM_MODEL"):
         monkeypatch.delenv(var, raising=False)
     argv = ["--artifact", str(llm_artifact), "--expr", "(p likes Entity_003)", "--top-k", "5", "--json",
