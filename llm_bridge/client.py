@@ -404,6 +404,8 @@ class LLMClient:
                  rng: random.Random | None = None, progress: bool = True) -> None:
         if importlib.util.find_spec("openai") is None:
             raise UserError("the LLM bridge needs the 'openai' package: pip install -e \".[llm]\"")
+        _sdk_client_class()  # import the SDK now: its first import takes a second or more, not a call's deadline
+        _reply_models()
         self.config = config
         self.stats = LLMStats()
         self.progress = progress

@@ -723,3 +723,21 @@ def test_ctrl_c_during_requests_prints_one_line_and_exits_130(llm_artifact, tmp_
     lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip() and not line.startswith("llm:")]
     assert lines == ["interrupted"], err
     assert "Traceback" not in err and "Task was destroyed" not in err
+
+
+@pytest.mark.parametrize("body", [b'{"choices": "nope"}', b"<html>oops</html>"], ids=["choices-nope", "html"])
+def test_the_bridge_answers_kg_only_when_replies_are_malformed(body, llm_artifact, tmp_path, capsys):
+    """engine.answer --llm against a server sending 200 + garbage: exit 0, KG answers, a warning in the trace."""
+    from engine.answer import main
+
+    with scripted_server(_ok(body)) as srv:
+        argv = ["--artifact", str(llm_artifact), "--expr", "(p likes Entity_003)", "--json", "--llm",
+                "--llm-base-url", srv.base_url, "--llm-model", "m", "--llm-cache", str(tmp_path / "c.sqlite"),
+                "--llm-relation-questions", "fallback"]
+        assert main(argv) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    warnings = [n["notes"]["warning"] for n in out["trace"]["nodes"] if "warning" in n.get("notes", {})]
+    assert warnings == ["LLM call failed (bad_response); this row is KG-only"]
+    assert out["answers"] and {a["provenance"] for a in out["answers"]} == {"kg"}
+    assert "Traceback" not in captured.err and srv.requests == 1
