@@ -140,6 +140,9 @@ def _check_names_file(path: str) -> None:
 def llm_hooks(options: LLMOptions | None, *, stats_out=None) -> Iterator[Sequence[Any]]:
     """The executor hooks for ``options`` (``()`` for None), with the client closed on exit.
 
+    Once a call ran out its ``--llm-deadline`` without any response from the server, the later calls
+    of the block are not made (:meth:`~llm_bridge.client.LLMClient.deadline_scope`).
+
     On exit a one-line summary of the LLM's use goes to ``stats_out`` (default
     stderr): prompts, HTTP requests, cache hits, tokens, rows that fell back.
     """
@@ -153,7 +156,10 @@ def llm_hooks(options: LLMOptions | None, *, stats_out=None) -> Iterator[Sequenc
     try:
         hook = LGOTHook(client=client, settings=options.settings, names_file=options.names_file,
                         questions_dir=options.questions_dir)
-        yield (hook,)
+        # A server that never answers costs one --llm-deadline for the command, not one per stage
+        # (relation questions, every projection node, the answer check).
+        with client.deadline_scope():
+            yield (hook,)
         st = client.stats
         summary = {"mode": options.settings.mode, "model": options.config.model, "prompts": hook.stats.prompts,
                    "calls": st.calls, "requests": st.requests, "cache_hits": st.cache_hits, "retries": st.retries,

@@ -68,7 +68,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Mapping, NamedTuple, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
 from kgreason.errors import UserError
 
@@ -284,6 +284,8 @@ def _sdk_client_class() -> type:
 
         def _calculate_retry_timeout(self, remaining_retries: int, options: Any, response_headers: Any = None) -> float:
             cfg = self._kg_owner.config
+            if response_headers is not None:  # a retried HTTP error status: the server does respond
+                self._kg_owner._responses += 1
             retry = max(0, cfg.max_retries - remaining_retries)
             delay = min(cfg.max_backoff_s, cfg.backoff_s * (2 ** min(retry, 60)) * (0.5 + self._kg_owner._rng.random()))
             try:
@@ -427,6 +429,9 @@ class LLMClient:
         self._active_since = 0.0
         self._budget_spent: str | None = None
         self._warned_unstored = False
+        self._scope_depth = 0  # deadline_scope() blocks open
+        self._unresponsive = False  # inside a scope: a call ended at its deadline without any HTTP response
+        self._responses = 0  # HTTP responses read (any status)
         #: Set once a server answered n > 1 with fewer choices: later prompts go out as n single requests.
         self.server_ignores_n = False
         #: Set once a server answered a request with ``response_format`` 400/422 and the same request without it.
@@ -471,7 +476,14 @@ class LLMClient:
             return []
         async with self._loop_scope():
             loop = asyncio.get_running_loop()
+            if self._scope_depth and self._unresponsive:
+                with self._lock:
+                    self.stats.failures += len(batch)
+                    self.stats.timeouts += len(batch)
+                return [LLMFailure("timeout", f"not asked: the server sent no response within an earlier "
+                                              f"--llm-deadline of {self.config.deadline_s:g} s")] * len(batch)
             deadline = loop.time() + self.config.deadline_s
+            responses_before = self._responses
             done = [0]
 
             async def one(m: Messages) -> "Completion | LLMFailure":
@@ -483,7 +495,13 @@ class LLMClient:
 
             ticker = loop.create_task(self._progress(done, len(batch))) if self.progress else None
             try:
-                return list(await asyncio.gather(*(one(m) for m in batch)))
+                results = list(await asyncio.gather(*(one(m) for m in batch)))
+                if self._scope_depth and self._responses == responses_before and any(
+                        isinstance(r, LLMFailure) and r.reason == "timeout" for r in results):
+                    log.warning("the LLM server sent no response within --llm-deadline %g s; the remaining "
+                                "LLM calls of this run are not made (answers are KG-only)", self.config.deadline_s)
+                    self._unresponsive = True
+                return results
             finally:
                 if ticker is not None:
                     ticker.cancel()
@@ -499,6 +517,26 @@ class LLMClient:
         """:meth:`complete_many` for callers without an event loop (may be called any number of times)."""
         self._check_open()
         return self._run_sync(self.complete_many(batch, **kwargs))
+
+    @contextlib.contextmanager
+    def deadline_scope(self) -> "Iterator[None]":
+        """Inside the block, a server that let one call run out its deadline unanswered is not asked again.
+
+        Each call ends by ``config.deadline_s`` in any case.  Inside the block,
+        once a call reached its deadline without a single HTTP response from the
+        server (of any status), the calls after it fail at once with reason
+        ``"timeout"`` (one warning line).  ``engine.answer --llm`` runs in one
+        scope, so a server that never answers costs one ``--llm-deadline`` for
+        the command, not one per stage; a slow server that does answer is
+        unaffected.
+        """
+        self._scope_depth += 1
+        try:
+            yield
+        finally:
+            self._scope_depth -= 1
+            if not self._scope_depth:
+                self._unresponsive = False
 
     @property
     def budget_spent(self) -> bool:
@@ -859,6 +897,7 @@ class LLMClient:
                 t0 = time.perf_counter()
                 try:
                     async with state.openai.chat.completions.with_streaming_response.create(**params) as raw:
+                        self._responses += 1
                         body = await _read_capped(raw, cfg.max_response_bytes)
                 except _BudgetRefused as exc:
                     return _Attempt(None, rec.attempts, "budget", str(exc))
@@ -873,6 +912,7 @@ class LLMClient:
                     detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
                     return _Attempt(None, rec.attempts, "connection", self._untrusted_short(f"connection error: {detail}"))
                 except openai.APIStatusError as exc:
+                    self._responses += 1
                     status = int(exc.status_code)
                     reason = "rate_limited" if status == 429 else "server_error" if status >= 500 else "bad_request"
                     return _Attempt(None, rec.attempts, reason,

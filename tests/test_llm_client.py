@@ -741,3 +741,56 @@ def test_the_bridge_answers_kg_only_when_replies_are_malformed(body, llm_artifac
     assert warnings == ["LLM call failed (bad_response); this row is KG-only"]
     assert out["answers"] and {a["provenance"] for a in out["answers"]} == {"kg"}
     assert "Traceback" not in captured.err and srv.requests == 1
+
+
+def test_a_hanging_server_costs_one_deadline_per_command(llm_artifact, tmp_path, capsys, caplog):
+    """Regression: a 2p query against a server that never answers took 20.6 min (every stage retried in full)."""
+    from engine.answer import main
+
+    kg_only = ["--artifact", str(llm_artifact), "--expr", "(p likes (p parent_of Entity_003))", "--json"]
+    LLMClient(_cfg(None)).close()  # the openai package imported (2 s on a busy machine), as in a warm process
+    t0 = time.perf_counter()
+    assert main(kg_only) == 0
+    baseline = time.perf_counter() - t0
+    capsys.readouterr()
+    with scripted_server(lambda req, hdrs: HANG) as srv:
+        argv = kg_only + ["--llm", "--llm-base-url", srv.base_url, "--llm-model", "m", "--no-llm-cache",
+                          "--llm-timeout", "1", "--llm-max-retries", "2", "--llm-deadline", "2"]
+        t0 = time.perf_counter()
+        assert main(argv) == 0
+        elapsed = time.perf_counter() - t0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    warnings = [n["notes"]["warning"] for n in out["trace"]["nodes"] if "warning" in n.get("notes", {})]
+    assert warnings == ["LLM call failed (timeout); this row is KG-only"] * 2
+    # one deadline for the command (the old client: 3 attempts x 1 s per stage, 3 stages, > 9 s here)
+    assert elapsed - baseline < 2 + 1.5, (elapsed, baseline)
+    assert "Traceback" not in captured.err and "llm:" in captured.err  # progress and the summary line
+    assert [r.getMessage() for r in caplog.records if "--llm-deadline 2 s" in r.getMessage()] == [
+        "the LLM server sent no response within --llm-deadline 2 s; the remaining LLM calls of this run are "
+        "not made (answers are KG-only)"]
+
+
+def test_a_slow_server_that_answers_is_not_cut_off_for_later_stages(llm_artifact, tmp_path):
+    """Inside a scope only an unanswered deadline stops later calls: a reply of any kind keeps them going."""
+    calls = []
+
+    def first_hangs(req, hdrs):
+        calls.append(1)
+        return (500, b'{"error": {"message": "busy"}}', {}) if len(calls) == 1 else (200, chat_reply('["a"]'), {})
+
+    with scripted_server(first_hangs) as srv, \
+            LLMClient(_cfg(srv.base_url, None, n=1, deadline_s=0.3, backoff_s=1.0, max_backoff_s=1.0)) as client:
+        with client.deadline_scope():
+            assert client.complete_sync(_prompts(1)[0]).reason == "timeout"  # 500, then backoff past the deadline
+            assert client.complete_sync(_prompts(2)[1]).ok  # the server did respond: asked again
+    with scripted_server(lambda req, hdrs: HANG) as srv, \
+            LLMClient(_cfg(srv.base_url, None, n=1, deadline_s=0.5)) as client:
+        with client.deadline_scope():
+            assert client.complete_sync(_prompts(1)[0]).reason == "timeout"
+            t0 = time.perf_counter()
+            r = client.complete_sync(_prompts(2)[1])
+            assert r.reason == "timeout" and "not asked" in r.message and time.perf_counter() - t0 < 0.2
+            assert srv.requests == 1
+        # outside the scope every call tries again (bounded by its own deadline)
+        assert client.complete_sync(_prompts(3)[2]).reason == "timeout" and srv.requests == 2
