@@ -17,9 +17,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ------------------------------------------------------------------ caches out of the user's home
-# Code that caches (the default UMLS artifact and relation embeddings under $KGREASON_HOME, the LLM
-# response cache under $XDG_CACHE_HOME/kgreason) writes into one folder per test session, never
-# into ~/.cache; a test that sets these variables itself (monkeypatch.setenv) still wins.
+# Code that caches (the default UMLS artifact, relation embeddings, the LLM response cache and
+# relation-question files: all under $KGREASON_HOME) writes into one folder per test session, never
+# into ~/.cache; XDG_CACHE_HOME is set too, for libraries that follow it. A test that sets these
+# variables itself (monkeypatch.setenv) still wins.
 CACHE_ENV = ("KGREASON_HOME", "XDG_CACHE_HOME")
 
 
