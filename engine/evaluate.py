@@ -40,12 +40,14 @@ class EvaluateArgs:
     progress: bool
     frontier_k: int | None = None
     row_cache_gb: float | None = None
+    verify: bool = True  # False: --skip-artifact-checksums
 
 
 def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
     from engine.eval.metrics import TIES
     from engine.exec.executor import TNORMS
     from engine.lang.structures import NEGATION_MODES
+    from kge.artifact import add_checksum_argument
 
     p = _Parser(prog="python -m engine.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifact", required=True, type=Path, help="artifact folder")
@@ -69,6 +71,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
     p.add_argument("--row-cache-gb", type=float, default=None, metavar="G",
                    help="lazy artifacts: calibrated-row cache budget in GiB (default: as built)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_checksum_argument(p)
     a = p.parse_args(argv)
     if (a.queries is None) == (a.betae_queries is None):
         raise UserError("give exactly one of --queries FILE.jsonl or --betae-queries PKL (with --betae-folder DIR)")
@@ -97,7 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
         a.artifact, a.queries, a.betae_queries, a.betae_folder,
         tuple(dict.fromkeys(a.structures)) if a.structures else None,
         a.negation, a.tnorm, a.neg_scale, a.batch_size, a.limit, a.ties, a.json, a.device, not a.no_progress,
-        a.frontier_k, a.row_cache_gb,
+        a.frontier_k, a.row_cache_gb, not a.skip_artifact_checksums,
     )
 
 
@@ -115,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if s not in known:
             raise unknown_name("query structure", s, known, "--structures")
     t0 = time.perf_counter()
-    artifact = Artifact.load(args.artifact, verify=False, load_embeddings=False, row_cache_gb=args.row_cache_gb)
+    artifact = Artifact.load(args.artifact, verify=args.verify, load_embeddings=False, row_cache_gb=args.row_cache_gb)
     info: dict = {}
     if args.queries is not None:
         queries = load_jsonl_queries(args.queries, artifact, structures=args.structures)

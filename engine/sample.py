@@ -39,10 +39,12 @@ class SampleArgs:
     require_hard: bool
     negation: str
     progress: bool
+    verify: bool = True  # False: --skip-artifact-checksums
 
 
 def parse_args(argv: Sequence[str] | None = None) -> SampleArgs:
     from engine.lang.structures import NEGATION_MODES, STRUCTURES
+    from kge.artifact import add_checksum_argument
 
     p = _Parser(prog="python -m engine.sample", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifact", required=True, type=Path, help="artifact folder (observed + missing triples)")
@@ -59,6 +61,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SampleArgs:
     p.add_argument("--negation", choices=NEGATION_MODES, default="qto",
                    help="negation written as QTO's negated projection (np) or a complement (n) (default qto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_checksum_argument(p)
     a = p.parse_args(argv)
     for s in a.structures:
         if s not in STRUCTURES:
@@ -70,7 +73,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SampleArgs:
         raise UserError(f"--max-answers must be >= 1, got {a.max_answers}")
     check_output_file(a.out, what="--out", inputs=[("--artifact", a.artifact)])
     return SampleArgs(a.artifact, tuple(dict.fromkeys(a.structures)), a.per_structure, a.seed, a.out,
-                      a.max_answers, a.require_hard, a.negation, not a.no_progress)
+                      a.max_answers, a.require_hard, a.negation, not a.no_progress, not a.skip_artifact_checksums)
 
 
 @cli_main
@@ -80,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine.eval.sampling import QuerySampler, query_record
 
     args = parse_args(argv)
-    artifact = Artifact.load(args.artifact, verify=False, load_embeddings=False)
+    artifact = Artifact.load(args.artifact, verify=args.verify, load_embeddings=False)
     if len(artifact.missing) == 0 and args.require_hard:
         raise UserError(f"artifact {args.artifact} has no missing triples, so no query has a hard answer "
                         "(use --no-require-hard)")

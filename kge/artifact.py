@@ -21,9 +21,15 @@ embeddings when a query needs them.  :meth:`Artifact.load` reads either kind.
 
 ``format_version`` (:data:`FORMAT_VERSION`) names this layout; loading an
 artifact of another (or no) version is an :class:`ArtifactVersionError` that
-says to rebuild it with ``python -m kge.build``.  Any file listed in
-``meta.json["files"]`` is verified on load; a mismatch names the file, and a
-meta.json without checksums is refused unless ``verify=False`` is explicit.
+says to rebuild it with ``python -m kge.build``.  :meth:`Artifact.load` is the
+one loading path of every tool (each CLI's ``--skip-artifact-checksums``,
+:func:`add_checksum_argument`, maps to ``verify=False``): any file listed in
+``meta.json["files"]`` is verified on load (a mismatch names the file), a
+meta.json without checksums is refused unless ``verify=False`` is explicit, and
+the arrays are checked whatever ``verify`` says (finite embeddings, calibrated
+values in [0, 1], CSR structure in range: cheap next to reading them).  Every
+problem is one :class:`UserError` line naming the file and the exact rebuild
+command (:func:`rebuild_command`, from meta.json's ``build_config``).
 :meth:`Artifact.add_file` adds a file and keeps the checksums current (the
 engine's own caches live outside the artifact: it only reads artifacts).
 """
@@ -33,6 +39,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import warnings
 import zipfile
 from dataclasses import dataclass, field
@@ -48,7 +55,8 @@ from kgreason.files import is_plain_name, read_lines, write_output
 if TYPE_CHECKING:  # pragma: no cover
     from .lazy import LazyMatrices
 
-__all__ = ["Artifact", "ArtifactVersionError", "read_meta", "read_vocab", "read_triples", "sha256_file", "INVERSE_SUFFIX", "FORMAT_VERSION",
+__all__ = ["Artifact", "ArtifactVersionError", "read_meta", "read_vocab", "read_triples", "read_embeddings", "sha256_file",
+           "rebuild_command", "add_checksum_argument", "SKIP_CHECKSUMS_FLAG", "INVERSE_SUFFIX", "FORMAT_VERSION",
            "LAZY_REQUIRED_FILES"]
 
 INVERSE_SUFFIX = "^-1"
@@ -59,12 +67,54 @@ REQUIRED_FILES = ("entities.tsv", "relations.tsv", "matrices.npz", "observed.tsv
 LAZY_REQUIRED_FILES = ("entities.tsv", "relations.tsv", "embeddings.npz", "observed.tsv", "missing.tsv", "meta.json")
 
 
+#: The one flag by which a CLI skips the checksums (the array checks always run).
+SKIP_CHECKSUMS_FLAG = "--skip-artifact-checksums"
+
+
+def add_checksum_argument(parser) -> None:
+    """Add :data:`SKIP_CHECKSUMS_FLAG` (dest ``skip_artifact_checksums``) to an argparse parser."""
+    parser.add_argument(SKIP_CHECKSUMS_FLAG, action="store_true",
+                        help="do not verify the sha256 of the artifact's files against meta.json (faster on "
+                             "large artifacts; the finite-value and shape checks still run)")
+
+
+def rebuild_command(path: str | os.PathLike, meta: Any) -> str:
+    """The ``python -m kge.build ...`` line that rebuilds the artifact at ``path``, from meta.json's
+    ``build_config`` (every option that differs from its default, then ``--overwrite``); from
+    ``source`` alone when meta.json records no build configuration."""
+    meta = meta if isinstance(meta, dict) else {}
+    config = meta.get("build_config")
+    source = meta.get("source") if isinstance(meta.get("source"), str) else "SOURCE"
+    args = ["--kg", source, "--out", str(path)]
+    if isinstance(config, dict) and isinstance(config.get("kg"), str):
+        args[1] = config["kg"]
+        try:
+            from dataclasses import MISSING, fields
+
+            from .build import BuildConfig
+
+            defaults = {f.name: f.default for f in fields(BuildConfig) if f.default is not MISSING}
+        except Exception:  # noqa: BLE001 - a broken build module must not hide the load error being reported
+            defaults = {}
+        for name, default in defaults.items():
+            value = config.get(name, default)
+            if name in ("kg", "out", "overwrite") or value == default or value is None or isinstance(value, (dict, list)):
+                continue
+            args += [f"--{name.replace('_', '-')}", str(value)]
+    args.append("--overwrite")
+    return "python -m kge.build " + " ".join(shlex.quote(a) for a in args)
+
+
+def _rebuild(path: Path, meta: Any) -> str:
+    return f"rebuild it with {rebuild_command(path, meta)}"
+
+
 def _matrices_kind(path: Path, meta: dict[str, Any]) -> str:
     """``meta.json["matrices"]``: "eager" (the default, as written before lazy artifacts) or "lazy"."""
     kind = meta.get("matrices", "eager")
     if kind not in ("eager", "lazy"):
         raise UserError(f"{path / 'meta.json'}: 'matrices' must be \"eager\" or \"lazy\", got {kind!r}; "
-                        f"rebuild the artifact")
+                        f"{_rebuild(path, meta)}")
     return kind
 
 
@@ -112,8 +162,7 @@ def _check_meta(path: Path, meta: Any, verify: bool) -> dict[str, Any]:
     where = path / "meta.json"
     if not isinstance(meta, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(meta).__name__}; rebuild the artifact")
-    source = meta.get("source") if isinstance(meta.get("source"), str) else "SOURCE"
-    rebuild = f"rebuild it with python -m kge.build --kg {source} --out {path} --overwrite"
+    rebuild = _rebuild(path, meta)
     version = meta.get("format_version")
     if version is None:
         raise ArtifactVersionError(f"artifact {path}: meta.json has no format_version (an artifact from an older "
@@ -128,11 +177,22 @@ def _check_meta(path: Path, meta: Any, verify: bool) -> dict[str, Any]:
                                    f"{FORMAT_VERSION} this kgreason reads; upgrade kgreason, or {rebuild}")
     files = meta.get("files", {})
     if not isinstance(files, dict) or not all(is_plain_name(k) and isinstance(v, str) for k, v in files.items()):
-        raise UserError(f"{where}: 'files' must map file names to sha256 digests; rebuild the artifact")
+        raise UserError(f"{where}: 'files' must map file names to sha256 digests; {rebuild}")
     if verify and not any(name in files for name in REQUIRED_FILES + LAZY_REQUIRED_FILES):
         raise UserError(f"artifact {path}: meta.json lists no checksums, so its files cannot be verified; "
-                        f"{rebuild}, or load it with verify=False to skip the check")
+                        f"{rebuild}, or load it with verify=False ({SKIP_CHECKSUMS_FLAG} on the command line) to skip the check")
     return meta
+
+
+def _savez_reproducible(path: Path, **arrays: np.ndarray) -> None:
+    """``np.savez`` (same layout: uncompressed ``NAME.npy`` members, zip64) with every member dated 1980-01-01,
+    so equal arrays give equal bytes: np.savez stamps the wall-clock time, and a seeded rebuild then differed
+    from the first in its checksums (issue 22 item 5)."""
+    with zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with zf.open(info, "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
 
 
 def _write_triples(path: Path, triples: np.ndarray) -> None:
@@ -185,21 +245,22 @@ def read_meta(path: str | os.PathLike, *, verify: bool = True, required: Sequenc
     for name in required:
         if not (path / name).is_file():
             if lazy and name == "embeddings.npz":
-                raise UserError(f"artifact {path}: lazy matrices need 'embeddings.npz', which is missing; rebuild "
-                                f"the artifact (python -m kge.build ... --matrices lazy)")
-            raise UserError(f"artifact {path}: missing file {name!r}")
+                raise UserError(f"artifact {path}: lazy matrices need 'embeddings.npz', which is missing; "
+                                f"{_rebuild(path, meta)}")
+            raise UserError(f"artifact {path}: missing file {name!r}; {_rebuild(path, meta)}")
     if verify:
         for name, digest in sorted(meta.get("files", {}).items()):
             if files is not None and name not in files:
                 continue
             f = path / name
             if not f.is_file():
-                raise UserError(f"artifact {path}: file {name!r} listed in meta.json is missing")
+                raise UserError(f"artifact {path}: file {name!r} listed in meta.json is missing; {_rebuild(path, meta)}")
             actual = sha256_file(f)
             if actual != digest:
                 raise UserError(
-                    f"artifact {path}: checksum mismatch for {name!r} "
-                    f"(meta.json says {digest[:12]}…, file has {actual[:12]}…); rebuild the artifact"
+                    f"artifact {path}: checksum mismatch for {name!r} (meta.json says {digest[:12]}…, the file has "
+                    f"{actual[:12]}…: it changed since the build); {_rebuild(path, meta)} (or pass "
+                    f"{SKIP_CHECKSUMS_FLAG} to load it unverified)"
                 )
     return meta
 
@@ -378,11 +439,11 @@ class Artifact:
             m.sort_indices()
             # copy=False: __post_init__ already fixed the dtypes, and a copy of a
             # 100M-entry matrix would add ~8 bytes per entry to the build's peak memory.
-            np.savez(path / "matrices.npz", indptr=m.indptr.astype(np.int64, copy=False),
+            _savez_reproducible(path / "matrices.npz", indptr=m.indptr.astype(np.int64, copy=False),
                      indices=m.indices.astype(np.int32, copy=False), data=m.data.astype(np.float32, copy=False),
                      shape=np.array(m.shape, dtype=np.int64))
         if self.embeddings is not None:
-            np.savez(path / "embeddings.npz", **self.embeddings)
+            _savez_reproducible(path / "embeddings.npz", **self.embeddings)
         _write_triples(path / "observed.tsv", self.observed)
         _write_triples(path / "missing.tsv", self.missing)
         meta = dict(self.meta)
@@ -450,19 +511,22 @@ class Artifact:
         entities = _read_vocab(path / "entities.tsv")
         relations = _read_vocab(path / "relations.tsv")
         n, r = len(entities), len(relations)
-        try:
-            matrices = None
-            if not lazy:
-                with np.load(path / "matrices.npz", allow_pickle=False) as z:
-                    matrices = sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=(r * n, n), copy=False)
-            embeddings = None
-            if (load_embeddings or lazy) and (path / "embeddings.npz").is_file():
-                with np.load(path / "embeddings.npz", allow_pickle=False) as z:
-                    embeddings = {k: z[k] for k in z.files}
-        except (KeyError, ValueError, OSError, zipfile.BadZipFile) as exc:
-            # Only reachable with verify=False (checksums catch changed files): say so instead of a scipy trace.
-            raise UserError(f"artifact {path}: unreadable matrices/embeddings ({type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else ''}); rebuild the artifact") from None
+        matrices = None
+        if not lazy:
+            with _npz(path, "matrices.npz", meta, ("indptr", "indices", "data")) as z:
+                indptr, indices, data = z["indptr"], z["indices"], z["data"]
+            _check_csr(path / "matrices.npz", meta, indptr, indices, data, r * n, n)
+            try:
+                matrices = sp.csr_matrix((data, indices, indptr), shape=(r * n, n), copy=False)
+            except ValueError as exc:
+                raise UserError(f"{path / 'matrices.npz'}: not a valid CSR matrix ({exc}); "
+                                f"{_rebuild(path, meta)}") from None
+        embeddings = None
+        if (path / "embeddings.npz").is_file():
+            # Checked even when not kept (about as cheap as its checksum): no tool accepts an artifact
+            # that another one, reading the embeddings, refuses.
+            loaded = read_embeddings(path, verify=False, meta=meta)
+            embeddings = loaded if (load_embeddings or lazy) else None
         observed = _read_triples(path / "observed.tsv")
         try:
             if lazy:
@@ -480,7 +544,122 @@ class Artifact:
         except UserError:
             raise
         except ValueError as exc:
-            raise UserError(f"artifact {path}: {exc}; rebuild the artifact") from None
+            raise UserError(f"artifact {path}: {exc}; {_rebuild(path, meta)}") from None
+
+
+class _npz:
+    """``np.load`` of an artifact's .npz as a context manager whose read errors (an empty, truncated or
+    foreign file: only possible unverified, checksums catch changed files) are one UserError line
+    naming the file and the rebuild command; ``keys`` must all be present."""
+
+    def __init__(self, path: Path, name: str, meta: Any, keys: Sequence[str]) -> None:
+        self.file, self.path, self.meta, self.keys = path / name, path, meta, keys
+        self.z = None
+
+    def _fail(self, why: str) -> UserError:
+        return UserError(f"{self.file}: {why}; {_rebuild(self.path, self.meta)}")
+
+    def __enter__(self):
+        try:
+            self.z = np.load(self.file, allow_pickle=False)
+        except (EOFError, ValueError, OSError, zipfile.BadZipFile) as exc:
+            why = "empty file" if isinstance(exc, EOFError) or self.file.stat().st_size == 0 else \
+                f"not a readable .npz file ({type(exc).__name__})"
+            raise self._fail(why) from None
+        if not hasattr(self.z, "files"):
+            raise self._fail("not a .npz archive (a single .npy array)")
+        missing = [k for k in self.keys if k not in self.z.files]
+        if missing:
+            self.z.close()
+            raise self._fail(f"arrays {missing} missing (it holds {self.z.files})")
+        return self
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        try:
+            return self.z[key]
+        except (EOFError, ValueError, OSError, zipfile.BadZipFile, KeyError) as exc:
+            raise self._fail(f"array {key!r} is unreadable ({type(exc).__name__})") from None
+
+    def files(self) -> list[str]:
+        return list(self.z.files)
+
+    def __exit__(self, *exc) -> None:
+        self.z.close()
+
+
+_CHUNK = 1 << 24  # elements per pass of the value checks: a bounded temporary, whatever the array's size
+
+
+def _all_within(a: np.ndarray, lo: float, hi: float) -> bool:
+    """Every element of ``a`` in ``[lo, hi]`` (NaN is not), in chunks."""
+    flat = a.reshape(-1)
+    return all(bool(((c >= lo) & (c <= hi)).all()) for c in (flat[s:s + _CHUNK] for s in range(0, flat.size, _CHUNK)))
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    flat = a.reshape(-1)
+    return all(bool(np.isfinite(flat[s:s + _CHUNK]).all()) for s in range(0, flat.size, _CHUNK))
+
+
+def _check_csr(file: Path, meta: Any, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray,
+               rows: int, cols: int) -> None:
+    """The stacked CSR's structure (row pointers, column range) and values (calibrated: in [0, 1])."""
+    path = file.parent
+
+    def fail(why: str) -> UserError:
+        return UserError(f"{file}: {why}; {_rebuild(path, meta)}")
+
+    for name, arr, kinds in (("indptr", indptr, "iu"), ("indices", indices, "iu"), ("data", data, "f")):
+        if arr.ndim != 1 or arr.dtype.kind not in kinds:
+            raise fail(f"array {name!r} has dtype {arr.dtype} and {arr.ndim} dimensions, expected a 1-D "
+                       f"{'integer' if kinds == 'iu' else 'float'} array")
+    if len(indptr) != rows + 1:
+        raise fail(f"indptr has {len(indptr):,} entries, expected R*N+1 = {rows + 1:,} for the vocabularies' sizes")
+    if len(indices) != len(data) or int(indptr[0]) != 0 or int(indptr[-1]) != len(data):
+        raise fail(f"indptr [{int(indptr[0])} .. {int(indptr[-1])}] does not span the {len(data):,} entries "
+                   f"({len(indices):,} column indices)")
+    if rows and not bool((indptr[1:] >= indptr[:-1]).all()):
+        raise fail("indptr is not non-decreasing")
+    if len(indices) and not _all_within(indices, 0, cols - 1):
+        raise fail(f"column indices outside [0, {cols})")
+    if not _all_within(data, 0.0, 1.0):
+        what = "NaN or infinite" if not _all_finite(data) else "outside [0, 1]"
+        raise fail(f"calibrated probabilities {what}")
+
+
+def read_embeddings(path: str | os.PathLike, *, verify: bool = True, meta: Any = None) -> dict[str, np.ndarray]:
+    """An artifact's ``embeddings.npz`` as ``{"entity": (N, d), "relation": (R, d)}`` complex arrays, checked:
+    both present, 2-D, ``N``/``R`` the artifact's counts (meta.json's ``num_entities``/``num_relations``),
+    one width ``d``, every value finite.  With ``verify`` meta.json is read and checked first
+    (:func:`read_meta`, the checksums of embeddings.npz and meta.json only).  Problems are one-line
+    UserErrors naming the file and the rebuild command; tools that need only the
+    embeddings (``kge.linkpred``) load them through here.
+    """
+    path = Path(path)
+    if meta is None or verify:
+        meta = read_meta(path, verify=verify, required=("embeddings.npz",), files=("embeddings.npz",))
+    file = path / "embeddings.npz"
+    with _npz(path, "embeddings.npz", meta, ("entity", "relation")) as z:
+        out = {k: z[k] for k in z.files()}
+    ent, rel = out["entity"], out["relation"]
+
+    def fail(why: str) -> UserError:
+        return UserError(f"{file}: {why}; {_rebuild(path, meta)}")
+
+    if ent.ndim != 2 or rel.ndim != 2 or ent.shape[1] != rel.shape[1]:
+        raise fail(f"embeddings of shape {ent.shape}/{rel.shape}: expected (N, d) and (R, d)")
+    if ent.dtype.kind not in "fc" or rel.dtype.kind not in "fc":
+        raise fail(f"embeddings of dtype {ent.dtype}/{rel.dtype}: expected complex (or float) arrays")
+    for key, arr in (("num_entities", ent), ("num_relations", rel)):
+        want = meta.get(key) if isinstance(meta, dict) else None
+        if isinstance(want, int) and arr.shape[0] != want:
+            raise fail(f"{arr.shape[0]:,} {key[4:]} embeddings, but meta.json counts {want:,}")
+    for key, arr in (("entity", ent), ("relation", rel)):
+        if not _all_finite(arr):
+            bad = int(arr.shape[0] - np.isfinite(arr).all(axis=1).sum())
+            raise fail(f"{bad:,} of the {arr.shape[0]:,} {key} embeddings hold NaN or infinite values "
+                       f"(a diverged training run?)")
+    return out
 
 
 def _lazy_matrices(path: Path, meta: dict[str, Any], embeddings: dict[str, np.ndarray] | None, observed: np.ndarray,
@@ -488,7 +667,7 @@ def _lazy_matrices(path: Path, meta: dict[str, Any], embeddings: dict[str, np.nd
     """The :class:`~kge.lazy.LazyMatrices` a lazy artifact's meta.json and embeddings describe."""
     from .lazy import DEFAULT_ROW_CACHE_GB, LazyMatrices, check_row_cache_gb
 
-    rebuild = "rebuild the artifact (python -m kge.build ... --matrices lazy)"
+    rebuild = _rebuild(path, meta)
     if embeddings is None or "entity" not in embeddings or "relation" not in embeddings:
         raise UserError(f"artifact {path}: lazy matrices need 'embeddings.npz' with arrays 'entity' and "
                         f"'relation'; {rebuild}")

@@ -149,7 +149,8 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
     Every check on the user's input (the output folder, the loss name, a
     training set left empty by ``drop_edges``) runs before training.
     """
-    output = OutputFolder(config.out, overwrite=config.overwrite, what="--out", create_parents=True)
+    output = OutputFolder(config.out, overwrite=config.overwrite, what="--out", create_parents=True,
+                          inputs=[("--kg", config.kg)])  # never the KG's own folder (or inside it)
     if config.loss is not None and config.embeddings is None:
         check_loss(config.loss)
     if config.optimizer is not None and config.embeddings is None:

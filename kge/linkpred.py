@@ -7,6 +7,10 @@ The edges of ``--split`` (both directions: relation ``2k+1`` is the inverse of
 filtering every edge the KG knows (train, valid, test); ``mrr`` and ``hits@k``
 are the tail side over both directions (the reciprocal protocol of Lacroix et
 al. 2018), ``mrr_both`` adds pykeen's head-side predictions.
+
+The embeddings are loaded verified (:func:`kge.artifact.read_embeddings`:
+checksums unless ``--skip-artifact-checksums``, finite values, shapes), and must
+fit ``--kg``; every error names only this command's flags.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from kgreason.cli import ArgumentParser, check_device
 from kgreason.errors import UserError, cli_main
 from kgreason.files import check_output_file, write_output
 
+from .artifact import add_checksum_argument, read_embeddings, read_meta
+
 __all__ = ["LinkPredArgs", "parse_args", "link_prediction", "main"]
 
 SPLITS = ("test", "valid", "missing")
@@ -37,6 +43,7 @@ class LinkPredArgs:
     json: Path | None
     device: str
     progress: bool
+    verify: bool = True
 
 
 def parse_args(argv: Sequence[str] | None = None) -> LinkPredArgs:
@@ -48,25 +55,35 @@ def parse_args(argv: Sequence[str] | None = None) -> LinkPredArgs:
     p.add_argument("--json", type=Path, default=None, help="also write the metrics as JSON here")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_checksum_argument(p)
     ns = p.parse_args(argv)
     if ns.limit is not None and ns.limit < 1:
         raise UserError(f"--limit must be >= 1, got {ns.limit}")
     check_device(ns.device, "--device")
     if ns.json is not None:
-        check_output_file(ns.json, what="--json")
+        check_output_file(ns.json, what="--json", inputs=[("--artifact", ns.artifact), ("--kg", ns.kg)])
     return LinkPredArgs(artifact=ns.artifact, kg=ns.kg, split=ns.split, limit=ns.limit, json=ns.json,
-                        device=ns.device, progress=not ns.quiet)
+                        device=ns.device, progress=not ns.quiet, verify=not ns.skip_artifact_checksums)
 
 
 def link_prediction(args: LinkPredArgs) -> dict:
     """Metrics dict (see :func:`kge.train.pykeen_link_metrics`) of ``args.artifact`` on ``args.split``."""
-    from .build import _reuse_embeddings
     from .graph import load_kg
-    from .train import TrainConfig, pykeen_link_metrics
+    from .train import pykeen_link_metrics
 
+    # Every listed file is verified, as every tool does, although only the embeddings are read.
+    meta = read_meta(args.artifact, verify=args.verify, required=("embeddings.npz",))
+    emb = read_embeddings(args.artifact, verify=False, meta=meta)
     kg = load_kg(args.kg)
-    # refuses embeddings whose shapes do not fit the KG, with a one-line error naming both
-    trained = _reuse_embeddings(str(args.artifact), kg, TrainConfig(rank=1, device="cpu"))
+    n, r = emb["entity"].shape[0], emb["relation"].shape[0]
+    if (n, r) != (kg.num_entities, kg.num_relations):
+        built = meta.get("build_config", {}).get("kg") if isinstance(meta.get("build_config"), dict) else None
+        hint = f" (it was built from --kg {built})" if isinstance(built, str) else ""
+        raise UserError(f"--artifact {args.artifact}: its embeddings cover {n:,} entities and {r:,} relations, "
+                        f"--kg {args.kg} has {kg.num_entities:,} and {kg.num_relations:,}; give the KG the "
+                        f"artifact was built from{hint}")
+    entity = emb["entity"].astype(np.complex64, copy=False)
+    relation = emb["relation"].astype(np.complex64, copy=False)
     edges = {"test": kg.test, "valid": kg.valid, "missing": kg.missing}[args.split]
     if len(edges) == 0:
         raise UserError(f"--split {args.split}: {args.kg} has no such edges")
@@ -74,7 +91,7 @@ def link_prediction(args: LinkPredArgs) -> dict:
         edges = edges[np.sort(np.random.default_rng(0).choice(len(edges), args.limit, replace=False))]
     known = np.concatenate([kg.train, kg.missing])
     t = time.perf_counter()
-    out = pykeen_link_metrics(trained.entity, trained.relation, edges, known, device=args.device,
+    out = pykeen_link_metrics(entity, relation, edges, known, device=args.device,
                               progress=args.progress)
     out.update(split=args.split, seconds=round(time.perf_counter() - t, 2), artifact=str(args.artifact))
     return out

@@ -2,7 +2,9 @@
 
     python -m kge.plots --artifact artifacts/FB15k-237 --out benchmarks/results/kge_curve_fb15k237.png
 
-Needs the ``plots`` extra (matplotlib).  Artifacts trained with the 1n loop
+Needs the ``plots`` extra (matplotlib).  The artifact is verified as every tool
+verifies it (:func:`kge.artifact.read_meta`; ``--skip-artifact-checksums``), and
+``--out`` may not be inside it.  Artifacts trained with the 1n loop
 record the curve under ``meta.json["train"]["curve"]``; others have none.
 """
 from __future__ import annotations
@@ -27,6 +29,13 @@ def training_curve_png(train: dict[str, Any], *, title: str = "") -> bytes:
     curve = train.get("curve") if isinstance(train, dict) else None
     if not isinstance(curve, dict) or not curve.get("epoch"):
         raise UserError("this artifact records no training curve (only the 1n loop writes one)")
+    ep = curve.get("epoch")
+    columns = [curve.get(k) for k in ("epoch", "valid_mrr", "loss")]
+    if not all(isinstance(c, list) and len(c) == len(ep) for c in columns) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in ep + curve["loss"]) or not all(
+            x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in curve["valid_mrr"]):
+        raise UserError("meta.json: train.curve must hold lists 'epoch', 'valid_mrr' and 'loss' of numbers of one "
+                        "length; rebuild the artifact")
     try:
         import matplotlib
     except ImportError:
@@ -36,7 +45,6 @@ def training_curve_png(train: dict[str, Any], *, title: str = "") -> bytes:
 
     import matplotlib.pyplot as plt
 
-    ep = curve["epoch"]
     pts = [(e, m) for e, m in zip(ep, curve["valid_mrr"]) if m is not None]
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     ax.plot([e for e, _ in pts], [m for _, m in pts], "o-", color="tab:blue", label="validation MRR (filtered, tail)")
@@ -46,7 +54,7 @@ def training_curve_png(train: dict[str, Any], *, title: str = "") -> bytes:
         ax.annotate(f"best: epoch {best}, {curve['valid_mrr'][ep.index(best)]:.3f}",
                     (best, curve["valid_mrr"][ep.index(best)]), textcoords="offset points", xytext=(-10, -28),
                     ha="right", fontsize=8, color="tab:blue")
-    if train.get("mrr") is not None:
+    if isinstance(train.get("mrr"), (int, float)) and not isinstance(train.get("mrr"), bool):
         ax.axhline(train["mrr"], color="tab:green", ls="--", lw=1,
                    label=f"held-out MRR, pykeen evaluator ({train['mrr']:.3f})")
     ax.set_xlabel("epoch")
@@ -57,8 +65,9 @@ def training_curve_png(train: dict[str, Any], *, title: str = "") -> bytes:
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="center right", fontsize=8)
-    secs = curve.get("seconds") or []
-    sub = f"{len(ep)} epochs, {secs[-1] / 60:.1f} min" if secs else f"{len(ep)} epochs"
+    secs = curve.get("seconds") if isinstance(curve.get("seconds"), list) else []
+    timed = bool(secs) and isinstance(secs[-1], (int, float)) and not isinstance(secs[-1], bool)
+    sub = f"{len(ep)} epochs, {secs[-1] / 60:.1f} min" if timed else f"{len(ep)} epochs"
     ax.set_title((title + "\n" if title else "") + sub, fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
@@ -71,21 +80,25 @@ def training_curve_png(train: dict[str, Any], *, title: str = "") -> bytes:
 class PlotArgs:
     artifact: Path
     out: Path
+    verify: bool = True  # False: --skip-artifact-checksums
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from .artifact import read_meta
+    from .artifact import add_checksum_argument, read_meta
 
     p = ArgumentParser(prog="python -m kge.plots", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifact", required=True, type=Path, help="artifact folder")
-    p.add_argument("--out", required=True, type=Path, help="PNG file to write")
+    p.add_argument("--out", required=True, type=Path, help="PNG file to write (not inside the artifact)")
+    add_checksum_argument(p)
     ns = p.parse_args(argv)
-    args = PlotArgs(artifact=ns.artifact, out=check_output_file(ns.out, what="--out"))
-    meta = read_meta(args.artifact)
-    tc = meta.get("train_config", {})
-    title = f"{Path(str(meta.get('source', args.artifact))).name}: ComplEx-N3 rank {tc.get('rank')}, {meta['train'].get('precision', '')}"
-    write_output(args.out, training_curve_png(meta.get("train", {}), title=title), what="--out")
+    args = PlotArgs(artifact=ns.artifact, out=check_output_file(ns.out, what="--out", inputs=[("--artifact", ns.artifact)]),
+                    verify=not ns.skip_artifact_checksums)
+    meta = read_meta(args.artifact, verify=args.verify)
+    tc = meta.get("train_config") if isinstance(meta.get("train_config"), dict) else {}
+    train = meta.get("train") if isinstance(meta.get("train"), dict) else {}
+    title = f"{Path(str(meta.get('source', args.artifact))).name}: ComplEx-N3 rank {tc.get('rank')}, {train.get('precision', '')}"
+    write_output(args.out, training_curve_png(train, title=title), what="--out")
     print(f"wrote {args.out}")
     return 0
 

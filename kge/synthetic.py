@@ -110,6 +110,9 @@ __all__ = [
     "write_tsv",
     "degree_stats",
     "summary",
+    "estimate_peak_bytes",
+    "estimate_tsv_bytes",
+    "check_fits",
     "SyntheticArgs",
     "parse_args",
     "main",
@@ -210,6 +213,73 @@ def _check_config(c: SyntheticConfig, flags: Mapping[str, str] | None = None) ->
         raise UserError(f"kind_shares must be 4 finite shares >= 0 (1-1, 1-N, N-1, N-N) with N-1 + N-N > 0, got {ks!r}")
     if not isinstance(c.max_fanout, (int, np.integer)) or c.max_fanout < 1:
         raise UserError(f"max_fanout must be an integer >= 1, got {c.max_fanout!r}")
+
+
+# ------------------------------------------------------------------ size estimates
+# A lower bound of the peak resident memory of generate() + write_tsv(), fitted to /usr/bin/time's
+# maximum RSS of sparse `python -m kge.synthetic` runs: 267 MB at 400k entities / 1M edges, 627 MB at
+# 2M / 2.2M (the interpreter and numpy, per-entity arrays and names, per-edge keys and the sort).
+# Denser graphs need more per edge (candidate batches of the rejection rounds: 1.41 GB at 100k / 4M,
+# 3.6x this bound), so only requests that cannot fit are refused, never a feasible one.
+_BASE_BYTES = 100 * 10**6
+_BYTES_PER_ENTITY = 140
+_BYTES_PER_EDGE = 110
+
+
+def estimate_peak_bytes(config: SyntheticConfig) -> int:
+    """A lower bound of the bytes of memory :func:`generate` and :func:`write_tsv` need at their peak
+    (sparse graphs reach about this; dense ones up to ~4x more)."""
+    return _BASE_BYTES + _BYTES_PER_ENTITY * int(config.num_entities) + _BYTES_PER_EDGE * int(config.num_edges)
+
+
+def estimate_tsv_bytes(config: SyntheticConfig) -> int:
+    """About how large the TSV is: per edge two entity names (``type_000123``: a type name of about 8
+    characters and as many digits as the entity count has) and a relation name (two type names and
+    ``_r0017_``), with tabs and the newline (56 bytes a line at 100k entities, measured: 57 estimated)."""
+    digits = len(str(int(config.num_entities)))
+    return int(config.num_edges) * (2 * (9 + digits) + 27)
+
+
+def _mem_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is no such file, e.g. not Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.0f} MiB"
+
+
+def check_fits(config: SyntheticConfig, out: str | os.PathLike | None = None, *,
+               flags: Mapping[str, str] | None = None, override: str = "--skip-size-check") -> None:
+    """Refuse, before any allocation, a request whose estimated peak memory exceeds MemAvailable
+    (:func:`estimate_peak_bytes`) or whose TSV would not fit the free space of ``out``'s folder
+    (:func:`estimate_tsv_bytes`); one :class:`UserError` line naming the sizes and ``override``."""
+    name = (lambda f: (flags or {}).get(f, f))  # noqa: E731
+    sizes = (f"{name('num_entities')} {int(config.num_entities):,} and {name('num_edges')} "
+             f"{int(config.num_edges):,}")
+    need, have = estimate_peak_bytes(config), _mem_available()
+    if have is not None and need > have:
+        raise UserError(f"{sizes} need at least {_gib(need)} of memory, more than the {_gib(have)} available "
+                        f"(MemAvailable); use fewer entities or edges, or pass {override} to try anyway")
+    if out is not None:
+        import shutil
+
+        folder = Path(os.path.abspath(out)).parent
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError:
+            return  # the output checks name a missing folder
+        size = estimate_tsv_bytes(config)
+        if size > free:
+            raise UserError(f"{sizes} make a TSV of about {_gib(size)}, more than the {_gib(free)} free in "
+                            f"{str(folder)!r}; write it elsewhere, use fewer edges, or pass {override} to try anyway")
 
 
 def default_num_types(num_entities: int, num_relations: int) -> int:
@@ -901,6 +971,8 @@ def parse_args(argv: Sequence[str] | None = None) -> SyntheticArgs:
     p.add_argument("--out", required=True, type=Path, help="TSV file to write")
     p.add_argument("--stats-json", type=Path, default=None, help="also write the statistics as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    p.add_argument("--skip-size-check", action="store_true",
+                   help="generate even when the estimated memory exceeds MemAvailable or the TSV the free disk space")
     ns = p.parse_args(argv)
     check_seed(ns.seed)
     config = SyntheticConfig(num_entities=ns.entities, num_relations=ns.relations, num_edges=ns.edges,
@@ -909,9 +981,11 @@ def parse_args(argv: Sequence[str] | None = None) -> SyntheticArgs:
     out = check_output_file(ns.out, what="--out")
     stats = None
     if ns.stats_json is not None:
-        stats = check_output_file(ns.stats_json, what="--stats-json")
-        if os.path.realpath(stats) == os.path.realpath(out):
+        if os.path.realpath(ns.stats_json) == os.path.realpath(out):
             raise UserError(f"--stats-json {ns.stats_json}: is the same file as --out; give another name")
+        stats = check_output_file(ns.stats_json, what="--stats-json")
+    if not ns.skip_size_check:
+        check_fits(config, out, flags=_FLAGS)
     return SyntheticArgs(config=config, out=out, stats_json=stats, progress=not ns.quiet)
 
 

@@ -7,12 +7,13 @@ ends in a traceback.  Programming errors stay ordinary exceptions.
 from __future__ import annotations
 
 import difflib
+import errno
 import functools
 import os
 import sys
 from typing import Callable, Iterable, Sequence
 
-__all__ = ["UserError", "Terminated", "closest_names", "unknown_name", "cli_main", "printable"]
+__all__ = ["UserError", "Terminated", "closest_names", "unknown_name", "cli_main", "printable", "os_error_message"]
 
 
 class UserError(ValueError):
@@ -63,11 +64,43 @@ def _error_lines(message: str) -> str:
     return printable(message)
 
 
+#: OS errors that are a property of where the user reads or writes, not a bug: errno -> (what, what to do).
+_OS_ERRORS = {
+    errno.ENOSPC: ("no space left on the device", "free space there or write the output elsewhere"),
+    errno.EDQUOT: ("disk quota exceeded", "free space within your quota or write the output elsewhere"),
+    errno.EROFS: ("read-only file system", "write the output elsewhere"),
+    errno.EACCES: ("permission denied", "check the permissions or use another path"),
+    errno.EPERM: ("operation not permitted", "check the permissions or use another path"),
+    errno.EFBIG: ("file too large for the file system", "write the output to another file system"),
+}
+
+
+def os_error_message(exc: BaseException) -> str | None:
+    """The one-line message of an OS error that is about a path the user chose (disk full, quota,
+    read-only file system, permissions), naming ``exc.filename`` and what to do; None for any other
+    error (a bug, which keeps its traceback).
+
+    Writers attach the output's name to errors raised while writing to an open file, which carry
+    none (:func:`kgreason.files.open_output`, :class:`kgreason.files.OutputFolder`).
+    """
+    if not isinstance(exc, OSError) or exc.errno not in _OS_ERRORS:
+        return None
+    what, todo = _OS_ERRORS[exc.errno]
+    name = errno.errorcode.get(exc.errno, str(exc.errno))
+    where = f"{os.fsdecode(exc.filename)}: " if exc.filename not in (None, "") else ""
+    return printable(f"{where}{what} ({name}); {todo}")
+
+
 def cli_main(func: Callable[[Sequence[str] | None], int | None]) -> Callable[[Sequence[str] | None], int]:
     """Wrap a CLI ``main(argv)`` so that user errors print one line and return 2.
 
     The message is printed with non-printable characters escaped (:func:`printable`,
     line by line), whatever user text it quotes.
+
+    OS errors about the user's paths (ENOSPC, EDQUOT, EROFS, EACCES, EPERM, EFBIG: a full disk
+    while writing, a read-only folder) are one ``error:`` line naming the file and return 2
+    (:func:`os_error_message`); a ``MemoryError`` is one line too.  This is the one place that
+    maps them, so every CLI says the same.
 
     ``KeyboardInterrupt`` returns 130 and :class:`Terminated` (SIGTERM during a
     write) 143.  A closed stdout (``... | head``) ends the command quietly with
@@ -88,6 +121,16 @@ def cli_main(func: Callable[[Sequence[str] | None], int | None]) -> Callable[[Se
         except BrokenPipeError:
             _stdout_to_devnull()
             return 1
+        except OSError as exc:
+            message = os_error_message(exc)
+            if message is None:
+                raise
+            print(f"error: {message}", file=sys.stderr)
+            return 2
+        except MemoryError:
+            print("error: out of memory; use a smaller input or size, or a machine with more memory",
+                  file=sys.stderr)
+            return 2
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130

@@ -8,8 +8,9 @@ follow one set of rules:
   (or holds it), a file where a folder is expected (or the reverse), a missing
   or read-only parent folder -> :class:`~kgreason.errors.UserError` (``kge.build
   --out`` creates missing parents instead, when the nearest existing one is writable),
-  and an output file that is one of the run's inputs or lies inside an input
-  folder (:func:`check_output_file`'s ``inputs``) -> ``UserError``;
+  and an output (file or folder) that is one of the run's inputs or lies inside an
+  input folder, symbolic links and ``..`` resolved (:func:`check_not_input`, the
+  ``inputs`` of :func:`check_output_file` and :class:`OutputFolder`) -> ``UserError``;
 * a writer never deletes what it did not create: an existing folder is replaced
   only if it is an artifact (its ``meta.json`` lists every other entry in it),
   and only with ``overwrite=True`` (``--overwrite``); any other existing folder
@@ -18,6 +19,8 @@ follow one set of rules:
   ``.NAME.building-*`` and renamed into place; a file is written to a sibling
   ``.NAME.part-*`` and renamed when complete (or, for streamed outputs, kept on
   Ctrl-C / SIGTERM with what was written);
+* an OS error while writing (a full disk, a quota) names the output, not the
+  temporary, so that :func:`~kgreason.errors.cli_main` prints it as one line;
 * temporaries are removed on any exception, on Ctrl-C, and on SIGTERM
   (:func:`sigterm_raises` turns SIGTERM into :class:`~kgreason.errors.Terminated`
   while they exist and restores the previous handler afterwards).
@@ -29,6 +32,7 @@ a folder or missing file given where a file is expected as a ``UserError``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -47,6 +51,7 @@ __all__ = [
     "sigterm_raises",
     "interrupts_deferred",
     "user_cache_dir",
+    "check_not_input",
     "check_output_folder",
     "OutputFolder",
     "check_output_file",
@@ -194,15 +199,46 @@ def _check_parent(path: Path, what: str, *, create: bool = False) -> Path:
     return parent
 
 
+Inputs = Iterable[tuple[str, "str | os.PathLike | None"]]
+
+
+def check_not_input(path: str | os.PathLike, *, what: str = "--out", inputs: Inputs = ()) -> Path:
+    """Refuse an output ``path`` that is one of the run's ``inputs`` or lies inside an input folder.
+
+    ``inputs`` are ``(flag, path)`` pairs (None or empty paths are skipped; a name that is
+    not an existing path, e.g. a dataset name such as ``umls``, never matches).  Paths are
+    compared after resolving symbolic links and ``..`` (:func:`os.path.realpath`).  The
+    :class:`UserError` names ``what``, the flag and the input; returns ``path`` as a :class:`Path`.
+    Every writer calls this (through :func:`check_output_file` and :class:`OutputFolder`),
+    before any work.
+    """
+    inputs = list(inputs)
+    # os.path.realpath raises a bare ValueError on a NUL byte, which no file name can hold.
+    for flag, name in ((what, path), *inputs):
+        if name is not None and "\x00" in os.fsdecode(name):
+            raise UserError(f"{flag} {os.fsdecode(name)!r}: a file name cannot contain a NUL byte")
+    target = Path(os.path.realpath(path))
+    for flag, source in inputs:
+        if source is None or str(source) == "" or not os.path.lexists(source):
+            continue
+        src = Path(os.path.realpath(source))
+        if target == src or (src in target.parents and src.is_dir()):
+            where = f"is the {flag} input" if target == src else f"is inside the {flag} folder"
+            raise UserError(f"{_label(what, path)}: {where} {str(source)!r}; write the output elsewhere "
+                            "(nothing was touched)")
+    return Path(path)
+
+
 def check_output_folder(path: str | os.PathLike, *, overwrite: bool = False, what: str = "--out",
-                        create_parents: bool = False) -> Path:
+                        create_parents: bool = False, inputs: Inputs = ()) -> Path:
     """Check that ``path`` may become an output folder; returns it as a :class:`Path`.
 
     Allowed: a new name in a writable folder (with ``create_parents``, in a
     missing folder whose nearest existing ancestor is writable), an empty
     folder, or (with ``overwrite``) an artifact folder holding nothing but what its manifest
-    lists.  Everything else is a :class:`UserError` naming ``what`` and the path,
-    raised before any work is done.
+    lists, and none of the run's ``inputs`` nor inside one (:func:`check_not_input`).
+    Everything else is a :class:`UserError` naming ``what`` and the path, raised
+    before any work is done.
     """
     p = Path(path)
     if str(path) == "":
@@ -226,6 +262,7 @@ def check_output_folder(path: str | os.PathLike, *, overwrite: bool = False, wha
                             "choose a new folder (nothing was touched)")
         if ours and not overwrite:
             raise UserError(f"{_label(what, path)}: already holds an artifact; pass --overwrite to replace it")
+    check_not_input(path, what=what, inputs=inputs)
     _check_parent(p, what, create=create_parents)
     return p
 
@@ -239,7 +276,9 @@ class OutputFolder:
             write files into tmp
             ...commit() is called on a clean exit of the block
 
-    Construction runs :func:`check_output_folder`.  With ``create_parents``
+    Construction runs :func:`check_output_folder` (``inputs``: see :func:`check_not_input`).
+    An ``OSError`` out of the block (a full disk) is re-raised naming the target
+    folder (or the file in it), not the temporary.  With ``create_parents``
     missing parent folders are created on entering the block (and removed again,
     if still empty, when the block fails).  Inside the block SIGTERM
     raises :class:`Terminated`; on any exception (Ctrl-C and SIGTERM included)
@@ -252,8 +291,9 @@ class OutputFolder:
     """
 
     def __init__(self, path: str | os.PathLike, *, overwrite: bool = False, what: str = "--out",
-                 create_parents: bool = False) -> None:
-        self.path = check_output_folder(path, overwrite=overwrite, what=what, create_parents=create_parents)
+                 create_parents: bool = False, inputs: Inputs = ()) -> None:
+        self.path = check_output_folder(path, overwrite=overwrite, what=what, create_parents=create_parents,
+                                        inputs=inputs)
         self.created: list[Path] = []  # parent folders this object made (outermost first)
         self.overwrite = overwrite
         self.what = what
@@ -280,6 +320,8 @@ class OutputFolder:
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if isinstance(exc, OSError) and self.tmp is not None:
+            _name_output(exc, self.path, self.tmp)
         try:
             if exc_type is None and not self.committed:
                 self.commit()
@@ -351,24 +393,12 @@ def check_output_file(path: str | os.PathLike, *, what: str = "--out",
     A folder, a missing or read-only parent folder is a :class:`UserError`.  An
     existing regular file may be replaced (the user named it as the output),
     except one of the run's ``inputs`` (``(flag, path)`` pairs; None paths are
-    skipped) or a file inside an input folder: that is refused, naming the flag.
+    skipped) or a file inside an input folder: that is refused, naming the flag (:func:`check_not_input`).
     """
     p = Path(path)
     if str(path) == "":
         raise UserError(f"{what}: empty path")
-    # os.path.realpath raises a bare ValueError on a NUL byte, which no file name can hold.
-    for flag, name in ((what, path), *inputs):
-        if name is not None and "\x00" in os.fsdecode(name):
-            raise UserError(f"{flag} {os.fsdecode(name)!r}: a file name cannot contain a NUL byte")
-    target = Path(os.path.realpath(p))
-    for flag, source in inputs:
-        if source is None or str(source) == "":
-            continue
-        src = Path(os.path.realpath(source))
-        if target == src or src in target.parents:
-            where = f"is the {flag} input" if target == src else f"is inside the {flag} folder"
-            raise UserError(f"{_label(what, path)}: {where} {str(source)!r}; write the output elsewhere "
-                            "(nothing was touched)")
+    check_not_input(path, what=what, inputs=inputs)
     if p.is_dir():
         raise UserError(f"{_label(what, path)}: is a folder; give a file name (e.g. {os.path.join(str(path), 'out')})")
     _check_parent(p.resolve() if p.is_symlink() else p, what)
@@ -423,9 +453,27 @@ def open_output(path: str | os.PathLike, *, what: str = "--out", binary: bool = 
                     _finish(f, tmp, target)
                     raise
                 _finish(f, tmp, target)
+        except OSError as exc:
+            _name_output(exc, target, tmp)
+            raise
         finally:
             if tmp.exists():
                 tmp.unlink()
+
+
+def _name_output(exc: OSError, target: Path, tmp: Path) -> None:
+    """Point ``exc.filename`` at the output the user named: a write to an open file raises an
+    OSError without a file name, and one about the temporary names a file the user never saw."""
+    name = exc.filename
+    if name is None or name == "":
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # a write, not some other call's failure
+            exc.filename = str(target)
+        return
+    try:
+        rel = Path(os.fsdecode(name)).relative_to(tmp)
+    except ValueError:
+        return
+    exc.filename = str(target / rel if rel.parts else target)
 
 
 def _finish(f: IO, tmp: Path, target: Path) -> None:

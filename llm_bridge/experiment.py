@@ -59,7 +59,7 @@ import numpy as np
 
 from kgreason.cli import ArgumentParser as _Parser, check_device, check_seed  # _Parser: one-line UserError
 from kgreason.errors import UserError, cli_main, unknown_name
-from kgreason.files import check_output_file, write_output
+from kgreason.files import check_not_input, check_output_file, write_output
 
 __all__ = ["ExperimentArgs", "parse_args", "main", "run_experiment", "evaluate_method", "chance_hits",
            "sim_model_name", "output_paths", "DEFAULT_STRUCTURES"]
@@ -101,6 +101,7 @@ class ExperimentArgs:
     llm: Any = None  # llm_bridge.config.LLMConfig: the client's settings (base_url set = server mode)
     server: bool = False
     questions_dir: Path | None = None
+    verify: bool = True  # False: --skip-artifact-checksums
 
     @property
     def mode(self) -> str:
@@ -163,6 +164,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device of the executor (default cpu)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    from kge.artifact import add_checksum_argument
+
+    add_checksum_argument(p)
     add_llm_arguments(p)
     return p
 
@@ -222,7 +226,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ExperimentArgs:
         batch_size=ns.batch_size,
         max_answers=ns.max_answers, relation_questions=ns.relation_questions, name=name,
         replay=not ns.no_replay, sim_latency_ms=ns.sim_latency_ms, device=ns.device, quiet=ns.quiet, overwrite=ns.overwrite, llm=config,
-        server=server, questions_dir=ns.questions_dir,
+        server=server, questions_dir=ns.questions_dir, verify=not ns.skip_artifact_checksums,
     )
     check_outputs(args)
     return args
@@ -238,6 +242,10 @@ def output_paths(args: ExperimentArgs) -> dict[str, Path]:
 def check_outputs(args: ExperimentArgs) -> None:
     """Before any work: ``--out`` is (or can become) a folder, and no output exists unless ``--overwrite``."""
     out = args.out
+    # The results never go into the artifact (nor the questions cache, which the runs read and write).
+    check_not_input(out, what="--out", inputs=[("--artifact", args.artifact)])
+    if args.questions_dir is not None:
+        check_not_input(args.questions_dir, what="--questions-dir", inputs=[("--artifact", args.artifact)])
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {str(out)!r}: is a file, not a folder")
     if not out.exists():
@@ -401,7 +409,7 @@ def run_experiment(args: ExperimentArgs) -> dict[str, Any]:
 
     t_start = time.perf_counter()
     torch.manual_seed(args.seed)
-    artifact = Artifact.load(args.artifact, verify=False, load_embeddings=False)
+    artifact = Artifact.load(args.artifact, verify=args.verify, load_embeddings=False)
     if len(artifact.missing) == 0:
         raise UserError(f"--artifact {args.artifact}: has no missing edges (build it with --drop-edges)")
     t = time.perf_counter()

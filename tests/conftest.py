@@ -33,6 +33,25 @@ def _session_caches(tmp_path_factory):
         yield root
 
 
+# ------------------------------------------------------------------ one tiny UMLS artifact per session
+# pykeen's bundled UMLS (no download), rank 8, 2 epochs, half the training edges dropped (missing.tsv
+# holds them, so the samplers find hard answers): about 5 s.  Read-only: copy it before damaging it.
+@pytest.fixture(scope="session")
+def umls_tiny_artifact(tmp_path_factory):
+    import contextlib
+    import io
+
+    from kge.build import main as build_main
+
+    out = tmp_path_factory.mktemp("umls-tiny") / "umls"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = build_main(["--kg", "umls", "--out", str(out), "--drop-edges", "0.5", "--seed", "0", "--rank", "8",
+                         "--epochs", "2", "--eval-max-triples", "0", "--device", "cpu", "--quiet"])
+    assert rc == 0, err.getvalue()
+    return out
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     if request.param == "cuda":

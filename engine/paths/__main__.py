@@ -44,6 +44,7 @@ class PathsArgs:
     encoder_kwargs: dict[str, Any] = field(default_factory=dict)
     max_sequences: int = 20_000
     max_entity_paths: int = 3
+    verify: bool = True  # False: --skip-artifact-checksums
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder-kwargs", default="{}", help='encoder kwargs as JSON, e.g. \'{"model": "path"}\'')
     p.add_argument("--max-sequences", type=int, default=20_000, help="heuristic mode's enumeration cap per topic")
     p.add_argument("--max-entity-paths", type=int, default=3, help="entity-level paths shown per relation path")
+    from kge.artifact import add_checksum_argument
+
+    add_checksum_argument(p)
     return p
 
 
@@ -89,6 +93,7 @@ def parse_args(argv: Sequence[str] | None) -> PathsArgs:
         encoder_kwargs=kwargs,
         max_sequences=ns.max_sequences,
         max_entity_paths=ns.max_entity_paths,
+        verify=not ns.skip_artifact_checksums,
     )
 
 
@@ -98,7 +103,7 @@ def run(args: PathsArgs):
 
     from .karpa import PathRetriever
 
-    artifact = Artifact.load(args.artifact, verify=False)
+    artifact = Artifact.load(args.artifact, verify=args.verify)
     retriever = PathRetriever.from_artifact(
         artifact,
         encoder=args.encoder,
