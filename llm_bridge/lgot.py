@@ -16,7 +16,14 @@ At a projection node ``(p r q)``, for each of the B rows (all rows in one
 1. inputs: the top ``min(inputs, 10)`` entities of the input node ``q``'s value
    (after its own merge: LGOT feeds the merged answers forward), value > 0;
 2. prompt: ``r``'s question template (:mod:`llm_bridge.relations`) about the
-   inputs (:func:`~llm_bridge.prompts.projection_messages`);
+   inputs (:func:`~llm_bridge.prompts.projection_messages`).  A row whose
+   input is empty (the KG lost the edges and no LLM answer linked) is still
+   asked: about the *previous sub-question* (:func:`llm_bridge.nested.nest`,
+   e.g. ``Who directed the answers to «Which films starred "X"?»?``), built
+   from the chain of sub-questions down to the anchor, as LGOT's chained
+   prompts do; an intersection stands for its one positive child's
+   sub-question (MetaQA's ``(i (p ...) (n topic))`` exclusions).  Only a row
+   with no sub-question below it to nest is skipped (trace ``skipped``);
 3. parse each of the n samples (:func:`~llm_bridge.parse.extract_entities`);
    confidence ``p(e)`` = count/n, or from token log-probabilities;
 4. **filter** (likelihood ratio): keep ``e`` iff ``p(e) / p_max >= theta``
@@ -65,9 +72,11 @@ client's retries, or with the budget spent) keeps its KG value (both modes),
 its LLM set is undefined, and the trace gets a ``"warning"`` note.
 
 **Trace** (``ctx.note``), per projection row, key ``"llm"``: ``question``,
-``inputs``, ``answers`` (parsed, with ``p`` and ``count``), ``kept`` (passed
-the filter), ``linked`` / ``unlinked`` (what each kept string became, or the
-closest candidate), ``merged`` (entity, ``p``, merged-in score, value after
+``inputs``, ``nested`` (empty input: the ``previous`` sub-question asked about
+and its input ``names``), ``answers`` (parsed, with ``p`` and ``count``), ``kept``
+(passed the filter), ``linked`` / ``unlinked`` (what each kept string became;
+an unlinked one with its closest KG names and scores, also listed in the
+summary: an answer that does not link never vanishes silently), ``merged`` (entity, ``p``, merged-in score, value after
 the merge), ``samples``, ``refusals``, ``tokens``, ``summary`` (one line);
 key ``"merged"``: per merged entity its ``p``, the score merged in, the KG
 value before and the value after; key ``"check"`` (with ``answer_check``):
@@ -91,6 +100,7 @@ from kgreason.errors import UserError
 
 from engine.exec.hooks import NodeContext, NodeValue
 from llm_bridge.linking import DEFAULT_THRESHOLD, EntityLinker
+from llm_bridge.nested import nest
 from llm_bridge.parse import Confidence, extract_entities, logprob_confidence, parse_yes_no, sample_confidence
 from llm_bridge.prompts import (MAX_ANSWERS, answer_check_messages, fill_question, projection_messages,
                                 projection_response_format)
@@ -249,6 +259,16 @@ def combine_sets(op: str, children: Sequence[LLMSet | None]) -> tuple[LLMSet | N
     raise ValueError(f"not a set operator: {op!r}")
 
 
+def _unlinked_text(link: Any) -> str:
+    """``"text" (closest "name" 84.2)``: an unlinked answer and the KG name it came closest to."""
+    near = list(getattr(link, "nearest", ()) or ())
+    name, score = (near[0][0], near[0][1]) if near else (getattr(link, "closest", None), getattr(link, "score", 0.0))
+    text = json.dumps(link.text, ensure_ascii=False)
+    if name is None:
+        return f"{text} (no close KG name)"
+    return f"{text} (closest {json.dumps(name, ensure_ascii=False)} {float(score):.1f})"
+
+
 # ------------------------------------------------------------------------------------ the hook
 class _Prefer:
     """``prefer.get(id, default)`` over a row of KG values (linking tie-breaks), without building a dict."""
@@ -263,6 +283,8 @@ class _Prefer:
 @dataclass
 class HookStats:
     """Counters over the hook's life: prompts asked, rows that fell back, LLM entities merged;
+    ``nested``: projection rows asked with an empty input (a nested sub-question), ``skipped``:
+    rows with an empty input and no sub-question to nest (nothing asked);
     answer checks asked (``checks``, per row and entity; ``unique_checks``: distinct prompts sent),
     ``failed_checks`` (entities whose check failed) and ``penalised`` (entities scaled)."""
 
@@ -271,6 +293,8 @@ class HookStats:
     unique_prompts: int = 0
     failed_rows: int = 0
     answers: int = 0
+    nested: int = 0
+    skipped: int = 0
     kept: int = 0
     linked: int = 0
     unlinked: int = 0
@@ -318,6 +342,9 @@ class LGOTHook:
         # (query indices of the batch, path) -> per-row LLM sets; children are hooked right before
         # their parent in the same batch, so an entry is always fresh when the parent reads it.
         self._sets: dict[tuple[tuple[int, ...], tuple[int, ...]], list[LLMSet | None]] = {}
+        # Same keys -> per-row (question template, input names) the node's sub-question was asked
+        # with (None: no sub-question): what an empty-input parent nests (llm_bridge.nested).
+        self._asked: dict[tuple[tuple[int, ...], tuple[int, ...]], list[tuple[str, list[str]] | None]] = {}
         if artifact is not None:
             self.bind(artifact)
 
@@ -340,20 +367,43 @@ class LGOTHook:
     def __call__(self, ctx: NodeContext, value: NodeValue) -> NodeValue | None:
         self.bind(ctx.artifact)
         self.stats.nodes += 1
+        asked: list[tuple[str, list[str]] | None] = [None] * ctx.rows
         if ctx.op == "e":
             sets: list[LLMSet | None] = [LLMSet({int(a): 1.0}) for a in ctx.anchors or ()]
             out = None
         elif ctx.op in ("p", "np"):
-            out, sets = self._projection(ctx, value)
+            out, sets, asked = self._projection(ctx, value)
         else:
             out, sets = self._set_op(ctx, value)
+            if ctx.op == "i":
+                asked = self._intersection_question(ctx)
         key = (tuple(ctx.query_indices), tuple(ctx.path))
         if ctx.path == ():
-            # The batch is done: forget its sets (they were only needed by parents).
-            for k in [k for k in self._sets if k[0] == key[0]]:
-                del self._sets[k]
+            # The batch is done: forget its sets and questions (they were only needed by parents).
+            for table in (self._sets, self._asked):
+                for k in [k for k in table if k[0] == key[0]]:
+                    del table[k]
         else:
             self._sets[key] = sets
+            self._asked[key] = asked
+        return out
+
+    def _child_asked(self, ctx: NodeContext, k: int) -> list[tuple[str, list[str]] | None]:
+        got = self._asked.get((tuple(ctx.query_indices), tuple(ctx.path) + (k,)))
+        if got is None or len(got) != ctx.rows:
+            return [None] * ctx.rows
+        return got
+
+    def _intersection_question(self, ctx: NodeContext) -> list[tuple[str, list[str]] | None]:
+        """Per row, the sub-question an intersection stands for: that of its one positive child with a
+        sub-question (the others, e.g. MetaQA's ``(n topic)`` exclusion, only filter); else None."""
+        kids = ctx.node.children()
+        positive = [k for k, c in enumerate(kids) if getattr(c, "head", None) in ("p", "i")]
+        per_kid = {k: self._child_asked(ctx, k) for k in positive}
+        out: list[tuple[str, list[str]] | None] = []
+        for row in range(ctx.rows):
+            found = [per_kid[k][row] for k in positive if per_kid[k][row] is not None]
+            out.append(found[0] if len(found) == 1 else None)
         return out
 
     def _child_sets(self, ctx: NodeContext, k: int) -> list[LLMSet | None]:
@@ -371,26 +421,48 @@ class LGOTHook:
         vals, ids = vals[:, :k].cpu().numpy(), ids[:, :k].cpu().numpy()
         return [[int(i) for v, i in zip(vr, ir) if v > 0] for vr, ir in zip(vals, ids)]
 
-    def _ask(self, ctx: NodeContext) -> tuple[list[list[int]], list[str | None], list[Any]]:
-        """Build every row's prompt and send the distinct ones in one ``complete_many`` call."""
+    def _ask(self, ctx: NodeContext) -> tuple[list[list[int]], list[str | None], list[Any],
+                                              list[tuple[str, list[str]] | None], list[str | None]]:
+        """Build every row's prompt and send the distinct ones in one ``complete_many`` call.
+
+        Returns per row: the input entity ids, the filled sub-question (None: nothing
+        asked), the LLM result, ``(template, names)`` the question was asked with, and for
+        a row whose input is empty the previous sub-question it nests (else None).
+        """
         s = self.settings
         names = self.artifact.entities
         inputs = self._inputs(ctx)
         rels = [ctx.relation_name(r) for r in range(ctx.rows)]
+        previous = self._child_asked(ctx, 0)
+        # An empty input is asked about the previous sub-question (LGOT's chained prompts): the KG
+        # having nothing is exactly when the LLM is needed.  No previous question: nothing to ask.
+        askable = [bool(inp) or prev is not None for inp, prev in zip(inputs, previous)]
         if s.relation_questions == "llm":
-            todo = sorted({r for r, inp in zip(rels, inputs) if inp and r is not None})
+            todo = sorted({r for r, ok in zip(rels, askable) if ok and r is not None})
             got = self.questions.ensure(todo, artifact=self.artifact, client=self.client, model=self.model,
                                         cache_dir=self.questions_dir)
             self.stats.relation_questions.update(got)
         questions: list[str | None] = []
         prompts: list[Any] = []
-        for rel, inp in zip(rels, inputs):
-            if not inp:
+        asked: list[tuple[str, list[str]] | None] = []
+        nested_from: list[str | None] = []
+        for rel, inp, prev, ok in zip(rels, inputs, previous, askable):
+            if not ok:
                 questions.append(None)
                 prompts.append(None)
+                asked.append(None)
+                nested_from.append(None)
                 continue
             template = self.questions.template(rel)
-            in_names = [names[i] for i in inp]
+            if inp:
+                in_names = [names[i] for i in inp]
+                nested_from.append(None)
+            else:
+                assert prev is not None
+                inner, in_names = prev
+                nested_from.append(fill_question(inner, in_names))
+                template = nest(template, inner)
+            asked.append((template, in_names))
             questions.append(fill_question(template, in_names))
             prompts.append(projection_messages(template, in_names, max_answers=s.max_answers))
         distinct: dict[str, int] = {}
@@ -413,7 +485,7 @@ class LGOTHook:
         self.stats.unique_prompts += len(batch)
         per_row = [None if p is None else results[distinct[json.dumps(p, sort_keys=True, ensure_ascii=False)]]
                    for p in prompts]
-        return inputs, questions, per_row
+        return inputs, questions, per_row, asked, nested_from
 
     def _confidence(self, res: Any) -> tuple[list[Confidence], int, list[str]]:
         """(answers with p(e), refusals, the rule each reply was read by)."""
@@ -429,11 +501,12 @@ class LGOTHook:
             conf = sample_confidence([p.entities for p in parsed], n=n)
         return conf, refusals, [p.how for p in parsed]
 
-    def _projection(self, ctx: NodeContext, value: NodeValue) -> tuple[NodeValue | None, list[LLMSet | None]]:
+    def _projection(self, ctx: NodeContext, value: NodeValue) -> tuple[NodeValue | None, list[LLMSet | None],
+                                                                        list[tuple[str, list[str]] | None]]:
         s = self.settings
         names = self.artifact.entities
         negated = ctx.op == "np"
-        inputs, questions, results = self._ask(ctx)
+        inputs, questions, results, asked, nested_from = self._ask(ctx)
         kg_rows = value.values.detach().cpu().numpy()
         sets: list[LLMSet | None] = []
         updates: list[tuple[int, dict[int, float], dict[int, dict[str, Any]]]] = []
@@ -441,12 +514,18 @@ class LGOTHook:
         for row in range(ctx.rows):
             res = results[row]
             if questions[row] is None:
-                ctx.note(row, "llm", {"inputs": [], "skipped": "the input node has no entity with value > 0"})
+                self.stats.skipped += 1
+                ctx.note(row, "llm", {"inputs": [], "skipped": "the input node has no entity with value > 0 "
+                                                              "and no sub-question to nest"})
                 sets.append(LLMSet({}, negated))
                 if s.mode == "llm-only":
                     updates.append((row, {}, {}))  # nothing in, nothing out
                 continue
             info: dict[str, Any] = {"question": questions[row], "inputs": [names[i] for i in inputs[row]]}
+            if nested_from[row] is not None:
+                self.stats.nested += 1
+                info["nested"] = {"previous": nested_from[row], "names": asked[row][1],  # type: ignore[index]
+                                  "why": "the input node has no entity with value > 0"}
             if not getattr(res, "ok", False):
                 self.stats.failed_rows += 1
                 reason = getattr(res, "reason", "unknown")
@@ -475,9 +554,12 @@ class LGOTHook:
                 samples=len(res.texts), refusals=refusals,
                 tokens=int(getattr(res, "prompt_tokens", 0)) + int(getattr(res, "completion_tokens", 0)),
             )
-            info["summary"] = (f"{len(inputs[row])} input(s); {len(conf)} answer(s) from {len(res.texts)} sample(s), "
-                               f"{len(kept)} kept, {sum(l.linked for l in links)} linked, "
-                               f"{sum(not l.linked for l in links)} unlinked")
+            lost = [l for l in links if not l.linked]
+            info["summary"] = (f"{'no input (nested question)' if nested_from[row] is not None else f'{len(inputs[row])} input(s)'}; "
+                               f"{len(conf)} answer(s) from {len(res.texts)} sample(s), "
+                               f"{len(kept)} kept, {sum(l.linked for l in links)} linked, {len(lost)} unlinked"
+                               + (" (" + ", ".join(_unlinked_text(l) for l in lost[:5])
+                                  + (f", +{len(lost) - 5}" if len(lost) > 5 else "") + ")" if lost else ""))
             self.stats.answers += len(conf)
             self.stats.kept += len(kept)
             self.stats.linked += sum(l.linked for l in links)
@@ -487,16 +569,16 @@ class LGOTHook:
             updates.append((row, best, detail))
         if negated:
             if s.mode == "llm-only":
-                return self._negated_only(ctx, value, updates), sets
+                return self._negated_only(ctx, value, updates), sets, asked
             for row, best, _ in updates:
                 if best:
                     ctx.note(row, "llm_set", {**sets[row].to_json(names),  # type: ignore[union-attr]
                                               "merged": "no (a negated set acts at the enclosing intersection)"})
-            return None, sets
+            return None, sets, asked
         out = self._write(ctx, value, updates)
         if s.answer_check > 0:
             out = self._check(ctx, value if out is None else out, questions, failed) or out
-        return out, sets
+        return out, sets, asked
 
     # ---------------------------------------------------------------------------- answer check
     def _check(self, ctx: NodeContext, value: NodeValue, questions: Sequence[str | None],

@@ -31,6 +31,10 @@ the same templates the bridge sends, never through hidden markers):
   True answers thus recur across samples and inventions mostly do not: the
   count/n signal the bridge's filter relies on.  ``T`` empty (or a question it
   cannot map to a relation) is a refusal: "I don't know."
+* **nested projection** (a hop asked about the previous sub-question,
+  :mod:`llm_bridge.nested`): ``T`` follows the whole relation chain from the
+  inputs, and every ``π_t`` starts from ``recall ** hops`` instead of
+  ``recall`` (a model must know each hop to name a final answer).
 * **relation question** (LGOT §3.1): a rewrite of the relation's name as a
   question template (which it maps back again when it later sees it; rewrites
   that would coincide for two relations carry the bridge's "(relation: NAME)"
@@ -76,6 +80,7 @@ from kgreason.cli import ArgumentParser as _Parser, check_seed  # _Parser: one-l
 from kgreason.errors import UserError, cli_main
 
 from . import prompts
+from .nested import unnest
 
 __all__ = ["SimulatorConfig", "SimulatedLLM", "SimulatorServer", "KnowledgeBase", "start_server", "main"]
 
@@ -83,6 +88,18 @@ MODEL_NAME = "kgreason-simulator"
 _TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
 _WORDS = re.compile(r"\S+")
 INVERSE_SUFFIX = prompts.INVERSE_SUFFIX
+
+
+#: Accepted range of each float setting: (low, high, high excluded).  ``noise`` scales standard
+#: normal draws inside exp(): 10 already makes every answer all-or-nothing across samples.
+FLOAT_RANGES = {
+    "recall": (0.0, 1.0, False),
+    "hallucination": (0.0, 1.0, True),
+    "noise": (0.0, 10.0, False),
+    "fail_rate": (0.0, 1.0, False),
+    "latency_ms": (0.0, 600_000.0, False),
+    "hang_s": (0.0, 3600.0, False),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,18 +120,15 @@ class SimulatorConfig:
     api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("recall", "fail_rate"):
+        # Every float is checked against a finite range (NaN fails every comparison): --noise inf
+        # made every draw NaN and crashed each request handler; --latency-ms inf slept forever.
+        for name, (lo, hi, hi_open) in FLOAT_RANGES.items():
             v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise UserError(f"--{name.replace('_', '-')} must be in [0, 1], got {v}")
-        if not 0.0 <= self.hallucination < 1.0:
-            raise UserError(f"--hallucination must be in [0, 1), got {self.hallucination}")
-        if not self.noise >= 0.0:
-            raise UserError(f"--noise must be >= 0, got {self.noise}")
-        if not self.latency_ms >= 0.0:
-            raise UserError(f"--latency-ms must be >= 0, got {self.latency_ms}")
-        if not self.hang_s >= 0.0:
-            raise UserError(f"--hang-s must be >= 0, got {self.hang_s}")
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v \
+                and (v < hi if hi_open else v <= hi)
+            if not ok:
+                raise UserError(f"--{name.replace('_', '-')} must be a finite number in "
+                                f"[{lo:g}, {hi:g}{')' if hi_open else ']'}, got {v!r}")
         if not 400 <= self.fail_status <= 599:
             raise UserError(f"--fail-status must be an HTTP error status (400-599), got {self.fail_status}")
         if self.fail_mode not in ("status", "hang", "mixed"):
@@ -291,16 +305,26 @@ class SimulatedLLM:
 
     # ---------------------------------------------------------------- projection
     def truth(self, question: str, entities: Sequence[str]) -> tuple[int | None, list[int]]:
-        """(relation id or None, sorted true tail ids) of a projection question over ``entities`` (union over inputs)."""
-        r = self.kb.relation_of_question(question)
-        if r is None:
+        """(relation id or None, sorted true tail ids) of a projection question over ``entities`` (union over inputs).
+
+        A nested question (:mod:`llm_bridge.nested`) follows its chain of relations from
+        ``entities``; the relation returned is the last one.
+        """
+        chain = [self.kb.relation_of_question(t) for t in unnest(question)]
+        if not chain or any(r is None for r in chain):
             return None, []
-        tails: set[int] = set()
-        for name in entities:
-            e = self.kb.entity(name)
-            if e is not None:
+        cur = {e for e in (self.kb.entity(name) for name in entities) if e is not None}
+        for r in chain:
+            tails: set[int] = set()
+            for e in sorted(cur):
                 tails.update(int(t) for t in self.kb.tails(e, r))
-        return r, sorted(tails)
+            cur = tails
+        return chain[-1], sorted(cur)
+
+    def recall_of(self, question: str) -> float:
+        """The per-sample recall of a question: ``recall ** hops`` (a nested question over k relations must
+        recall every hop; a plain one is ``recall``)."""
+        return self.config.recall ** len(unnest(question))
 
     def candidates(self, question: str, entities: Sequence[str]) -> tuple[list[int], np.ndarray, list[int], np.ndarray, float]:
         """Per prompt: (true tails, their per-sample probabilities π, wrong pool, its weights, λ invented per sample)."""
@@ -310,9 +334,10 @@ class SimulatedLLM:
             return truth, np.zeros(0), [], np.zeros(0), 0.0
         rng = _rng(cfg.seed, question, list(entities), "prompt")  # drawn in a fixed order: z, pool, weights
         z = rng.standard_normal(len(truth))
-        pi = np.clip(cfg.recall + cfg.noise * z, 0.0, 1.0)
+        recall = self.recall_of(question)
+        pi = np.clip(recall + cfg.noise * z, 0.0, 1.0)
         h = cfg.hallucination
-        lam = cfg.recall * len(truth) * h / (1.0 - h)
+        lam = recall * len(truth) * h / (1.0 - h)
         pool: list[int] = []
         if lam > 0:
             size = max(3, 3 * len(truth), math.ceil(3 * lam))
@@ -683,21 +708,39 @@ def start_server(artifact: str | Path | KnowledgeBase, config: SimulatorConfig |
 
 # ------------------------------------------------------------------------------------------ CLI
 
+def _ranged(name: str):
+    """An argparse type: a finite float in ``FLOAT_RANGES[name]`` (a one-line error at parse time)."""
+    lo, hi, hi_open = FLOAT_RANGES[name]
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and lo <= v and (v < hi if hi_open else v <= hi)):
+            raise argparse.ArgumentTypeError(f"expected a finite number in [{lo:g}, {hi:g}{')' if hi_open else ']'}, "
+                                             f"got {text!r}")
+        return v
+
+    parse.__name__ = "number"
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m llm_bridge.simulate",
                 description="Simulated OpenAI-compatible LLM answering from an artifact's full KG.")
     p.add_argument("--artifact", required=True, metavar="DIR", help="artifact folder (observed + missing = its knowledge)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8099, help="0 picks a free port (printed)")
-    p.add_argument("--recall", type=float, default=0.7, help="per-sample probability of naming each true answer")
-    p.add_argument("--hallucination", type=float, default=0.2, help="expected fraction of invented answers")
-    p.add_argument("--noise", type=float, default=0.1, help="spread of the per-answer consistency across samples")
+    p.add_argument("--recall", type=_ranged("recall"), default=0.7, help="per-sample probability of naming each true answer")
+    p.add_argument("--hallucination", type=_ranged("hallucination"), default=0.2, help="expected fraction of invented answers")
+    p.add_argument("--noise", type=_ranged("noise"), default=0.1, help="spread of the per-answer consistency across samples")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every completion")
-    p.add_argument("--fail-rate", type=float, default=0.0, help="fraction of requests that fail")
+    p.add_argument("--latency-ms", type=_ranged("latency_ms"), default=0.0, help="delay added to every completion")
+    p.add_argument("--fail-rate", type=_ranged("fail_rate"), default=0.0, help="fraction of requests that fail")
     p.add_argument("--fail-status", type=int, default=500, help="HTTP status of injected failures")
     p.add_argument("--fail-mode", choices=("status", "hang", "mixed"), default="status")
-    p.add_argument("--hang-s", type=float, default=60.0, help="how long a 'hang' failure waits")
+    p.add_argument("--hang-s", type=_ranged("hang_s"), default=60.0, help="how long a 'hang' failure waits")
     p.add_argument("--ignore-n", action="store_true", help="one choice per request whatever n asks (like llama.cpp)")
     p.add_argument("--messy", action="store_true", help="wrap answers in fences/prose/other list styles")
     p.add_argument("--api-key-env", metavar="VAR", help="require the API key held in this environment variable")

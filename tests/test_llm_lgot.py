@@ -7,6 +7,8 @@ simulated server (tests/_llm_server.py), including failures and cache replay.
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pytest
@@ -547,3 +549,114 @@ def test_cli_answer_check_flags(llm_artifact, tmp_path, capsys):
     checks = [n["notes"]["check"] for n in out["trace"]["nodes"] if "check" in n.get("notes", {})]
     assert checks and len(checks[0]["entities"]) == 2
     assert '"checks": 2' in got.err
+
+
+# ------------------------------------------------------------- empty input: the nested sub-question
+CHAIN_ENTS = ["Anchor Actor", "Casablanca Nights", "Final Director", "Second Feature", "Zebra Crossing",
+              "Mountain Road", "Harbor Lights"]
+CHAIN_RELS = ["acted_in", "acted_in^-1", "directed_by", "directed_by^-1"]
+# Full KG: Anchor Actor -acted_in-> Casablanca Nights -directed_by-> Final Director -directed_by^-1->
+# {Casablanca Nights, Second Feature}.  The engine's KG only keeps Zebra Crossing's edges.
+CHAIN_MISSING = [(0, 0, 1), (1, 2, 2), (3, 2, 2)]
+CHAIN_OBSERVED = [(4, 2, 5), (6, 0, 4)]
+
+
+def _chain_artifact(path) -> Path:
+    def both(rows):
+        a = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        return np.concatenate([a, np.stack([a[:, 2], a[:, 1] + 1, a[:, 0]], axis=1)])
+
+    observed, missing = both(CHAIN_OBSERVED), both(CHAIN_MISSING)
+    n = len(CHAIN_ENTS)
+    m = sp.csr_matrix((np.ones(len(observed), np.float32), (observed[:, 1] * n + observed[:, 0], observed[:, 2])),
+                      shape=(len(CHAIN_RELS) * n, n))
+    Artifact(entities=CHAIN_ENTS, relations=CHAIN_RELS, matrices=m, observed=observed, missing=missing,
+             meta={"source": "tests/test_llm_lgot.py chain"}).save(path)
+    return path
+
+
+class _Recording:
+    """An LLM client wrapper that keeps every batch of prompts it sends."""
+
+    def __init__(self, client):
+        self.client, self.config, self.sent = client, client.config, []
+
+    def complete_many_sync(self, batch, **kw):
+        self.sent += [prompts.parse_projection_request(m) for m in batch]
+        return self.client.complete_many_sync(batch, **kw)
+
+
+def _hidden_linker(hidden: Sequence[str]):
+    """A linker that cannot link ``hidden`` names (their entities carry unrelated names): the LLM's
+    answer for them does not link, as a surface form the KG does not know."""
+    from llm_bridge.linking import EntityLinker
+
+    return EntityLinker(names=[f"Qx{i} Unrelated Placeholder" if e in hidden else e for i, e in enumerate(CHAIN_ENTS)])
+
+
+@pytest.mark.parametrize("mode", ["lgot", "llm-only"])
+def test_empty_input_hop_is_asked_about_the_previous_question(tmp_path, mode):
+    from llm_bridge.nested import unnest
+
+    path = _chain_artifact(tmp_path / "chain")
+    art = Artifact.load(path)
+    q = parse('(p directed_by (p acted_in "Anchor Actor"))')
+    kg = Executor(art).answer([q], k=5)[0]
+    assert kg.answers == []  # the KG lost both edges: KG-only has nothing
+    with simulator(path, recall=1.0, hallucination=0.0, noise=0.0) as srv, _client(srv.base_url, tmp_path) as c:
+        rec = _Recording(c)
+        hook = LGOTHook(client=rec, artifact=art, settings=LGOTSettings(relation_questions="fallback", mode=mode),
+                        linker=_hidden_linker({"Casablanca Nights"}))
+        (res,) = Executor(art, hooks=[hook]).answer([q], k=5)
+    hop1 = res.trace.node((0,)).notes["llm"]
+    assert hop1["kept"] == ["Casablanca Nights"] and hop1["linked"] == []
+    # the unlinked answer is in the trace with its closest KG names and scores, and in the summary
+    (lost,) = hop1["unlinked"]
+    assert lost["text"] == "Casablanca Nights" and lost["id"] is None and lost["closest"] in CHAIN_ENTS + [
+        n for n in _hidden_linker({"Casablanca Nights"}).names]
+    assert '"Casablanca Nights" (closest ' in hop1["summary"] and "1 unlinked" in hop1["summary"]
+    # hop 2 had an empty input and was asked anyway, about hop 1's question (which names the anchor)
+    assert len(rec.sent) == 2
+    second = rec.sent[1]
+    assert second.entities == ["Anchor Actor"]
+    assert unnest(second.question) == [prompts.fallback_template("acted_in"), prompts.fallback_template("directed_by")]
+    root = res.trace.root.notes["llm"]
+    assert root["inputs"] == [] and root["nested"]["previous"] == hop1["question"]
+    assert hop1["question"] in root["question"] and '"Anchor Actor"' in root["question"]
+    assert "no input (nested question)" in root["summary"]
+    assert hook.stats.nested == 1 and hook.stats.skipped == 0
+    # its linked answer is the result, from the LLM
+    assert [(a.entity, a.provenance) for a in res.answers] == [("Final Director", "llm")]
+    assert res.answers[0].score == pytest.approx(0.1 if mode == "lgot" else 1.0)
+
+
+def test_nesting_goes_through_intersections_and_twice(tmp_path):
+    """MetaQA's 3-hop shape: (i (p r3 (i (p r2 (p r1 T)) (n T))) (n T)); hops 1 and 2 find nothing that links."""
+    from llm_bridge.nested import unnest
+
+    path = _chain_artifact(tmp_path / "chain")
+    art = Artifact.load(path)
+    t = '"Anchor Actor"'
+    q = parse(f"(i (p directed_by^-1 (i (p directed_by (p acted_in {t})) (n {t}))) (n {t}))")
+    with simulator(path, recall=1.0, hallucination=0.0, noise=0.0) as srv, _client(srv.base_url, tmp_path) as c:
+        rec = _Recording(c)
+        hook = LGOTHook(client=rec, artifact=art, settings=LGOTSettings(relation_questions="fallback"),
+                        linker=_hidden_linker({"Casablanca Nights", "Final Director"}))
+        (res,) = Executor(art, hooks=[hook]).answer([q], k=5)
+    assert len(rec.sent) == 3 and [r.entities for r in rec.sent] == [["Anchor Actor"]] * 3
+    assert unnest(rec.sent[2].question) == [prompts.fallback_template(r)
+                                            for r in ("acted_in", "directed_by", "directed_by^-1")]
+    assert hook.stats.nested == 2
+    # the simulator's truth of the double-nested question is {Casablanca Nights, Second Feature}; only the
+    # second links (provenance "both": the (n T) exclusion is the executor's own value, counted as "kg")
+    assert [(a.entity, a.provenance) for a in res.answers] == [("Second Feature", "both")]
+    assert res.trace.node((0,)).notes["merged"][0]["entity"] == "Second Feature"
+
+
+def test_a_row_with_nothing_to_nest_is_skipped_and_counted():
+    # D has no r edge, F no s edge and the LLM knows nothing: the union is empty, and a union stands
+    # for no single sub-question, so the outer hop has nothing to ask
+    (res,), client, hook = run(["(p s (u (p r D) (p s F)))"], script={})
+    notes = res.trace.root.notes["llm"]
+    assert "no sub-question to nest" in notes["skipped"] and hook.stats.skipped == 1
+    assert len(client.batches) == 2 and hook.stats.nested == 0 and res.answers == []  # the two inner hops

@@ -314,5 +314,59 @@ def test_cli_process_serves_and_rejects_bad_flags(llm_artifact, kb):
         assert set(got) == tails
     proc = subprocess.run([sys.executable, "-m", "llm_bridge.simulate", "--artifact", str(llm_artifact),
                            "--recall", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: --recall must be in [0, 1]")
+    assert proc.returncode == 2 and proc.stderr == "error: argument --recall: expected a finite number in [0, 1], got '2'\n"
     assert main(["--artifact", "/nonexistent/artifact"]) == 2
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--noise", "inf", "[0, 10]"), ("--noise", "nan", "[0, 10]"), ("--noise", "-inf", "[0, 10]"),
+    ("--noise", "11", "[0, 10]"), ("--recall", "nan", "[0, 1]"), ("--hallucination", "1", "[0, 1)"),
+    ("--hallucination", "inf", "[0, 1)"), ("--fail-rate", "-0.1", "[0, 1]"), ("--latency-ms", "inf", "[0, 600000]"),
+    ("--hang-s", "nan", "[0, 3600]"), ("--hang-s", "1e9", "[0, 3600]"), ("--noise", "x", "[0, 10]"),
+])
+def test_non_finite_and_out_of_range_flags_are_one_line_errors(llm_artifact, capsys, flag, value, expected):
+    # Before: --noise inf was accepted and every request handler crashed on NaN weights.
+    assert main(["--artifact", str(llm_artifact), "--port", "0", f"{flag}={value}"]) == 2  # "=": -inf is no flag
+    err = capsys.readouterr().err
+    assert err == f"error: argument {flag}: expected a finite number in {expected}, got {value!r}\n"
+
+
+@pytest.mark.parametrize("field, value", [("noise", math.inf), ("noise", math.nan), ("recall", math.nan),
+                                          ("latency_ms", math.inf), ("hang_s", -1.0), ("hallucination", 1.0)])
+def test_config_refuses_non_finite_values(field, value):
+    with pytest.raises(UserError, match=f"--{field.replace('_', '-')} must be a finite number in"):
+        SimulatorConfig(**{field: value})
+
+
+def test_largest_noise_still_answers(kb):
+    llm = SimulatedLLM(kb, SimulatorConfig(recall=0.5, hallucination=0.3, noise=10.0, seed=2))
+    for e in range(20):
+        for c in llm.respond(_projection("likes", [kb.entities[e]], 50), n=3):
+            assert c.text == "I don't know." or isinstance(json.loads(c.text), list)
+
+
+def test_nested_question_follows_the_relation_chain(kb):
+    from llm_bridge.nested import nest, unnest
+
+    llm = SimulatedLLM(kb, SimulatorConfig(recall=1.0, hallucination=0.0, noise=0.0))
+    t1, t2, t3 = (prompts.fallback_template(r) for r in ("likes", "parent_of", "likes^-1"))
+    two = nest(t2, t1)
+    three = nest(t3, two)
+    assert unnest(three) == [t1, t2, t3] and unnest(t1) == [t1]
+    likes, parent, likes_inv = (kb.relations.index(r) for r in ("likes", "parent_of", "likes^-1"))
+    checked = 0
+    for e in range(40):
+        hop1 = {int(t) for t in kb.tails(e, likes)}
+        hop2 = {int(t) for x in hop1 for t in kb.tails(x, parent)}
+        hop3 = {int(t) for x in hop2 for t in kb.tails(x, likes_inv)}
+        name = kb.entities[e]
+        assert llm.truth(two, [name])[1] == sorted(hop2)
+        assert llm.truth(three, [name]) == (likes_inv, sorted(hop3))
+        if hop2:
+            reply = llm.respond(prompts.projection_messages(two, [name], max_answers=100), n=1)[0].text
+            assert set(json.loads(reply)) == {kb.entities[t] for t in hop2}  # recall 1: all of them
+            checked += 1
+    assert checked >= 5
+    # recall of a nested question: recall ** hops
+    half = SimulatedLLM(kb, SimulatorConfig(recall=0.5))
+    assert half.recall_of(t1) == 0.5 and half.recall_of(two) == 0.25 and half.recall_of(three) == 0.125
