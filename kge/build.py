@@ -43,13 +43,28 @@ from .graph import LOADERS, drop_edges, load_kg
 from .lazy import DEFAULT_ROW_CACHE_GB, MATRIX_MODES, LazyMatrices, check_row_cache_gb
 from .train import TRAINING_LOOPS, TrainResult, check_loss, check_optimizer, check_trainable, default_train_config, size_class, train_complex
 
-__all__ = ["BuildConfig", "build_artifact", "summarize", "main", "MAX_LR", "MIN_MATRIX_GB", "MAX_MATRIX_GB"]
+__all__ = ["BuildConfig", "build_artifact", "summarize", "main", "MAX_LR", "MIN_MATRIX_GB", "MAX_MATRIX_GB",
+           "DEFAULT_MAX_CALIBRATE_MINUTES", "calibrate_minutes", "available_memory_bytes", "estimate_build_memory",
+           "EAGER_PEAK_FACTOR", "CALIBRATE_GFLOPS"]
 
 #: Largest --lr accepted: far above any useful rate (the size presets use 0.01); larger values are typos.
 MAX_LR = 10.0
 #: Range of --max-matrix-gb: 1 MiB (the tiniest KG's matrices) to 1 PiB (no machine has more).
 MIN_MATRIX_GB = 2.0**-10
 MAX_MATRIX_GB = 2.0**20
+#: ``--matrices auto`` is lazy when calibrating every row is estimated to take longer than this (minutes).
+DEFAULT_MAX_CALIBRATE_MINUTES = 30.0
+#: Useful calibration rate assumed by the estimate, GFLOP/s (``2 x rows x 2d x N`` per second, softmax and the
+#: rest of the fused op included).  Fixed, not measured at build time, so that the mode a build picks does not
+#: depend on the machine's load: a measured rate would make two seeded builds of one KG differ.  CPU: below
+#: every measurement on 2 cores (59-94 GFLOP/s, benchmarks/results/kge_build.md, lazy_rows.md, artifact_builds.md);
+#: CUDA: a conservative guess (not measured here: no GPU).
+CALIBRATE_GFLOPS = {"cpu": 50.0, "cuda": 5000.0}
+#: Peak RSS of an eager calibration is about a baseline plus this many times the matrices (measured, see docs).
+EAGER_PEAK_FACTOR = 2.5
+#: RSS of a build process before it holds any data: python, torch, pykeen, scipy (measured 0.35 GiB after the
+#: imports, 0.5 GiB peak for a UMLS build with pykeen's evaluator).
+BASE_BYTES = 512 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,8 +81,16 @@ class BuildConfig:
     ``matrices``: ``"eager"`` computes and stores every calibrated row;
     ``"lazy"`` stores none (the engine computes rows from the embeddings on
     demand, :mod:`kge.lazy`, caching up to ``row_cache_gb`` GiB), so the
-    threshold is never raised; ``"auto"`` is lazy when the eager matrices
-    would exceed ``max_matrix_gb`` at the threshold (estimated from a sample).
+    threshold is never raised; ``"auto"`` (the default) is lazy when computing
+    every row is estimated to take more than ``max_calibrate_minutes``
+    (:func:`calibrate_minutes`), or when the eager matrices at the threshold
+    (estimated from a sample) would exceed ``max_matrix_gb`` or, at
+    :data:`EAGER_PEAK_FACTOR` times their size, the available memory; else eager.
+    The build log and ``meta.json["calibration"]["matrices_choice"]`` say which and why.
+
+    ``memory_check``: before training, the build's peak memory is estimated
+    (:func:`estimate_build_memory`) and a build that would not fit in
+    MemAvailable (``/proc/meminfo``) is refused; False (``--no-memory-check``) skips that.
 
     ``out`` is written atomically: the artifact is built in a temporary sibling
     folder and moved into place only when complete, so a failed build leaves a
@@ -96,7 +119,9 @@ class BuildConfig:
     eval_max_triples: int | None = 5000
     threshold: float | None = None
     max_matrix_gb: float = 1.25
-    matrices: str = "eager"
+    matrices: str = "auto"
+    max_calibrate_minutes: float = DEFAULT_MAX_CALIBRATE_MINUTES
+    memory_check: bool = True
     row_cache_gb: float = DEFAULT_ROW_CACHE_GB
     delta: float = DEFAULT_DELTA
     chunk_rows: int | None = None
@@ -120,6 +145,8 @@ class BuildConfig:
         if self.matrices not in MATRIX_MODES:
             raise UserError(f"--matrices must be one of {', '.join(MATRIX_MODES)}, got {self.matrices!r}")
         check_row_cache_gb(self.row_cache_gb, "--row-cache-gb")
+        if not (math.isfinite(self.max_calibrate_minutes) and 0 < self.max_calibrate_minutes <= 1e9):
+            raise UserError(f"--max-calibrate-minutes must be in (0, 1e9], got {self.max_calibrate_minutes}")
         check_seed(self.seed)
         check_device(self.device, allow_auto=True)
         if self.threshold is not None and not 0.0 < self.threshold < 1.0:
@@ -180,6 +207,7 @@ def _build(config: BuildConfig, progress: bool, output: OutputFolder, tmp: Path)
         candidates=config.candidates,
     )
     train_cfg = type(train_cfg)(**{**asdict(train_cfg), "eval_max_triples": config.eval_max_triples})
+    memory = _check_memory(config, kg, train_cfg, progress)
     t = time.perf_counter()
     if config.embeddings is not None:
         trained = _reuse_embeddings(config.embeddings, kg, train_cfg)
@@ -195,7 +223,7 @@ def _build(config: BuildConfig, progress: bool, output: OutputFolder, tmp: Path)
         with open_output(checkpoint, what="embeddings checkpoint", binary=True) as f:
             np.savez(f, entity=trained.entity, relation=trained.relation)
     try:
-        artifact = _calibrate_and_save(config, progress, kg, train_cfg, trained, timings, tmp)
+        artifact = _calibrate_and_save(config, progress, kg, train_cfg, trained, timings, tmp, memory)
     except UserError as exc:
         if not checkpoint.is_file():
             raise
@@ -215,12 +243,14 @@ def _build(config: BuildConfig, progress: bool, output: OutputFolder, tmp: Path)
 
 
 def _calibrate_and_save(config: BuildConfig, progress: bool, kg, train_cfg, trained, timings: dict[str, float],
-                        tmp: Path) -> Artifact:
+                        tmp: Path, memory: dict[str, Any]) -> Artifact:
     formula = "p = softmax_t(score) * max(1, #observed tails); p < threshold -> 0; min(p, 1-delta); observed -> 1"
     mode, estimated = config.matrices, None
+    choice: dict[str, Any] = {"mode": mode, "forced_by": f"--matrices {mode}"}
     if mode == "auto":
         t = time.perf_counter()
         mode, estimated = _auto_matrices(config, trained, kg)
+        choice = estimated[1].pop("matrices_choice")
         timings["estimate_nnz"] = time.perf_counter() - t
         if progress:
             print(estimated[1]["message"], file=sys.stderr)
@@ -234,6 +264,7 @@ def _calibrate_and_save(config: BuildConfig, progress: bool, kg, train_cfg, trai
                                        "formula": formula}
         if estimated is not None:
             calibration["nnz_estimate"] = estimated[1]
+        calibration["matrices_choice"] = choice
     else:
         if estimated is None:
             t = time.perf_counter()
@@ -262,6 +293,7 @@ def _calibrate_and_save(config: BuildConfig, progress: bool, kg, train_cfg, trai
             "chunk_rows": cstats.chunk_rows,
             "matmul_gflops_per_s": cstats.flop_rate / 1e9,
             "formula": formula,
+            "matrices_choice": choice,
         }
 
     meta: dict[str, Any] = {
@@ -279,6 +311,7 @@ def _calibrate_and_save(config: BuildConfig, progress: bool, kg, train_cfg, trai
         },
         "matrices": mode,
         "calibration": calibration,
+        "memory_estimate": memory,
         "versions": _versions(),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_at_end": list(os.getloadavg())},
     }
@@ -292,6 +325,9 @@ def _calibrate_and_save(config: BuildConfig, progress: bool, kg, train_cfg, trai
     timings["save"] = 0.0
     artifact.meta["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     artifact.meta["peak_rss_bytes"] = peak_rss_bytes()
+    if progress:
+        print(f"memory: peak RSS {_fmt_bytes(artifact.meta['peak_rss_bytes'])} before saving "
+              f"(estimated up front: {_fmt_bytes(memory['total_bytes'])})", file=sys.stderr)
     artifact.save(tmp)
     timings["save"] = time.perf_counter() - t
     return artifact
@@ -334,6 +370,89 @@ def _reuse_embeddings(source: str, kg, train_cfg) -> TrainResult:
                        device=resolve_device(train_cfg.device))
 
 
+def available_memory_bytes() -> int | None:
+    """MemAvailable of ``/proc/meminfo`` in bytes (None where there is no such file, e.g. not Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def estimate_build_memory(*, num_entities: int, num_relations: int, num_triples: int, rank: int, batch_size: int,
+                          candidates: int | None, matrices: str, max_matrix_gb: float,
+                          train: bool = True) -> dict[str, int]:
+    """Estimated peak memory of a build in bytes, by component, and ``total_bytes`` (their sum).
+
+    * ``base``: the interpreter with torch, pykeen and scipy (:data:`BASE_BYTES`);
+    * ``graph``: the triples (int64, ~6 copies: the KG's splits, the trainer's tensor, the filter
+      sets, the artifact's observed edges) and ~200 bytes of names per entity;
+    * ``embeddings``: ``(N + R) x 2 rank`` float32 tables, 6 of them when training (weights, gradient,
+      Adagrad state, the best epoch's copy, the complex64 export, the artifact's), 2 when reusing embeddings;
+    * ``training_buffers``: the largest of a step's ``(B, C)`` score buffers (scores, softmax, gradient,
+      a bf16 copy; ``C`` = N, or ``B + candidates`` when sampling), the validation ranker's
+      ``(1024, N)`` chunk, and pykeen's evaluator (capped at 1 GiB by ``kge.train.pykeen_link_metrics``);
+    * ``matrices``: an eager build's peak, :data:`EAGER_PEAK_FACTOR` x the matrices (at most
+      ``max_matrix_gb``, at most 8 bytes x every entry) plus two 64 MB chunk buffers; 0 for lazy
+      and auto (auto picks lazy when the eager matrices would not fit, see :func:`_auto_matrices`).
+    """
+    from .train import HUGE_FROM
+
+    n, r, d = num_entities, num_relations, rank
+    parts = {"base": BASE_BYTES, "graph": num_triples * 3 * 8 * 6 + n * 200}
+    parts["embeddings"] = (n + r) * 2 * d * 4 * (6 if train else 2)
+    buffers = 0
+    if train:
+        cols = n if candidates is None or candidates >= n else min(n, batch_size + candidates)
+        buffers = max(batch_size * cols * 4 * 4, 1024 * n * 4 * 3)
+        if n < HUGE_FROM:  # pykeen's evaluator broadcasts (batch, N, d) complex products, capped at 1 GiB
+            buffers = max(buffers, min(1 << 30, 256 * n * d * 16))
+    parts["training_buffers"] = buffers
+    parts["matrices"] = 0
+    if matrices == "eager":
+        stored = min(max_matrix_gb * (1 << 30), 8.0 * r * n * n)
+        parts["matrices"] = int(EAGER_PEAK_FACTOR * stored) + (128 << 20)
+    parts = {k: int(v) for k, v in parts.items()}
+    return {**parts, "total_bytes": sum(parts.values())}
+
+
+def _check_memory(config: BuildConfig, kg, train_cfg, progress: bool) -> dict[str, Any]:
+    """The up-front estimate (:func:`estimate_build_memory`) of this build; a UserError when it exceeds MemAvailable.
+
+    A rank left to the time budget counts as the largest it may pick, so the estimate is an upper bound.
+    """
+    from .complex_n3 import CANDIDATE_RANKS
+
+    rank = train_cfg.rank
+    if rank is None:
+        rank = max(x for x in CANDIDATE_RANKS if train_cfg.max_rank is None or x <= train_cfg.max_rank)
+    est = estimate_build_memory(num_entities=kg.num_entities, num_relations=kg.num_relations,
+                                num_triples=len(kg.train) + len(kg.missing), rank=rank,
+                                batch_size=train_cfg.batch_size,
+                                candidates=train_cfg.candidates if train_cfg.training_loop == "1n" else None,
+                                matrices=config.matrices, max_matrix_gb=config.max_matrix_gb,
+                                train=config.embeddings is None)
+    available = available_memory_bytes()
+    info: dict[str, Any] = {**est, "rank_assumed": rank, "available_bytes": available}
+    parts = ", ".join(f"{k.replace('_', ' ')} {_fmt_bytes(v)}" for k, v in est.items()
+                      if k != "total_bytes" and v)
+    if progress:
+        avail = f", {_fmt_bytes(available)} available" if available is not None else ""
+        print(f"memory: estimated peak {_fmt_bytes(est['total_bytes'])} ({parts}){avail}", file=sys.stderr)
+    if config.memory_check and available is not None and est["total_bytes"] > available:
+        hints = ["a smaller --rank" if config.rank is not None else "a --rank below the budget's upper bound "
+                 f"{rank}"]
+        if config.matrices == "eager":
+            hints.append("--matrices lazy or auto, or a smaller --max-matrix-gb")
+        raise UserError(f"--kg {config.kg}: the build needs an estimated {_fmt_bytes(est['total_bytes'])} "
+                        f"({parts}) but only {_fmt_bytes(available)} is available (MemAvailable); "
+                        f"use {' or '.join(hints)}, or --no-memory-check to try anyway")
+    return info
+
+
 def _release_memory() -> None:
     """Give freed heap pages back to the OS (training leaves ~1 GB in glibc's free lists)."""
     import ctypes
@@ -346,23 +465,74 @@ def _release_memory() -> None:
         pass
 
 
+def calibrate_minutes(num_entities: int, num_relations: int, rank: int, device: str) -> tuple[float, float]:
+    """``(minutes, gflops)``: the estimated time of an eager calibration and the rate it assumes.
+
+    Every one of the ``R x N`` rows is a ``(1, 2 rank) @ (2 rank, N)`` product plus the fused softmax and
+    threshold op, ``2 x 2 rank x N`` useful FLOPs, at :data:`CALIBRATE_GFLOPS` for the device (a fixed
+    rate: the choice must not depend on the machine's load at build time).
+    """
+    gflops = CALIBRATE_GFLOPS["cuda" if str(device).startswith("cuda") else "cpu"]
+    flops = 2.0 * num_relations * num_entities * 2 * rank * num_entities
+    return flops / (gflops * 1e9) / 60.0, gflops
+
+
 def _auto_matrices(config: BuildConfig, trained, kg) -> tuple[str, tuple[float, dict[str, Any]]]:
-    """``--matrices auto``: ``("eager", choose_threshold's result)`` when the matrices fit
-    ``--max-matrix-gb`` at QTO's threshold (or ``--threshold``), else ``("lazy", (threshold, info))``:
-    a lazy artifact never needs the threshold raised."""
+    """``--matrices auto``: ``("eager", choose_threshold's result)`` or ``("lazy", (threshold, info))``.
+
+    Lazy when the calibration is estimated to take more than ``--max-calibrate-minutes``
+    (:func:`calibrate_minutes`; then the nnz is not even estimated), when the eager matrices at QTO's
+    threshold (or ``--threshold``) would exceed ``--max-matrix-gb``, or when :data:`EAGER_PEAK_FACTOR`
+    times them exceeds MemAvailable; a lazy artifact never needs the threshold raised.
+    ``info["message"]`` is the one log line that says which and why, with the numbers.
+    """
     floor = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD
+    n, num_rel, rank = kg.num_entities, kg.num_relations, int(trained.entity.shape[1])
+    minutes, gflops = calibrate_minutes(n, num_rel, rank, trained.device)
+    choice: dict[str, Any] = {"rows": n * num_rel, "rank": rank, "estimated_minutes": round(minutes, 4),
+                              "assumed_gflops": gflops, "max_calibrate_minutes": config.max_calibrate_minutes}
+    work = (f"calibrating {n * num_rel:,} rows x {n:,} entities at rank {rank}: ~{_fmt_minutes(minutes)} "
+            f"at {gflops:g} GFLOP/s")
+    if minutes > config.max_calibrate_minutes:
+        choice["mode"] = "lazy"
+        message = (f"--matrices auto: lazy ({work} > --max-calibrate-minutes {config.max_calibrate_minutes:g}; "
+                   f"matrix size not estimated)")
+        return "lazy", (floor, {"message": message, "matrices_choice": choice})
     try:
         threshold, info = choose_threshold(config, trained.entity, trained.relation, kg.train, trained.device)
     except UserError as exc:  # an explicit --threshold whose matrices would not fit
-        info = {"message": f"--matrices auto: lazy ({exc})"}
-        return "lazy", (floor, info)
-    if "raised_threshold" not in info:
-        info["message"] += "; --matrices auto: eager"
-        return "eager", (threshold, info)
-    info["message"] = (f"--matrices auto: lazy (the eager matrices at threshold {floor:g} would exceed "
-                       f"--max-matrix-gb {config.max_matrix_gb:g}: {info[f'nnz_at_{floor:g}']:,} estimated entries)")
-    del info["raised_threshold"]
-    return "lazy", (floor, info)
+        choice["mode"] = "lazy"
+        message = f"--matrices auto: lazy ({work}; {exc})"
+        return "lazy", (floor, {"message": message, "matrices_choice": choice})
+    nnz = info[f"nnz_at_{floor:g}"]
+    nbytes = 8.0 * nnz
+    available = available_memory_bytes()
+    choice.update(nnz_estimate=nnz, matrices_bytes=int(nbytes), available_bytes=available)
+    size = f"~{nnz:,} entries ({_fmt_bytes(nbytes)}) at threshold {floor:g}"
+    if "raised_threshold" in info:
+        del info["raised_threshold"]
+        choice["mode"] = "lazy"
+        info["message"] = (f"--matrices auto: lazy ({work}; {size} > --max-matrix-gb {config.max_matrix_gb:g})")
+        return "lazy", (floor, {**info, "matrices_choice": choice})
+    if available is not None and EAGER_PEAK_FACTOR * nbytes > available:
+        choice["mode"] = "lazy"
+        info["message"] = (f"--matrices auto: lazy ({work}; {size}, x{EAGER_PEAK_FACTOR:g} at peak > "
+                           f"{_fmt_bytes(available)} available)")
+        return "lazy", (floor, {**info, "matrices_choice": choice})
+    choice["mode"] = "eager"
+    info["message"] = (f"--matrices auto: eager ({work} <= --max-calibrate-minutes {config.max_calibrate_minutes:g}; "
+                       f"{size} <= --max-matrix-gb {config.max_matrix_gb:g}"
+                       + (f" and x{EAGER_PEAK_FACTOR:g} <= {_fmt_bytes(available)} available)" if available is not None
+                          else ")"))
+    return "eager", (threshold, {**info, "matrices_choice": choice})
+
+
+def _fmt_minutes(minutes: float) -> str:
+    if minutes < 1:
+        return f"{minutes * 60:.1f} s"
+    if minutes < 120:
+        return f"{minutes:.1f} min"
+    return f"{minutes / 60:,.1f} h"
 
 
 def choose_threshold(config: BuildConfig, entity: np.ndarray, relation: np.ndarray, observed: np.ndarray,
@@ -471,10 +641,15 @@ def _parser() -> ArgumentParser:
     p.add_argument("--max-matrix-gb", type=float, default=1.25,
                    help=f"memory budget of the matrices in GiB, {MIN_MATRIX_GB:g} to {MAX_MATRIX_GB:g} (8 bytes per entry); "
                         "peak RSS is about baseline + 2.5x this")
-    p.add_argument("--matrices", choices=list(MATRIX_MODES), default="eager",
+    p.add_argument("--matrices", choices=list(MATRIX_MODES), default="auto",
                    help="eager: compute and store every calibrated row; lazy: store none, the engine computes the "
-                        "rows a query needs from the embeddings (threshold never raised); auto: lazy when the eager "
-                        "matrices would exceed --max-matrix-gb (default eager)")
+                        "rows a query needs from the embeddings (threshold never raised); auto (default): lazy when "
+                        "calibrating every row would take more than --max-calibrate-minutes (estimated) or the eager "
+                        "matrices would exceed --max-matrix-gb or the available memory, else eager; the log says which")
+    p.add_argument("--max-calibrate-minutes", type=float, default=DEFAULT_MAX_CALIBRATE_MINUTES,
+                   help=f"--matrices auto: longest estimated eager calibration, in minutes "
+                        f"(default {DEFAULT_MAX_CALIBRATE_MINUTES:g}; the estimate assumes {CALIBRATE_GFLOPS['cpu']:g} "
+                        f"GFLOP/s on a CPU)")
     p.add_argument("--row-cache-gb", type=float, default=DEFAULT_ROW_CACHE_GB,
                    help=f"lazy matrices: byte budget of the engine's calibrated-row cache in GiB, > 0 "
                         f"(default {DEFAULT_ROW_CACHE_GB:g}; recorded in meta.json)")
@@ -485,6 +660,8 @@ def _parser() -> ArgumentParser:
                    help="reuse the embeddings of an earlier artifact folder (or embeddings.npz) instead of training")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing artifact at --out (never a folder that is not an artifact)")
+    p.add_argument("--no-memory-check", dest="memory_check", action="store_false",
+                   help="build even when the up-front memory estimate exceeds MemAvailable (default: refuse)")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p
 

@@ -136,8 +136,9 @@ def batch_loss(entity, relation, h, r, t, *, weight: float, precision: str = "fp
     """
     import torch.nn.functional as F
 
-    ce = F.cross_entropy(tail_scores(entity, relation, h, r, precision=precision), t)
-    n3 = n3_penalty(entity[h], relation[r], entity[t])
+    e_h, w, e_t = entity.index_select(0, h), relation.index_select(0, r), entity.index_select(0, t)
+    ce = F.cross_entropy(_score_rows(e_h, w, entity, precision), t)
+    n3 = n3_penalty(e_h, w, e_t)
     return ce + weight * n3, ce, n3
 
 

@@ -253,7 +253,7 @@ def test_linkpred_and_plots_clis(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # one-line errors: a KG the embeddings do not fit, a bad --limit
     assert linkpred_main(["--artifact", str(art), "--kg", "umls", "--quiet"]) == 2
-    assert "do not fit this KG" in capsys.readouterr().err
+    assert "its embeddings cover 14 entities and 110 relations, --kg umls has 135 and 92" in capsys.readouterr().err
     assert linkpred_main(["--artifact", str(art), "--kg", "nations", "--limit", "0"]) == 2
     assert "--limit must be >= 1, got 0" in capsys.readouterr().err
 
