@@ -165,7 +165,7 @@ def llm_hooks(options: LLMOptions | None, *, stats_out=None) -> Iterator[Sequenc
         st = client.stats
         summary = {"mode": options.settings.mode, "model": options.config.model, "prompts": hook.stats.prompts,
                    "calls": st.calls, "requests": st.requests, "cache_hits": st.cache_hits, "retries": st.retries,
-                   "failed_rows": hook.stats.failed_rows, "tokens": st.total_tokens}
+                   "failed_rows": hook.stats.failed_rows, "tokens": st.total_tokens, "timeouts": st.timeouts}
         if options.settings.answer_check:
             summary.update(checks=hook.stats.checks, failed_checks=hook.stats.failed_checks,
                            penalised=hook.stats.penalised)

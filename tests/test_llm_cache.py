@@ -243,3 +243,22 @@ def test_the_cache_folder_follows_kgreason_home(tmp_path, monkeypatch, llm_artif
     with simulator(llm_artifact) as srv, LLMClient(LLMConfig(base_url=srv.base_url, model="m", n=1)) as client:
         assert client.complete_sync(_prompts(1)[0]).ok
     assert (tmp_path / "kh" / "llm-cache.sqlite").is_file() and not (tmp_path / "xdg").exists()
+
+
+def test_a_full_disk_during_a_run_is_one_line_from_the_cli(llm_artifact, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from engine.answer import main
+
+    def full(self, key, value, **kw):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+
+    monkeypatch.setattr(ResponseCache, "put", full)
+    with simulator(llm_artifact) as srv:
+        argv = ["--artifact", str(llm_artifact), "--expr", "(p likes Entity_003)", "--llm", "--llm-base-url",
+                srv.base_url, "--llm-model", "m", "--llm-cache", str(tmp_path / "c.sqlite")]
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip() and not line.startswith("llm:")]
+    assert lines == [f"error: {tmp_path / 'c.sqlite'}: no space left on the device (ENOSPC); free space there or "
+                     "write the output elsewhere"]
