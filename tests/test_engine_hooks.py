@@ -667,3 +667,33 @@ def test_llm_only_negated_row_provenance_and_recompute():
     from engine.answer import _trace_lines
 
     assert any("row replaced by llm (others 1)" in line for line in _trace_lines(res2.trace))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_projection_with_an_empty_input_still_reaches_its_hooks(backend):
+    """Issue 21: a hop whose input is all zero is hooked (an LLM may still answer it), in every entry point,
+    and a hook that adds an entity there reaches the result."""
+    art, _ = chain_artifact()
+    seen = []
+
+    def hook(ctx, value):
+        for row in range(ctx.rows):
+            seen.append((ctx.path, bool(torch.all(ctx.inputs[0].values[row] == 0))))
+        if ctx.path == ():
+            return merge_scores(value, 0, [art.entity_id("g")], [0.3], source="llm")
+        return None
+
+    # f has no r edge: the inner hop is empty, so the outer hop's input is all zero
+    q = resolve(parse("(p s (p r f))"), art)
+    kg = Executor(art, backend=backend).scores([q])
+    assert float(kg.sum()) == 0.0
+    ex = Executor(art, backend=backend)
+    ex.add_hook(hook, ops=("p",))
+    for call in (lambda: ex.scores([q]), lambda: ex.answer([q], k=3), lambda: list(ex.iter_scores([q]))):
+        seen.clear()
+        out = call()
+        assert seen == [((0,), False), ((), True)]
+    (res,) = ex.answer([q], k=3)
+    assert [(a.entity, a.provenance) for a in res.answers] == [("g", "llm")]
+    # no hook: bit-identical to the plain executor
+    assert torch.equal(Executor(art, backend=backend).scores([q]), kg)
