@@ -790,7 +790,7 @@ def test_a_slow_server_that_answers_is_not_cut_off_for_later_stages(llm_artifact
             assert client.complete_sync(_prompts(1)[0]).reason == "timeout"
             t0 = time.perf_counter()
             r = client.complete_sync(_prompts(2)[1])
-            assert r.reason == "timeout" and "not asked" in r.message and time.perf_counter() - t0 < 0.2
+            assert r.reason == "timeout" and "not asked" in r.message and time.perf_counter() - t0 < 0.5
             assert srv.requests == 1
         # outside the scope every call tries again (bounded by its own deadline)
         assert client.complete_sync(_prompts(3)[2]).reason == "timeout" and srv.requests == 2
