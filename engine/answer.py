@@ -56,6 +56,7 @@ class AnswerConfig:
     frontier_k: int | None = None
     row_cache_gb: float | None = None
     llm: object = None  # llm_bridge.cli.LLMOptions with --llm, else None (KG only)
+    verify: bool = True  # False: --skip-artifact-checksums (finite values and shapes are checked anyway)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,8 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object per query (JSON lines)")
     p.add_argument("--trace-values", action="store_true",
                    help="keep every node's values in the trace (--json: each node's top 10 entities)")
+    from kge.artifact import add_checksum_argument
     from llm_bridge.cli import add_arguments as add_llm_arguments
 
+    add_checksum_argument(p)
     add_llm_arguments(p)  # --llm and its --llm-* flags (LGOT: the LLM answers every sub-question too)
     return p
 
@@ -122,6 +125,7 @@ def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
         top_k=ns.top_k, explain=ns.explain, tnorm=ns.tnorm, neg_scale=ns.neg_scale, negation=ns.negation,
         device=ns.device, seed=ns.seed, json=ns.json, trace_values=ns.trace_values,
         frontier_k=ns.frontier_k, row_cache_gb=ns.row_cache_gb, llm=options_from_args(ns, top_k=ns.top_k),
+        verify=not ns.skip_artifact_checksums,
     )
 
 
@@ -156,8 +160,8 @@ def run(cfg: AnswerConfig, out=None, *, hooks: Sequence = ()) -> int:
     if artifact is not None and cfg.row_cache_gb is not None:
         from kge.artifact import Artifact
 
-        artifact = Artifact.load(artifact, load_embeddings=False, row_cache_gb=cfg.row_cache_gb)
-    engine = Engine.load(artifact, negation=cfg.negation, tnorm=cfg.tnorm, neg_scale=cfg.neg_scale,
+        artifact = Artifact.load(artifact, verify=cfg.verify, load_embeddings=False, row_cache_gb=cfg.row_cache_gb)
+    engine = Engine.load(artifact, verify=cfg.verify, negation=cfg.negation, tnorm=cfg.tnorm, neg_scale=cfg.neg_scale,
                          device=cfg.device, hooks=hooks, frontier_k=cfg.frontier_k)
     art = engine.artifact
     if cfg.query is not None:

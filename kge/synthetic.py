@@ -217,10 +217,10 @@ def _check_config(c: SyntheticConfig, flags: Mapping[str, str] | None = None) ->
 
 # ------------------------------------------------------------------ size estimates
 # A lower bound of the peak resident memory of generate() + write_tsv(), fitted to /usr/bin/time's
-# maximum RSS of sparse `python -m kge.synthetic` runs: 267 MB at 400k entities / 1M edges, 627 MB at
-# 2M / 2.2M (the interpreter and numpy, per-entity arrays and names, per-edge keys and the sort).
-# Denser graphs need more per edge (candidate batches of the rejection rounds: 1.41 GB at 100k / 4M,
-# 3.6x this bound), so only requests that cannot fit are refused, never a feasible one.
+# maximum RSS of sparse `python -m kge.synthetic` runs: 273 MB at 400k entities / 1M edges, 642 MB at
+# 2M / 2.2M (the interpreter and numpy, per-entity arrays and names, per-edge keys and the sort; table
+# in docs/artifacts.md).  Denser graphs need more per edge (candidate batches of the rejection rounds:
+# 1.44 GB at 100k / 4M, 2.6x this bound), so only requests that cannot fit are refused.
 _BASE_BYTES = 100 * 10**6
 _BYTES_PER_ENTITY = 140
 _BYTES_PER_EDGE = 110
@@ -228,7 +228,7 @@ _BYTES_PER_EDGE = 110
 
 def estimate_peak_bytes(config: SyntheticConfig) -> int:
     """A lower bound of the bytes of memory :func:`generate` and :func:`write_tsv` need at their peak
-    (sparse graphs reach about this; dense ones up to ~4x more)."""
+    (sparse graphs reach about this; dense ones up to ~3x more)."""
     return _BASE_BYTES + _BYTES_PER_ENTITY * int(config.num_entities) + _BYTES_PER_EDGE * int(config.num_edges)
 
 

@@ -78,6 +78,7 @@ def queries(umls_tiny_artifact, tmp_path_factory) -> Path:
 
 
 TOOLS = {
+    "engine.answer": lambda art, q, tmp: ["--artifact", art, "--query", "1p"],
     "engine.evaluate": lambda art, q, tmp: ["--artifact", art, "--queries", q, "--no-progress"],
     "engine.sample": lambda art, q, tmp: ["--artifact", art, "--out", str(tmp / "o.jsonl"), "--per-structure", "2",
                                           "--no-progress"],

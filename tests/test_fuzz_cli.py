@@ -14,10 +14,14 @@ may appear or change, and an artifact ``kge.build --overwrite`` replaces);
 no temporary ``.building-``/``.part-`` leftovers; everything happens inside the
 example's folder (cwd, HOME, XDG_CACHE_HOME, KGREASON_HOME, TMPDIR there).
 
-Never fuzzed: the ``--llm*`` options of engine.answer (they call a model
-server) and engine.paths' model encoders (``minilm``, ``sentence-transformers``
-download models); ``kge.build`` only ever trains a few epochs at rank <= 8 on the
-16-entity KG (or reuses embeddings).
+Never fuzzed: the ``--llm*`` options of engine.answer and llm_bridge.experiment
+(they call a model server; the experiment runs its own simulator) and
+engine.paths' model encoders (``minilm``, ``sentence-transformers`` download
+models); ``kge.build`` only ever trains a few epochs at rank <= 8 on the
+16-entity KG (or reuses embeddings); ``kge.synthetic``'s valid sizes stay below
+60 entities and 200 edges (its absurd ones must be refused up front, by its
+checks or its memory and disk estimates); ``llm_bridge.experiment`` samples
+at most 3 queries per structure and runs one simulator configuration.
 """
 from __future__ import annotations
 
@@ -65,6 +69,10 @@ CLIS = {
     "engine.betae": "engine.betae",
     "engine.paths": "engine.paths.__main__",
     "kge.build": "kge.build",
+    "kge.synthetic": "kge.synthetic",
+    "kge.plots": "kge.plots",
+    "kge.linkpred": "kge.linkpred",
+    "llm_bridge.experiment": "llm_bridge.experiment",
 }
 
 
@@ -170,9 +178,12 @@ _RELATIONS = TINY_RELATIONS + [r + "^-1" for r in TINY_RELATIONS] + ["#0", "#7"]
 _VALID_INTS = {"top_k": (1, 20), "seed": (0, 1000), "batch_size": (1, 64), "limit": (1, 5), "per_structure": (1, 3),
                "max_answers": (1, 100), "k": (1, 20), "beam_width": (1, 16), "max_hops": (1, 4),
                "max_sequences": (1, 1000), "max_entity_paths": (1, 5), "epochs": (1, 2), "rank": (1, 8),
-               "num_negatives": (1, 4), "chunk_rows": (1, 4096), "eval_max_triples": (0, 50), "llm_inputs": (1, 3)}
+               "num_negatives": (1, 4), "chunk_rows": (1, 4096), "eval_max_triples": (0, 50), "llm_inputs": (1, 3),
+               "entities": (2, 60), "relations": (1, 5), "edges": (3, 200), "types": (1, 5), "answer_check": (0, 3)}
 _VALID_FLOATS = {"neg_scale": (0.5, 5.0), "drop_edges": (0.0, 0.5), "lr": (0.001, 0.1), "regularizer_weight": (0.0, 0.1),
-                 "threshold": (1e-4, 0.5), "max_matrix_gb": (0.01, 2.0), "delta": (0.0, 0.5)}
+                 "threshold": (1e-4, 0.5), "max_matrix_gb": (0.01, 2.0), "delta": (0.0, 0.5), "sim_latency_ms": (0.0, 1.0),
+                 "noise": (0.0, 0.3), "recall": (0.0, 1.0), "hallucination": (0.0, 0.9), "theta": (0.0, 1.0),
+                 "alpha": (0.0, 1.0)}
 
 
 @st.composite
@@ -183,13 +194,18 @@ def valid_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[st
     if dest == "artifact":
         one = st.just(lay.rel(lay.art))
     elif dest == "kg":
-        one = st.sampled_from([lay.rel(lay.kg)] * 3 + [lay.rel(lay.betae)])
+        # kge.linkpred ranks a split: the BetaE folder has them, the TSV only training edges.
+        one = st.sampled_from([lay.rel(lay.kg)] * (1 if cli == "kge.linkpred" else 3) + [lay.rel(lay.betae)])
     elif dest == "out":
         one = st.sampled_from(["out.jsonl", "outdir"] if cli == "engine.sample" else
                               ["new_art", lay.rel(lay.inputs / "empty")] + (
                                   [lay.rel(lay.art)] if cli == "kge.build" else []))
     elif dest == "json":
         one = st.sampled_from(["out.json", "r.json"])
+    elif dest == "stats_json":
+        one = st.sampled_from(["stats.json", "s.json"])
+    elif dest == "questions_dir":
+        one = st.sampled_from(["qdir", "cache/q"])
     elif dest == "queries":
         if cli == "engine.answer":
             qf = lay.root / "queries.txt"
@@ -210,7 +226,7 @@ def valid_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[st
         one = st.sampled_from(_STRUCTURES)
     elif dest in ("anchors", "topics"):
         one = st.sampled_from(_ENTITIES)
-    elif dest == "relations":
+    elif dest == "relations" and cli != "kge.synthetic":  # kge.synthetic --relations is a count
         one = st.sampled_from(_RELATIONS)
     elif dest == "plan":
         one = st.lists(st.sampled_from(_RELATIONS[:8]), min_size=1, max_size=3).map(", ".join)
@@ -264,10 +280,15 @@ def junk_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[str
             qf = lay.root / "queries.txt"  # query lines from the query-language fuzzer
             qf.write_text("\n".join(draw(st.lists(query_texts, max_size=4))), encoding="utf-8", errors="surrogatepass")
             one = st.one_of(st.just(lay.rel(qf)), one)
-    elif dest in ("out", "json"):
+    elif dest in _OUTPUT_DESTS + _CACHE_DESTS:
         one = outputs
     elif dest == "expr":
         one = query_texts
+    elif cli == "kge.synthetic" and dest in ("entities", "relations", "edges", "types"):
+        # Absurd sizes must be refused up front (checks, memory and disk estimates), never generated;
+        # a mid-size valid one (300 entities, 900 edges) appears only with the others valid.
+        one = st.sampled_from(["0", "1", "-1", "x", "1.5", "", "-99999999999", "1000000000", "100000000", str(2**63),
+                               "99999999999999999999999", "300", "900"])
     elif dest in ("anchors", "topics", "relations", "query", "structures", "plan"):
         one = st.one_of(_JUNK, st.text(max_size=6), st.sampled_from(["4p", "1P", "2u-DNF", "up-DM", "#99", "#-1"]))
     elif dest == "encoder":
@@ -289,6 +310,8 @@ def junk_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[str
         one = st.sampled_from(["0", "-1", "x"] + (["100000"] if _SLOW_RUN else []))
     elif cli == "engine.paths" and dest in ("max_sequences", "k", "beam_width", "max_hops", "max_entity_paths"):
         one = st.sampled_from(["0", "-1", "x", "", "100", "-99999999999"])
+    elif cli == "llm_bridge.experiment" and dest in ("per_structure", "batch_size", "max_answers"):
+        one = st.sampled_from(["0", "-1", "x", "", "1", "2", "-99999999999"])
     elif action.type is int:
         one = _INTS
     elif action.type is float:
@@ -351,6 +374,13 @@ def argvs(draw, cli: str, parser: argparse.ArgumentParser, lay: Layout) -> list[
     if cli == "engine.sample" and "--per-structure" not in argv:
         # The default (1000 per structure) exhausts all 14 structures of the tiny KG: ~35 s a run.
         argv += ["--per-structure", "2"]
+    if cli == "llm_bridge.experiment":
+        # One simulator configuration on at most 3 queries per structure: a few seconds a run.
+        for flag, value in (("--per-structure", "2"), ("--recall", "0.5"), ("--hallucination", "0.2"),
+                            ("--structures", "1p"), ("--theta", "0.3"), ("--alpha", "0.1")):
+            if flag not in argv:
+                argv += [flag, value]
+        argv += ["--no-replay"] if "--sim-latency-ms" not in argv else []
     if cli == "kge.build":
         # Every vector that reaches training trains a tiny model: never a size preset.
         if "--epochs" not in argv:
@@ -362,11 +392,15 @@ def argvs(draw, cli: str, parser: argparse.ArgumentParser, lay: Layout) -> list[
 
 
 # ------------------------------------------------------------------------ the property
-_OUTPUT_DESTS = ("out", "json")
+_OUTPUT_DESTS = ("out", "json", "stats_json")
+# Folders a run may add files to (a cache the user names), unless it lies inside one of the run's inputs.
+_CACHE_DESTS = ("questions_dir",)
 
 
 def _named_paths(parser: argparse.ArgumentParser, argv: list[str], lay: Layout, cli: str) -> tuple[list[Path], list[Path]]:
-    """(outputs the command line names, inputs it reads) as absolute paths (argv read leniently)."""
+    """(outputs the command line names, inputs it reads) as absolute paths (argv read leniently);
+    cache folders (:data:`_CACHE_DESTS`) count as outputs whatever they hold, and an experiment's
+    ``--out`` folder as an output folder."""
     outs, ins = [], []
     by_flag = {s: a for a in parser._actions for s in a.option_strings}
     for k, tok in enumerate(argv):
@@ -376,9 +410,15 @@ def _named_paths(parser: argparse.ArgumentParser, argv: list[str], lay: Layout, 
         p = Path(os.path.abspath(lay.root / argv[k + 1]))
         if a.dest in _OUTPUT_DESTS:
             outs.append(p)
+        elif a.dest in _CACHE_DESTS:
+            outs.append(_Cache(p))
         elif a.dest in ("artifact", "kg", "queries", "betae_queries", "betae_folder", "folder", "embeddings"):
             ins.append(p)
     return outs, ins
+
+
+class _Cache(type(Path())):
+    """A cache folder named on the command line (:data:`_CACHE_DESTS`)."""
 
 
 def _may_change(outs: list[Path], ins: list[Path], overwrite: bool) -> list[Path]:
@@ -386,7 +426,9 @@ def _may_change(outs: list[Path], ins: list[Path], overwrite: bool) -> list[Path
     folder (never one of the run's inputs, nor inside one), or an artifact ``kge.build --overwrite`` replaces."""
     allowed = []
     for o in outs:
-        if overwrite and o.is_dir() and (o / "meta.json").is_file():
+        if isinstance(o, _Cache) and not any(o == i or i in o.parents for i in ins):
+            allowed.append(Path(o))
+        elif overwrite and o.is_dir() and (o / "meta.json").is_file():
             allowed.append(o)  # asked for, even when it is also the --embeddings source
         elif any(o == i or i in o.parents for i in ins):
             continue
@@ -477,7 +519,8 @@ def _known_finding(cli: str, argv: list[str], res) -> str | None:
 # ------------------------------------------------------------------------ the tests
 # Each CLI gets a share of the profile's budget by its cost per example.
 _SHARE = {"engine.answer": 1.0, "engine.evaluate": 0.5, "engine.sample": 0.5, "engine.betae": 0.5,
-          "engine.paths": 0.75, "kge.build": 0.4}
+          "engine.paths": 0.75, "kge.build": 0.4, "kge.synthetic": 0.4, "kge.plots": 0.3, "kge.linkpred": 0.3,
+          "llm_bridge.experiment": 0.25}
 
 
 _SLOW_RUN = False  # set while a slow-profile CLI test runs (enables the expensive values)
@@ -522,6 +565,10 @@ test_fuzz_cli_sample, test_fuzz_cli_sample_slow = _make("engine.sample")
 test_fuzz_cli_betae, test_fuzz_cli_betae_slow = _make("engine.betae")
 test_fuzz_cli_paths, test_fuzz_cli_paths_slow = _make("engine.paths")
 test_fuzz_cli_build, test_fuzz_cli_build_slow = _make("kge.build")
+test_fuzz_cli_synthetic, test_fuzz_cli_synthetic_slow = _make("kge.synthetic")
+test_fuzz_cli_plots, test_fuzz_cli_plots_slow = _make("kge.plots")
+test_fuzz_cli_linkpred, test_fuzz_cli_linkpred_slow = _make("kge.linkpred")
+test_fuzz_cli_experiment, test_fuzz_cli_experiment_slow = _make("llm_bridge.experiment")
 
 
 # ------------------------------------------------------------------------ fixed examples
@@ -575,6 +622,15 @@ _EXAMPLES = [
     ("engine.sample", "--out {art}/meta.json --artifact {art} --no-progress --per-structure 2", None),
     ("engine.evaluate", "--artifact {art} --queries {jsonl} --no-progress --json {jsonl}", None),
     ("engine.betae", "--queries {pkl} --folder {betae} --no-progress --json {betae}/train.txt", None),
+    # issue 22: outputs inside the artifact, sizes that cannot fit, damaged artifacts
+    ("kge.plots", "--artifact {art} --out {art}/entities.tsv", None),
+    ("llm_bridge.experiment", "--artifact {art} --out {art} --per-structure 1 --structures 1p --quiet", None),
+    ("llm_bridge.experiment", "--artifact {art} --out {art}/results --per-structure 1 --structures 1p --quiet", None),
+    ("kge.linkpred", "--artifact {art} --kg {betae} --json {art}/metrics.json --quiet", None),
+    ("kge.linkpred", "--artifact {art} --kg {kg} --split missing --quiet", None),
+    ("kge.synthetic", "--entities 1000000000 --relations 4 --edges 2000000000 --out big.tsv --quiet", None),
+    ("kge.synthetic", "--entities 40 --relations 3 --edges 120 --out s.tsv --stats-json s.tsv --quiet", None),
+    ("engine.evaluate", "--artifact {list_meta} --queries {jsonl} --no-progress --skip-artifact-checksums", None),
 ]
 
 
