@@ -476,12 +476,6 @@ class LLMClient:
             return []
         async with self._loop_scope():
             loop = asyncio.get_running_loop()
-            if self._scope_depth and self._unresponsive:
-                with self._lock:
-                    self.stats.failures += len(batch)
-                    self.stats.timeouts += len(batch)
-                return [LLMFailure("timeout", f"not asked: the server sent no response within an earlier "
-                                              f"--llm-deadline of {self.config.deadline_s:g} s")] * len(batch)
             deadline = loop.time() + self.config.deadline_s
             responses_before = self._responses
             done = [0]
@@ -496,10 +490,11 @@ class LLMClient:
             ticker = loop.create_task(self._progress(done, len(batch))) if self.progress else None
             try:
                 results = list(await asyncio.gather(*(one(m) for m in batch)))
-                if self._scope_depth and self._responses == responses_before and any(
+                if self._scope_depth and not self._unresponsive and self._responses == responses_before and any(
                         isinstance(r, LLMFailure) and r.reason == "timeout" for r in results):
-                    log.warning("the LLM server sent no response within --llm-deadline %g s; the remaining "
-                                "LLM calls of this run are not made (answers are KG-only)", self.config.deadline_s)
+                    log.warning("the LLM server did not respond (no HTTP response before the timeouts and the "
+                                "--llm-deadline of %g s); the remaining LLM calls of this run are not made "
+                                "(cache hits still count; other rows are KG-only)", self.config.deadline_s)
                     self._unresponsive = True
                 return results
             finally:
@@ -520,12 +515,13 @@ class LLMClient:
 
     @contextlib.contextmanager
     def deadline_scope(self) -> "Iterator[None]":
-        """Inside the block, a server that let one call run out its deadline unanswered is not asked again.
+        """Inside the block, a server that let a call time out without any response is not asked again.
 
         Each call ends by ``config.deadline_s`` in any case.  Inside the block,
-        once a call reached its deadline without a single HTTP response from the
-        server (of any status), the calls after it fail at once with reason
-        ``"timeout"`` (one warning line).  ``engine.answer --llm`` runs in one
+        once a call ended in timeouts (its requests', or the deadline) without a
+        single HTTP response from the server (of any status), later prompts that
+        are not cache hits fail at once with reason ``"timeout"`` (one warning
+        line).  ``engine.answer --llm`` runs in one
         scope, so a server that never answers costs one ``--llm-deadline`` for
         the command, not one per stage; a slow server that does answer is
         unaffected.
@@ -601,6 +597,11 @@ class LLMClient:
                     self.stats.deduplicated += 1
             if memo is not None:
                 return dataclasses.replace(memo, requests=0, latency_s=0.0)
+            if self._scope_depth and self._unresponsive:
+                with self._lock:
+                    self.stats.failures += 1
+                    self.stats.timeouts += 1
+                return LLMFailure("timeout", "not asked: the LLM server did not respond to an earlier call of this run")
             # The same prompt already on its way (a batch's rows often share one): wait for it.
             loop = asyncio.get_running_loop()
             pending = self._pending.get((loop, key))

@@ -766,9 +766,9 @@ def test_a_hanging_server_costs_one_deadline_per_command(llm_artifact, tmp_path,
     # one deadline for the command (the old client: 3 attempts x 1 s per stage, 3 stages, > 9 s here)
     assert elapsed - baseline < 2 + 1.5, (elapsed, baseline)
     assert "Traceback" not in captured.err and "llm:" in captured.err  # progress and the summary line
-    assert [r.getMessage() for r in caplog.records if "--llm-deadline 2 s" in r.getMessage()] == [
-        "the LLM server sent no response within --llm-deadline 2 s; the remaining LLM calls of this run are "
-        "not made (answers are KG-only)"]
+    assert [r.getMessage() for r in caplog.records if "--llm-deadline of 2 s" in r.getMessage()] == [
+        "the LLM server did not respond (no HTTP response before the timeouts and the --llm-deadline of 2 s); "
+        "the remaining LLM calls of this run are not made (cache hits still count; other rows are KG-only)"]
 
 
 def test_a_slow_server_that_answers_is_not_cut_off_for_later_stages(llm_artifact, tmp_path):
@@ -784,13 +784,18 @@ def test_a_slow_server_that_answers_is_not_cut_off_for_later_stages(llm_artifact
         with client.deadline_scope():
             assert client.complete_sync(_prompts(1)[0]).reason == "timeout"  # 500, then backoff past the deadline
             assert client.complete_sync(_prompts(2)[1]).ok  # the server did respond: asked again
+    with scripted_server(_ok(chat_reply('["cached"]'))) as srv, LLMClient(_cfg(srv.base_url, tmp_path, n=1)) as c:
+        assert c.complete_sync(_prompts(4)[3]).ok
     with scripted_server(lambda req, hdrs: HANG) as srv, \
-            LLMClient(_cfg(srv.base_url, None, n=1, deadline_s=0.5)) as client:
+            LLMClient(_cfg(srv.base_url, tmp_path, n=1, deadline_s=0.5)) as client:
         with client.deadline_scope():
             assert client.complete_sync(_prompts(1)[0]).reason == "timeout"
             t0 = time.perf_counter()
             r = client.complete_sync(_prompts(2)[1])
             assert r.reason == "timeout" and "not asked" in r.message and time.perf_counter() - t0 < 0.5
             assert srv.requests == 1
+            hit = client.complete_sync(_prompts(4)[3])  # a cache hit is still served
+            assert hit.ok and hit.cached and hit.texts == ('["cached"]',)
+
         # outside the scope every call tries again (bounded by its own deadline)
         assert client.complete_sync(_prompts(3)[2]).reason == "timeout" and srv.requests == 2
