@@ -342,3 +342,33 @@ def test_simulator_questions_file_errors(kg, tmp_path):
     p.write_text('{"question": "a"}\n', encoding="utf-8")
     with pytest.raises(UserError, match="needs \"path\""):
         load_gold(p)
+
+
+def test_reachable_sequences_equal_karpa_h_enumeration(kg, seed):
+    from engine.exec.ask import Asker
+
+    _, eng, ret = kg
+    asker = Asker(eng, ret)
+    rng = np.random.default_rng(seed)
+    for topic in rng.integers(0, len(eng.artifact.entities), 10).tolist():
+        for hops in (1, 2, 3):
+            got, cut = asker.reachable_sequences(topic, hops)
+            ref, ref_cut = ret._enumerate(topic, hops)
+            assert got == ref and cut == ref_cut == False  # noqa: E712
+
+
+def test_embedding_costs_are_karpa_h_costs_plus_the_length_penalty(kg, questions):
+    from engine.exec.ask import Asker, AskSettings
+
+    _, eng, ret = kg
+    q, _, _ = questions[0]
+    topic = eng.ask(q, retriever=ret).topic_id
+    for lam in (0.0, 0.1):
+        asker = Asker(eng, ret, settings=AskSettings(length_penalty=lam, k=1000))
+        text = question_text(q)
+        got = asker.embedding_retrieve([topic], [text])[0]
+        seqs, _ = ret._enumerate(topic, 3)
+        ref = {x: float(c) + lam * (len(x) - 1) for x, c in zip(seqs, ret.sequence_costs(seqs, text))}
+        assert {x for _, x in got} == set(ref)
+        for c, x in got:
+            assert abs(c - ref[x]) < 1e-9

@@ -73,6 +73,8 @@ __all__ = [
 ]
 
 ASK_MODES = ("pathfinding", "heuristic")
+#: Embedding-only retrieval's cost per hop beyond the first (see AskSettings.length_penalty).
+LENGTH_PENALTY = 0.05
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 _WORD = re.compile(r"\S+")
 
@@ -95,6 +97,8 @@ class AskSettings:
         tails_per_path: tail entities per path shown to the reasoner (default 20).
         exclude_topic: drop the topic entity from the answers (default on).
         explain: executor explanations on the answers (default on).
+        length_penalty: embedding-only retrieval adds this much cost per hop beyond the first
+            (default :data:`LENGTH_PENALTY`, chosen on MetaQA's dev questions: docs/ask.md).
     """
 
     k: int = 16
@@ -109,6 +113,7 @@ class AskSettings:
     tails_per_path: int = 20
     exclude_topic: bool = True
     explain: bool = True
+    length_penalty: float = LENGTH_PENALTY
 
     def __post_init__(self) -> None:
         for name, low in (("k", 1), ("max_hops", 1), ("candidate_relations", 1), ("answers", 1),
@@ -120,6 +125,8 @@ class AskSettings:
             raise unknown_name("ask mode", self.mode, ASK_MODES)
         if self.context not in CONTEXT_STYLES:
             raise unknown_name("context style", self.context, CONTEXT_STYLES)
+        if not (isinstance(self.length_penalty, (int, float)) and 0.0 <= self.length_penalty <= 1.0):
+            raise UserError(f"ask: length_penalty must be in [0, 1], got {self.length_penalty!r}")
         if not -1.0 <= self.min_step_similarity <= 1.0:
             raise UserError(f"ask: min_step_similarity must be in [-1, 1], got {self.min_step_similarity}")
 
@@ -343,6 +350,8 @@ class Asker:
         names = engine.artifact.entities
         self._index = {n: i for i, n in enumerate(names)}
         self._folded: dict[str, int] | None = None
+        self._outrel: tuple[np.ndarray, np.ndarray] | None = None
+        self._seq_cache: dict[tuple[int, int], tuple[list[tuple[int, ...]], bool]] = {}
         rel = retriever.relation_emb
         self._rel_unit = rel / np.maximum(np.linalg.norm(rel, axis=1, keepdims=True), 1e-12)
 
@@ -353,6 +362,12 @@ class Asker:
         q = np.asarray(self.retriever.encoder.encode(list(texts)), dtype=np.float64)
         sims = q @ self._rel_unit.T
         return [list(np.argsort(-row, kind="stable")[:n]) for row in sims]
+
+    def _warm(self, steps: Sequence[str]) -> None:
+        """Encode every plan step text of a batch in one encoder call (the per-question calls then hit the cache)."""
+        texts = list(dict.fromkeys(relation_text(x) if " " not in x else x for x in steps))
+        if texts:
+            self.retriever.encoder.encode(texts)
 
     def _check_plan(self, plan: Sequence[Any], where: str) -> tuple[Plan | None, str | None]:
         """A usable :class:`Plan` of ``plan``'s steps, or (None, why not)."""
@@ -420,6 +435,8 @@ class Asker:
             replies = self._call_planner(planner, reqs, live, round_=1)
             final = replies
             if s.replan:
+                self._warm([st for rep in replies if rep.ok for p in rep.plans if isinstance(p, (list, tuple))
+                            for st in p if isinstance(st, str) and st.strip()])
                 again, again_req = [], []
                 for r, req, rep in zip(live, reqs, replies):
                     if not rep.ok or not rep.plans:
@@ -441,6 +458,8 @@ class Asker:
                     by_id = {id(r): rep for r, rep in zip(again, second)}
                     final = [by_id[id(r)] if id(r) in by_id and by_id[id(r)].ok and by_id[id(r)].plans else rep
                              for r, rep in zip(live, replies)]
+            self._warm([st.strip() for rep in final if rep.ok for p in rep.plans if isinstance(p, (list, tuple))
+                        for st in p if isinstance(st, str) and st.strip()])
             for r, rep in zip(live, final):
                 if not rep.ok:
                     continue
@@ -473,14 +492,11 @@ class Asker:
                 r.warn("retrieve", "the plans match no path from the topic: embedding-only retrieval")
         emb_only = [r for r in live if not by_q[id(r)]]
         if emb_only:
-            eplans = [Plan((PlanStep(raw=texts[id(r)], text=texts[id(r)], relation=None),)) for r in emb_only]
-            got = self.retriever.retrieve([r.topic_id for r in emb_only], plans=eplans, mode="heuristic", k=s.k,
-                                          max_hops=s.max_hops, progress=progress)
-            for r, res in zip(emb_only, got):
-                if res.truncated:
-                    r.warn("retrieve", f"relation sequences capped at {res.candidates}")
-                for path in res.paths:
-                    by_q[id(r)][path.relations] = (path.cost, "embedding", path)
+            for r, found in zip(emb_only, self.embedding_retrieve([r.topic_id for r in emb_only],
+                                                                  [texts[id(r)] for r in emb_only], r_progress=progress,
+                                                                  results=emb_only)):
+                for cost, rels in found:
+                    by_q[id(r)][rels] = (cost, "embedding", self.retriever._result_path(int(r.topic_id), rels, cost))
         ranked: dict[int, list[tuple[tuple[int, ...], float, str, Any]]] = {}
         for r in live:
             items = sorted(by_q[id(r)].items(), key=lambda kv: (kv[1][0], len(kv[0]), kv[0]))[: s.k]
@@ -549,6 +565,96 @@ class Asker:
         for r in results:
             r.seconds = elapsed / max(len(results), 1)
         return results
+
+    # ---------------------------------------------------------------- embedding-only retrieval
+    def _out_relations(self) -> tuple[np.ndarray, np.ndarray]:
+        """(indptr, relations): the distinct relations leaving each entity, CSR over entities."""
+        if self._outrel is None:
+            g = self.retriever.graph
+            rels, _ = g.by_relation()
+            ip = np.asarray(g.indptr, dtype=np.int64)
+            heads = np.repeat(np.arange(len(ip) - 1), np.diff(ip))
+            keep = np.ones(len(rels), dtype=bool)
+            keep[1:] = (rels[1:] != rels[:-1]) | (heads[1:] != heads[:-1])
+            counts = np.bincount(heads[keep], minlength=len(ip) - 1)
+            self._outrel = (np.concatenate(([0], np.cumsum(counts))), np.asarray(rels[keep], dtype=np.int64))
+        return self._outrel
+
+    def reachable_sequences(self, topic: int, max_hops: int) -> tuple[list[tuple[int, ...]], bool]:
+        """Distinct relation sequences of 1..max_hops hops that exist from ``topic`` (breadth first), and
+        whether the retriever's ``max_sequences`` cap was hit.
+
+        The same set as KARPA-H's enumeration; the last hop reads the frontier's distinct out-relations
+        (a per-entity table) instead of expanding its tails, which is most of the cost on dense KGs.
+        """
+        key = (int(topic), int(max_hops))
+        hit = self._seq_cache.get(key)
+        if hit is not None:
+            return hit
+        out = self._reachable(int(topic), int(max_hops))
+        if len(self._seq_cache) >= 100_000:  # bounded: a long-running process asks about many topics
+            self._seq_cache.clear()
+        self._seq_cache[key] = out
+        return out
+
+    def _reachable(self, topic: int, max_hops: int) -> tuple[list[tuple[int, ...]], bool]:
+        ip, orel = self._out_relations()
+        cap = self.retriever.max_sequences
+        level: list[tuple[tuple[int, ...], np.ndarray]] = [((), np.array([topic], dtype=np.int64))]
+        seqs: list[tuple[int, ...]] = []
+        for step in range(max_hops):
+            nxt = []
+            for prefix, F in level:
+                if step == max_hops - 1:
+                    lo, hi = ip[F], ip[F + 1]
+                    lens = hi - lo
+                    idx = np.repeat(lo - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) + np.arange(int(lens.sum()))
+                    out = np.unique(orel[idx]).tolist()
+                    if len(seqs) + len(out) > cap:
+                        seqs.extend(prefix + (int(x),) for x in out[: cap - len(seqs)])
+                        return seqs, True
+                    seqs.extend(prefix + (int(x),) for x in out)
+                    continue
+                for x, tails in self.retriever.expand(F):
+                    if len(seqs) >= cap:
+                        return seqs, True
+                    seqs.append(prefix + (x,))
+                    nxt.append((prefix + (x,), tails))
+            level = nxt
+        return seqs, False
+
+    def embedding_retrieve(self, topics: Sequence[int], texts: Sequence[str], *, r_progress: bool = False,
+                           results: Sequence[AskResult] | None = None) -> list[list[tuple[float, tuple[int, ...]]]]:
+        """Embedding-only retrieval: per topic the ``k`` cheapest reachable relation sequences, cost
+        ``1 − cos(embed(sequence text), embed(question text)) + length_penalty · (hops − 1)``
+        (KARPA-H with the question as the plan, plus a per-hop cost); ties by length, then ids."""
+        s = self.settings
+        enumerated = []
+        iterator: Any = range(len(topics))
+        if r_progress:
+            from tqdm import tqdm
+
+            iterator = tqdm(iterator, desc="ask: enumerate paths", unit="question")
+        for i in iterator:
+            seqs, truncated = self.reachable_sequences(int(topics[i]), s.max_hops)
+            if truncated and results is not None:
+                results[i].warn("retrieve", f"relation sequences capped at {len(seqs)}")
+            enumerated.append(seqs)
+        enc = self.retriever.encoder
+        # One encoder call for every sequence text not seen before (cached across questions and calls).
+        enc.encode(list(dict.fromkeys(self.retriever.sequence_text(x) for seqs in enumerated for x in seqs)))
+        q = np.asarray(enc.encode(list(texts)), dtype=np.float64)
+        out = []
+        for i, seqs in enumerate(enumerated):
+            if not seqs:
+                out.append([])
+                continue
+            E = np.asarray(enc.encode([self.retriever.sequence_text(x) for x in seqs]), dtype=np.float64)
+            cost = np.round(np.clip(1.0 - E @ q[i], 0.0, 2.0), 12) + s.length_penalty * np.array(
+                [len(x) - 1 for x in seqs], dtype=np.float64)
+            order = sorted(range(len(seqs)), key=lambda j: (cost[j], len(seqs[j]), seqs[j]))[: s.k]
+            out.append([(float(cost[j]), seqs[j]) for j in order])
+        return out
 
     # ---------------------------------------------------------------- pieces
     def _call_planner(self, planner: Planner, reqs: list[PlanRequest], live: list[AskResult], round_: int

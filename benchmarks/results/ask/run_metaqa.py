@@ -1,0 +1,143 @@
+"""MetaQA Hits@1 of the ask loop (engine.exec.ask) against its baselines; writes a JSON of the runs.
+
+    python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa --label full \\
+        --per-hop 1000 --errors 0 0.2 0.5 --out benchmarks/results/ask/metaqa_full.json
+    python benchmarks/results/ask/run_metaqa.py --report benchmarks/results/ask/metaqa_*.json   # tables + plot
+
+Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, seeded sample):
+
+* ``embedding``: no LLM; embedding-only retrieval (KARPA-H with the question as the plan, per-hop
+  cost AskSettings.length_penalty), the best path's answers;
+* ``karpa-eE``: the loop with the simulated planner/reasoner (llm_bridge.simulate_ask) over HTTP on
+  127.0.0.1, plan error = reason error = E; paraphrased plans (synonym rate 0.5), one re-plan;
+* ``gold-lf``: the executor on the gold logical form (engine.eval.metaqa's expression): the upper
+  bound of the logic side.
+
+Hits@1: the first answer is a gold answer.  LLM calls and tokens are per question (the simulator
+counts words as tokens); wall time per question includes retrieval, the executor and HTTP.
+Explanations are off (not needed for Hits@1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+
+def run(args) -> dict:
+    from engine.eval.metaqa import load_metaqa_questions
+    from engine.exec.api import Engine
+    from engine.exec.ask import Asker, AskSettings
+    from llm_bridge.client import LLMClient
+    from llm_bridge.config import LLMConfig
+    from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
+    from llm_bridge.simulate_ask import AskSimConfig, start_ask_server
+
+    eng = Engine.load(args.artifact)
+    ret = eng.retriever(encoder="minilm")
+    asker = Asker(eng, ret, settings=AskSettings(explain=False))
+    out = {"artifact": str(args.artifact), "label": args.label, "per_hop": args.per_hop, "runs": []}
+    for hops in args.hops:
+        qs = load_metaqa_questions(args.data, hops=hops, limit=args.per_hop, seed=0)
+        gold = [set(q.answers) for q in qs]
+        texts = [q.question for q in qs]
+
+        def score(results, method, seconds, extra=None):
+            hits = [bool(r.answers) and r.answers[0].entity in g for r, g in zip(results, gold)]
+            row = {"hops": hops, "method": method, "questions": len(qs), "hits@1": sum(hits) / len(qs),
+                   "llm_calls": sum(r.llm_calls for r in results) / len(qs),
+                   "tokens": sum(r.llm_tokens for r in results) / len(qs), "seconds": seconds / len(qs),
+                   "fallbacks": sum(r.retrieval == "embedding" for r in results) / len(qs)}
+            row.update(extra or {})
+            out["runs"].append(row)
+            print(json.dumps(row), flush=True)
+
+        t = time.perf_counter()
+        res = asker.ask(texts, progress=True)
+        score(res, "embedding", time.perf_counter() - t)
+        for e in args.errors:
+            server = start_ask_server(args.artifact, {q.question: q.relations for q in qs},
+                                      AskSimConfig(plan_error=e, reason_error=e, synonym_rate=0.5))
+            try:
+                cfg = LLMConfig(base_url=server.base_url, model="sim", n=1, temperature=0.0, use_cache=False,
+                                concurrency=8, max_retries=1, timeout_s=30.0)
+                with LLMClient(cfg) as client:
+                    t = time.perf_counter()
+                    res = asker.ask(texts, planner=LLMPlanner(client), reasoner=LLMReasoner(client), progress=True)
+                    score(res, f"karpa-e{e:g}", time.perf_counter() - t, {"error": e})
+            finally:
+                server.stop()
+        t = time.perf_counter()
+        rs = eng.executor.answer(eng.queries([q.expression for q in qs]), k=1, explain=False)
+        secs = time.perf_counter() - t
+        hits = [bool(r.answers) and r.answers[0].entity in g for r, g in zip(rs, gold)]
+        row = {"hops": hops, "method": "gold-lf", "questions": len(qs), "hits@1": sum(hits) / len(qs),
+               "llm_calls": 0.0, "tokens": 0.0, "seconds": secs / len(qs), "fallbacks": 0.0}
+        out["runs"].append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
+def report(paths: list[str], md: Path, png: Path) -> None:
+    data = [json.loads(Path(p).read_text()) for p in paths]
+    lines = []
+    for d in data:
+        lines.append(f"\n### {d['label']} (`{d['artifact']}`, {d['per_hop']} test questions per hop)\n")
+        lines.append("| method | hops | Hits@1 | LLM calls / q | tokens / q | ms / q | embedding fallbacks |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for r in d["runs"]:
+            lines.append(f"| {r['method']} | {r['hops']} | {100 * r['hits@1']:.1f} | {r['llm_calls']:.2f} | "
+                         f"{r['tokens']:.0f} | {1000 * r['seconds']:.1f} | {100 * r['fallbacks']:.1f}% |")
+    md.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(data), figsize=(6 * len(data), 4), squeeze=False)
+    for ax, d in zip(axes[0], data):
+        methods = list(dict.fromkeys(r["method"] for r in d["runs"]))
+        hops = sorted({r["hops"] for r in d["runs"]})
+        w = 0.8 / len(methods)
+        for i, m in enumerate(methods):
+            ys = [next((100 * r["hits@1"] for r in d["runs"] if r["method"] == m and r["hops"] == h), 0) for h in hops]
+            ax.bar([h + (i - (len(methods) - 1) / 2) * w for h in hops], ys, w, label=m)
+        ax.set_xticks(hops, [f"{h}-hop" for h in hops])
+        ax.set_ylabel("Hits@1 (%)")
+        ax.set_ylim(0, 100)
+        ax.set_title(f"MetaQA, {d['label']}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--artifact")
+    p.add_argument("--label", default="full")
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "metaqa"))
+    p.add_argument("--per-hop", type=int, default=1000)
+    p.add_argument("--hops", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--errors", type=float, nargs="+", default=[0.0, 0.2, 0.5])
+    p.add_argument("--out")
+    p.add_argument("--report", nargs="+")
+    p.add_argument("--md", default=str(Path(__file__).with_name("metaqa_tables.md")))
+    p.add_argument("--png", default=str(Path(__file__).with_name("metaqa.png")))
+    args = p.parse_args()
+    if args.report:
+        report(args.report, Path(args.md), Path(args.png))
+        return 0
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
+    res = run(args)
+    Path(args.out).write_text(json.dumps(res, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
