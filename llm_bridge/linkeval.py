@@ -471,6 +471,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument("--min-precision", type=float, default=0.95, help="precision the chosen threshold keeps (0.95)")
     a = p.parse_args(argv)
     check_seed(a.seed)
+    if Path(a.out).is_dir():
+        raise UserError(f"--out: {a.out!r} is a folder; give the Markdown file to write")
     if not 1 <= a.per_kind <= 100_000:
         raise UserError(f"--per-kind must be in [1, 100000], got {a.per_kind}")
     if not 0.0 < a.held_out < 1.0:
@@ -507,6 +509,7 @@ def run(config: Config) -> dict[str, Any]:
         measure(f"new + {config.embedding}",
                 lambda: EntityLinker(names=data.names, threshold=th, embedding=config.embedding), th)
     out = Path(config.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     plot = out.with_suffix(".png")
     write_plot(plot, results, chosen)
     write_report(out, config=config, data=data, results=results, chosen=chosen, plot=plot)

@@ -321,3 +321,88 @@ def test_embedding_matcher_minilm_paraphrase():
     hit = lk.link("Thomas Hanks")  # fuzzy cannot: "thomas" and "tom" are different tokens
     assert (hit.name, hit.method) == ("Tom Hanks", "embedding") and 70.0 <= hit.score <= 100.0
     assert lk.link("Bo Jackson").entity is None
+
+
+# --------------------------------------------------------------------- the labelled set (linkeval)
+def _write_kb(path, seed=0, films=300, people=200):
+    """A MetaQA-shaped kb.txt: films with years, directors/actors with two-word names, tags."""
+    rng = random.Random(seed)
+    syll = ["ka", "lo", "mi", "ran", "tes", "vor", "dun", "bel", "sar", "qui", "mon", "tri"]
+    word = lambda: "".join(rng.choice(syll) for _ in range(rng.randint(2, 4))).capitalize()  # noqa: E731
+    persons = sorted({f"{word()} {word()}" for _ in range(people)})
+    titles = sorted({" ".join(word() for _ in range(rng.randint(1, 4))) for _ in range(films)})
+    lines = []
+    for t in titles:
+        lines.append(f"{t}|release_year|{rng.randint(1930, 2015)}")
+        lines.append(f"{t}|directed_by|{rng.choice(persons)}")
+        lines.append(f"{t}|starred_actors|{rng.choice(persons)}")
+        lines.append(f"{t}|has_tags|{rng.choice(['gold', 'noir', 'heist'])}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_linking_set_is_deterministic_and_labelled_right(tmp_path):
+    from llm_bridge import linkeval
+
+    kb = _write_kb(tmp_path / "kb.txt")
+    names, persons, years = linkeval.load_kb_names(kb)
+    a = linkeval.build_set(names, persons, years, seed=3, per_kind=20)
+    b = linkeval.build_set(names, persons, years, seed=3, per_kind=20)
+    assert a == b and a != linkeval.build_set(names, persons, years, seed=4, per_kind=20)
+    table = {normalize(n) for n in a.names}
+    kinds = {e.kind for e in a.examples}
+    assert {"case", "typo", "reorder", "qualifier_added", "qualifier_dropped", "held_out", "ambiguous_bare"} <= kinds
+    for e in a.examples:
+        if e.target is not None:  # a positive names a table entity, and is not that name verbatim
+            assert e.target in a.names and e.text != e.target
+        elif e.kind in ("held_out", "swapped_first_name"):  # a negative is no table name
+            assert normalize(e.text) not in table
+    assert all(f"{e.text} (film)" in a.names and f"{e.text} (novel)" in a.names
+               for e in a.examples if e.kind == "ambiguous_bare")
+
+
+def test_counts_sweep_and_threshold_choice():
+    from llm_bridge.linkeval import Example, Outcome, choose_threshold, counts, sweep
+
+    ex = [Example("a", "A", "typo", "A"), Example("b", "B", "typo", "B"), Example("c", None, "held_out", "c"),
+          Example("d", "D", "case", "D")]
+    out = [Outcome("A", "fuzzy", 95.0), Outcome("X", "fuzzy", 70.0), Outcome("Y", "fuzzy", 60.0),
+           Outcome("D", "exact", 100.0)]
+    assert counts(ex, out, 50.0) == {"links": 4, "correct": 2, "positives": 3, "precision": 0.5, "recall": 2 / 3}
+    assert counts(ex, out, 80.0) == {"links": 2, "correct": 2, "positives": 3, "precision": 1.0, "recall": 2 / 3}
+    rows = sweep(ex, out, thresholds=(50.0, 65.0, 80.0, 100.0))
+    assert [r["links"] for r in rows] == [4, 3, 2, 1]
+    assert choose_threshold(rows, min_precision=0.95)["threshold"] == 80.0
+    assert choose_threshold(rows, min_precision=0.6)["threshold"] == 80.0  # 65 has 2/3 precision, same recall
+    assert choose_threshold([{**rows[0], "threshold": 100.0}], min_precision=0.95) is None
+
+
+def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
+    from llm_bridge import linkeval
+
+    kb = _write_kb(tmp_path / "kb.txt")
+    out = tmp_path / "res" / "linking.md"
+    assert linkeval.main(["--kb", str(kb), "--out", str(out), "--per-kind", "10", "--seed", "1"]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "| threshold |" in text and "**(chosen)**" in text and out.with_suffix(".png").stat().st_size > 1000
+    assert "precision" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--kb", "nope.txt", "--out", "x.md"], "error: --kb: 'nope.txt' is not a file"),
+    (["--kb", "KB", "--out", "x.md", "--per-kind", "0"], "error: --per-kind must be in [1, 100000], got 0"),
+    (["--kb", "KB", "--out", "x.md", "--held-out", "1.5"], "error: --held-out must be in (0, 1), got 1.5"),
+    (["--kb", "KB", "--out", "x.md", "--seed", "-1"], "error: --seed must be in"),
+    (["--kb", "BAD", "--out", "x.md"], "BAD.txt:2: expected head|relation|tail, got 2 field(s)"),
+    (["--kb", "KB", "--out", "."], "error: --out: '.' is a folder"),
+])
+def test_linkeval_cli_errors(tmp_path, capsys, monkeypatch, argv, message):
+    from llm_bridge import linkeval
+
+    monkeypatch.chdir(tmp_path)
+    _write_kb(tmp_path / "KB")
+    (tmp_path / "BAD.txt").write_text("a|b|c\na|b\n", encoding="utf-8")
+    argv = [("BAD.txt" if a == "BAD" else a) for a in argv]
+    assert linkeval.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message.replace("error: ", "") in err and len(err.splitlines()) == 1
