@@ -104,7 +104,9 @@ setup(
     extras_require={
         # The LLM bridge's client and entity linker (llm_bridge/).
         # pydantic 2 validates the server's replies (llm_bridge/client.py); openai alone allows pydantic 1.
-        "llm": ["openai>=1.40", "pydantic>=2", "rapidfuzz>=3.0"],
+        # openai is bounded to the major version tested: the client hooks two of AsyncOpenAI's per-attempt
+        # methods (_prepare_request, _calculate_retry_timeout) to count retries and apply its backoff.
+        "llm": ["openai>=3.57,<4", "pydantic>=2", "rapidfuzz>=3.0"],
         # The local model server for llm_bridge (compiles llama.cpp: 4-16 minutes on 2 cores). Install it
         # on its own, with build isolation (it needs scikit-build-core):
         #   CMAKE_BUILD_PARALLEL_LEVEL=2 pip install "llama-cpp-python[server]>=0.3"
@@ -114,7 +116,7 @@ setup(
         "plots": ["matplotlib>=3.7"],
         # Everything the test suite exercises (the llm and plots extras included).
         "test": ["pytest>=7", "pytest-benchmark>=4", "hypothesis>=6.100",
-                 "openai>=1.40", "pydantic>=2", "rapidfuzz>=3.0", "matplotlib>=3.7"],
+                 "openai>=3.57,<4", "pydantic>=2", "rapidfuzz>=3.0", "matplotlib>=3.7"],
         # Optional benchmark baselines. torch-sparse has no wheel for this torch on
         # PyPI and takes ~18 minutes to compile on 2 cores: never a core requirement.
         "baselines": ["torch-sparse", "python-graphblas"],
