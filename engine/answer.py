@@ -119,6 +119,10 @@ def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
         from kge.lazy import check_row_cache_gb
 
         check_row_cache_gb(ns.row_cache_gb, "--row-cache-gb")
+    if getattr(ns, "llm_cache", None):  # the LLM's response cache is written: never into the artifact
+        from kgreason.files import check_not_input
+
+        check_not_input(ns.llm_cache, what="--llm-cache", inputs=[("--artifact", ns.artifact)])
     return AnswerConfig(
         artifact=ns.artifact, query=ns.query, anchors=tuple(ns.anchors) if ns.anchors else None,
         relations=tuple(ns.relations) if ns.relations else None, expr=ns.expr, queries=ns.queries,

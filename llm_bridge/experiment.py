@@ -246,6 +246,8 @@ def check_outputs(args: ExperimentArgs) -> None:
     check_not_input(out, what="--out", inputs=[("--artifact", args.artifact)])
     if args.questions_dir is not None:
         check_not_input(args.questions_dir, what="--questions-dir", inputs=[("--artifact", args.artifact)])
+    if args.llm is not None and args.llm.use_cache:
+        check_not_input(args.llm.cache_path, what="--llm-cache", inputs=[("--artifact", args.artifact)])
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {str(out)!r}: is a file, not a folder")
     if not out.exists():

@@ -418,3 +418,16 @@ def test_real_full_tmpfs(tmp_path, capsys):
         assert os.listdir(mnt) == []
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_llm_cache_inside_the_artifact_is_refused(umls_tiny_artifact, tmp_path, capsys):
+    art = tmp_path / "art"
+    shutil.copytree(umls_tiny_artifact, art)
+    before = snapshot(art)
+    cache = art / "llm-cache.sqlite"
+    assert _main("engine.answer")(["--artifact", str(art), "--query", "1p", "--llm", "--llm-cache", str(cache)]) == 2
+    assert "error: --llm-cache " in one_error(capsys)
+    assert _main("llm_bridge.experiment")(["--artifact", str(art), "--out", str(tmp_path / "r"), "--llm-cache",
+                                           str(cache), "--quiet"]) == 2
+    assert "is inside the --artifact folder" in one_error(capsys)
+    assert snapshot(art) == before
