@@ -362,7 +362,8 @@ def write_report(path: Path, *, config: "Config", data: LinkingSet, results: dic
         f"Name table: {len(data.names):,} names (MetaQA kb.txt minus {config.held_out:.0%} held out; some films "
         f"renamed `X (film)`, some doubled as `X (film)` + `X (novel)`). Labelled strings: {len(ex):,} "
         f"({sum(e.target is not None for e in ex):,} positives, {sum(e.target is None for e in ex):,} negatives). "
-        "A link is correct when it picks the labelled entity; precision = correct / links, recall = correct / positives.",
+        "A link is correct when it picks the labelled entity; "
+        "precision = correct / links, recall = correct / positives.",
         "",
         "| kind | strings | label |",
         "|---|---:|---|",

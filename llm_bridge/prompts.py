@@ -120,7 +120,7 @@ _HAVE = frozenset({"has", "have", "had"})
 _PASSIVE = frozenset("""born located headquartered known based buried situated married employed educated named
     listed released set written directed produced nominated influenced affiliated endorsed founded owned called
     used worked made held acquired hired terminated composed edited performed distributed spoken adapted
-    associated related contained included featured published classified derived""".split())
+    associated related contained included featured published classified derived honored awarded""".split())
 _WAS = frozenset({"born", "buried", "educated", "founded", "married"})
 # Verbs in the third person or the past, with their base form (for "does/did {entity} ...").
 _VERBS = {w: b for pair in """plays:play leads:lead controls:control belongs:belong collaborates:collaborate
@@ -263,29 +263,67 @@ def _plural(word: str) -> bool:
     return word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) > 3
 
 
-def _kind(words: list[str], typed: bool) -> tuple[str, dict[str, str]]:
-    """The question shape of ``words`` and its template fields (see :func:`fallback_templates`)."""
+def _head_type(relation: str) -> list[str]:
+    """Words of the head's type in a Freebase name: ``/film/film/country`` and ``film.film.country`` ->
+    ``["film"]``; ``/location/administrative_division/country`` -> ``["administrative", "division"]``;
+    ``[]`` for names without one."""
+    base = relation.strip()
+    for suffix in _INVERSE_SUFFIXES:
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    if "/" in base:
+        segs = [s for s in base.split(".")[0].split("/") if s]
+    elif "." in base and not _NAMESPACE.match(base):
+        segs = [s for s in base.split(".") if s]
+    else:
+        return []
+    if len(segs) < 3:
+        return []
+    return [w.lower() for w in _TOKEN.split(_CAMEL.sub(" ", segs[-2])) if w.strip("-") and w.isalnum()]
+
+
+def _kind(words: list[str], typed: bool, head_type: Sequence[str] = ()) -> tuple[str, dict[str, str]]:
+    """The question shape of ``words`` and its template fields (see :func:`fallback_templates`).
+
+    ``head_type``: the head's type words (Freebase), named in the question ("the film {entity}",
+    "Which film ...") so that same-named properties of different types ask different questions.
+    """
     w = list(words)
     domain: list[str] = []
     if typed and len(w) >= 2 and w[0] in _TYPES:
         domain, w = w[:1], w[1:]
     who_d = f"Which {' '.join(domain)}" if domain else "Who or what"
+    subject = ENTITY_SLOT
+    if not domain and head_type and list(head_type) != w:
+        subject = f"the {' '.join(head_type)} {ENTITY_SLOT}"
+        who_d = f"Which {' '.join(head_type)}"
+    fields = _kind_fields(w, typed, domain, who_d)
+    kind = fields.pop("kind")
+    fields.setdefault("subject", subject)
+    fields.setdefault("who", who_d)
+    if kind == "noun":
+        fields["who_have"] = f"{who_d} has" if who_d != "Who or what" else "Which entities have"
+        fields["their"] = "its" if who_d != "Who or what" else "their"
+    return kind, fields
+
+
+def _kind_fields(w: list[str], typed: bool, domain: list[str], who_d: str) -> dict[str, str]:
     if w[0] in _HAVE and len(w) > 2 and (w[1] in _PAST_OR_PARTICIPLE or w[1] in _PASSIVE):
         # perfect tense: "has won prize" -> "What prize has {entity} won?"
         p = max((k for k, x in enumerate(w[2:], 2) if x in _PREPS), default=-1)
         mid, rng = (w[2: p + 1], w[p + 1:]) if p >= 0 else ([], w[2:])
-        return "verb", {"what": f"{'Which' if typed else 'What'} {' '.join(rng)}" if rng else "Who or what",
-                        "aux": "has", "base": " ".join([w[1]] + mid), "who": who_d,
-                        "words": " ".join(["has", w[1]] + mid)}
+        return {"kind": "verb", "what": f"{'Which' if typed else 'What'} {' '.join(rng)}" if rng else "Who or what",
+                "aux": "has", "base": " ".join([w[1]] + mid), "words": " ".join(["has", w[1]] + mid)}
     if w[0] in _HAVE and len(w) > 1:
         rest = w[1:]
-        return "have", {"words": " ".join(rest), "who": who_d, "verb": w[0] if w[0] != "have" else "has",
-                        "as": "among" if _plural(rest[-1]) else "as"}
+        return {"kind": "have", "words": " ".join(rest), "verb": w[0] if w[0] != "have" else "has",
+                "as": "among" if _plural(rest[-1]) else "as"}
     if w[0] in _COPULAS and len(w) > 1:
         rest = w[1:] + (["kind", "of"] if w[1:] == ["a"] else [])
-        return "copula", {"be": w[0], "words": " ".join(rest), "what": "Who or what", "who": who_d}
+        return {"kind": "copula", "be": w[0], "words": " ".join(rest), "what": "Who or what"}
     if w[0] in _PREPS and len(w) > 1 and not domain:
-        return "prep", {"prep": w[0].capitalize(), "prep_lower": w[0], "words": " ".join(w[1:])}
+        return {"kind": "prep", "prep": w[0].capitalize(), "prep_lower": w[0], "words": " ".join(w[1:])}
     start = 1 if len(w) > 1 and w[0].endswith("ly") else 0  # "conceptually related to"
     v = next((k for k in range(start, len(w)) if w[k] in _VERBS or w[k] in _PASSIVE
               or (k == start and len(w) > k + 1 and w[k + 1] in _PREPS and _plural(w[k]))), -1)
@@ -299,21 +337,22 @@ def _kind(words: list[str], typed: bool) -> tuple[str, dict[str, str]]:
             passive = (verb in _PASSIVE and mid[:1] and mid[0] in _PREPS) or (
                 mid[-1:] == ["by"] and verb.endswith(("ed", "en")))
             if passive:
-                return "copula", {"be": "was" if verb in _WAS else "is",
-                                  "words": " ".join(w[:start] + lead + [verb] + mid), "what": what, "who": who_d}
+                return {"kind": "copula", "be": "was" if verb in _WAS else "is",
+                        "words": " ".join(w[:start] + lead + [verb] + mid), "what": what}
             if verb not in _PASSIVE or verb in _VERBS:
                 aux = "did" if verb in _PAST_OR_PARTICIPLE else "does"
                 base = _base(verb) if aux == "does" else _VERBS.get(verb, verb)
-                return "verb", {"what": what, "aux": aux, "base": " ".join(w[:start] + [base] + mid),
-                                "who": who_d, "words": " ".join(w[:start] + [verb] + mid)}
+                return {"kind": "verb", "what": what, "aux": aux, "base": " ".join(w[:start] + [base] + mid),
+                        "words": " ".join(w[:start] + [verb] + mid)}
     if len(w) >= 2 and w[-1] in _PREPS:  # "part of", "location of", "story by": a role of the entity
-        return "copula", {"be": "is", "words": "the " + " ".join(w), "what": "Who or what", "who": "Who or what"}
+        return {"kind": "copula", "be": "is", "words": "the " + " ".join(w), "what": "Who or what",
+                "subject": ENTITY_SLOT}
     if typed and "of" in w[1:-1]:  # NELL "capital of country" with the domain "city" removed
         p = w.index("of")
-        return "copula", {"be": "is", "words": "the " + " ".join(w[: p + 1]),
-                          "what": f"Which {' '.join(w[p + 1:])}", "who": who_d}
-    return "noun", {"words": " ".join(w), "be": "are" if _plural(w[-1]) else "is",
-                    "as": "among" if _plural(w[-1]) else "as"}
+        return {"kind": "copula", "be": "is", "words": "the " + " ".join(w[: p + 1]),
+                "what": f"Which {' '.join(w[p + 1:])}"}
+    return {"kind": "noun", "words": " ".join(w), "be": "are" if _plural(w[-1]) else "is",
+            "as": "among" if _plural(w[-1]) else "as"}
 
 
 def fallback_templates(relation: str) -> tuple[str, str]:
@@ -324,11 +363,16 @@ def fallback_templates(relation: str) -> tuple[str, str]:
     {entity}?"), a passive (``directed_by`` -> "Who or what is {entity} directed by?"), "has"
     (``has_tags`` -> "What tags does {entity} have?"), a preposition (``in_language`` -> "In
     which language is {entity}?"), a verb (``concept:athleteplaysforteam`` -> "Which team does
-    {entity} play for?", inverse "Which athlete plays for {entity}?").  Templates are package
-    data (``fallback_<shape>_forward.txt`` / ``_inverse.txt``).
+    {entity} play for?", inverse "Which athlete plays for {entity}?").  A Freebase name's head
+    type is named ("Who or what is the country of the film {entity}?", "Which film has {entity} as
+    its country?"): of FB15k-237's 474 names, 22 (8 groups, e.g. the four ``current_roster`` positions)
+    then share a question, which :class:`~llm_bridge.relations.RelationQuestions` qualifies; 72 did
+    with the property words alone.
+    Templates are package data (``fallback_forward.txt``, ``fallback_inverse.txt``,
+    ``fallback_<shape>_forward.txt`` / ``_inverse.txt``).
     """
     words, _, typed = _split_relation(relation)
-    kind, fields = _kind(words, typed)
+    kind, fields = _kind(words, typed, _head_type(relation))
     out = []
     for direction in ("forward", "inverse"):
         name = f"fallback_{kind}_{direction}" if kind != "noun" else f"fallback_{direction}"

@@ -168,7 +168,8 @@ def test_acronyms():
 
 
 ISSUE21 = ["Intel", "Hale telescope", "International Business Machines", "Tom Hanks", "Jackson Bond", "Kismet",
-           "Spider-Man", "Walt Disney Studios", "The Lord of the Rings", "United Nations High Commissioner for Refugees"]
+           "Spider-Man", "Walt Disney Studios", "The Lord of the Rings",
+           "United Nations High Commissioner for Refugees"]
 
 
 @pytest.mark.parametrize("text,entity,method", [
@@ -216,7 +217,8 @@ def test_the_two_false_links_of_issue_21_are_gone():
     names = ["Michael Jackson (American football linebacker)", "Michael Jackson (singer)", "Tom Hanks"]
     mj = EntityLinker(names=names).link("Michael Jackson")
     assert mj.entity is None and mj.reason == "ambiguous" and mj.candidates == 2
-    bare = EntityLinker(names=["Michael Jackson (American football linebacker)", "Michael Jackson"]).link("Michael Jackson")
+    bare = EntityLinker(names=["Michael Jackson (American football linebacker)", "Michael Jackson"]
+                        ).link("Michael Jackson")
     assert bare.name == "Michael Jackson" and bare.method == "exact"
     unique = EntityLinker(names=["Michael Jackson (American football linebacker)", "Tom Hanks"]).link("michael jackson")
     assert unique.name == "Michael Jackson (American football linebacker)" and unique.method == "alias"

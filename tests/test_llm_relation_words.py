@@ -48,24 +48,29 @@ def check_relation(relation: str) -> tuple[str, str]:
 
 # ---------------------------------------------------------------------- one list per naming style
 FREEBASE = {
-    "/film/film/directed_by": ("directed by", "Who or what is {entity} directed by?",
-                               "Who or what is directed by {entity}?"),
-    "/location/country/form_of_government": ("form of government", "Who or what is the form of government of {entity}?",
-                                             "Which entities have {entity} as their form of government?"),
-    "/film/actor/film./film/performance/film": ("film", "Who or what is the film of {entity}?",
-                                                "Which entities have {entity} as their film?"),
-    "/location/location/contains": ("contains", "Who or what does {entity} contain?", "Who or what contains {entity}?"),
+    "/film/film/directed_by": ("directed by", "Who or what is the film {entity} directed by?",
+                               "Which film is directed by {entity}?"),
+    "/location/country/form_of_government": (
+        "form of government", "Who or what is the form of government of the country {entity}?",
+        "Which country has {entity} as its form of government?"),
+    "/film/actor/film./film/performance/film": ("film", "Who or what is the film of the actor {entity}?",
+                                                "Which actor has {entity} as its film?"),
+    "/location/location/contains": ("contains", "Who or what does the location {entity} contain?",
+                                    "Which location contains {entity}?"),
     "/award/award_nominee/award_nominations./award/award_nomination/nominated_for": (
-        "nominated for", "Who or what is {entity} nominated for?", "Who or what is nominated for {entity}?"),
-    "/olympics/olympic_games/sports": ("sports", "Who or what are the sports of {entity}?",
-                                       "Which entities have {entity} among their sports?"),
+        "nominated for", "Who or what is the award nominee {entity} nominated for?",
+        "Which award nominee is nominated for {entity}?"),
+    "/olympics/olympic_games/sports": ("sports", "Who or what are the sports of the olympic games {entity}?",
+                                       "Which olympic games has {entity} among its sports?"),
 }
 DOTTED = {
-    "royalty.chivalric_office.position_holders": ("position holders", "Who or what are the position holders of {entity}?",
-                                                  "Which entities have {entity} among their position holders?"),
-    "people.person.place_of_birth": ("place of birth", "Who or what is the place of birth of {entity}?",
-                                     "Which entities have {entity} as their place of birth?"),
-    "film.film.written_by": ("written by", "Who or what is {entity} written by?", "Who or what is written by {entity}?"),
+    "royalty.chivalric_office.position_holders": (
+        "position holders", "Who or what are the position holders of the chivalric office {entity}?",
+        "Which chivalric office has {entity} among its position holders?"),
+    "people.person.place_of_birth": ("place of birth", "Who or what is the place of birth of the person {entity}?",
+                                     "Which person has {entity} as its place of birth?"),
+    "film.film.written_by": ("written by", "Who or what is the film {entity} written by?",
+                             "Which film is written by {entity}?"),
 }
 METAQA = {
     "directed_by": ("directed by", "Who or what is {entity} directed by?", "Who or what is directed by {entity}?"),
@@ -74,7 +79,7 @@ METAQA = {
                        "Which entities have {entity} among their starred actors?"),
     "has_tags": ("has tags", "What tags does {entity} have?", "Who or what has {entity} among its tags?"),
     "has_genre": ("has genre", "What genre does {entity} have?", "Who or what has {entity} as its genre?"),
-    "in_language": ("in language", "In which language is {entity}?", "What is in the language {entity}?"),
+    "in_language": ("in language", "In which language is {entity}?", "Who or what is in the language {entity}?"),
     "release_year": ("release year", "Who or what is the release year of {entity}?",
                      "Which entities have {entity} as their release year?"),
 }
@@ -107,7 +112,8 @@ NELL = {
                                      "Which city is the capital of {entity}?"),
     "concept:organizationhiredperson": ("organization hired person", "Which person did {entity} hire?",
                                         "Which organization hired {entity}?"),
-    "concept:agentcollaborateswithagent": ("agent collaborates with agent", "Which agent does {entity} collaborate with?",
+    "concept:agentcollaborateswithagent": ("agent collaborates with agent",
+                                           "Which agent does {entity} collaborate with?",
                                            "Which agent collaborates with {entity}?"),
     "concept:teamplaysinleague": ("team plays in league", "Which league does {entity} play in?",
                                   "Which team plays in {entity}?"),
@@ -116,7 +122,7 @@ NELL = {
     "concept:istallerthan": ("is taller than", "Who or what is {entity} taller than?",
                              "Who or what is taller than {entity}?"),
     "concept:teamhomestadium": ("team home stadium", "Who or what is the home stadium of {entity}?",
-                                "Which entities have {entity} as their home stadium?"),
+                                "Which team has {entity} as its home stadium?"),
 }
 STYLES = {"freebase": FREEBASE, "dotted": DOTTED, "metaqa": METAQA, "camel": CAMEL, "snake": SNAKE, "nell": NELL}
 
