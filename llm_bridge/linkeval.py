@@ -330,8 +330,8 @@ def _load_revision(rev: str) -> Any:
         src = subprocess.run(["git", "show", f"{rev}:llm_bridge/linking.py"], cwd=repo, capture_output=True,
                              text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
-        raise UserError(f"--baseline-rev {rev!r}: cannot read llm_bridge/linking.py from git "
-                        f"({getattr(exc, 'stderr', '') or exc})".strip()) from None
+        detail = " ".join(str(getattr(exc, "stderr", "") or exc).split())
+        raise UserError(f"--baseline-rev {rev!r}: cannot read llm_bridge/linking.py from git ({detail})") from None
     folder = Path(tempfile.mkdtemp(prefix="linking_baseline_"))
     path = folder / "linking_baseline.py"
     path.write_text(src, encoding="utf-8")
@@ -486,6 +486,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
 
 def run(config: Config) -> dict[str, Any]:
     """Build the set, measure the linkers, write the report and plot; returns the chosen row."""
+    old = _load_revision(config.baseline_rev) if config.baseline_rev else None  # a bad revision fails first
     names, persons, years = load_kb_names(config.kb)
     data = build_set(names, persons, years, seed=config.seed, per_kind=config.per_kind, held_out=config.held_out)
     results: dict[str, dict[str, Any]] = {}
@@ -501,8 +502,7 @@ def run(config: Config) -> dict[str, Any]:
     chosen = choose_threshold(results["new"]["sweep"], min_precision=config.min_precision)
     if chosen is not None:
         results["new"]["threshold"] = chosen["threshold"]
-    if config.baseline_rev:
-        old = _load_revision(config.baseline_rev)
+    if old is not None:
         measure(f"old ({config.baseline_rev})", lambda: old.EntityLinker(names=data.names, threshold=0.0),
                 float(old.DEFAULT_THRESHOLD))
     if config.embedding:

@@ -397,6 +397,7 @@ def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
     (["--kb", "KB", "--out", "x.md", "--seed", "-1"], "error: --seed must be in"),
     (["--kb", "BAD", "--out", "x.md"], "BAD.txt:2: expected head|relation|tail, got 2 field(s)"),
     (["--kb", "KB", "--out", "."], "error: --out: '.' is a folder"),
+    (["--kb", "KB", "--out", "x.md", "--baseline-rev", "no-such-rev"], "error: --baseline-rev 'no-such-rev': cannot read"),
 ])
 def test_linkeval_cli_errors(tmp_path, capsys, monkeypatch, argv, message):
     from llm_bridge import linkeval
