@@ -495,9 +495,14 @@ class Artifact:
              row_cache_gb: float | None = None) -> "Artifact":
         """Read an artifact folder; with ``verify`` every file's sha256 is checked against meta.json.
 
-        The format version is always checked (:class:`ArtifactVersionError`);
-        ``verify=False`` skips the checksums, and is needed to load a folder whose
-        meta.json lists none.  A lazy artifact always loads its embeddings (they
+        This is the one loading path of every tool.  The format version is always
+        checked (:class:`ArtifactVersionError`); ``verify=False`` (the CLIs'
+        ``--skip-artifact-checksums``) skips the checksums, and is needed to load a
+        folder whose meta.json lists none.  The arrays are checked whatever ``verify``
+        says: the CSR's structure and calibrated values in [0, 1], and finite
+        embeddings of the right shapes (``embeddings.npz`` is read for this even with
+        ``load_embeddings=False``).  Every problem is a one-line :class:`UserError`
+        naming the file and the rebuild command (:func:`rebuild_command`).  A lazy artifact always loads its embeddings (they
         are its matrices), whatever ``load_embeddings`` says; ``row_cache_gb``
         overrides the row-cache budget its build recorded (default 1 GiB).
         """
@@ -587,18 +592,23 @@ class _npz:
         self.z.close()
 
 
-_CHUNK = 1 << 24  # elements per pass of the value checks: a bounded temporary, whatever the array's size
-
-
 def _all_within(a: np.ndarray, lo: float, hi: float) -> bool:
-    """Every element of ``a`` in ``[lo, hi]`` (NaN is not), in chunks."""
-    flat = a.reshape(-1)
-    return all(bool(((c >= lo) & (c <= hi)).all()) for c in (flat[s:s + _CHUNK] for s in range(0, flat.size, _CHUNK)))
+    """Every element of ``a`` in ``[lo, hi]``; NaN is not (``min``/``max`` propagate it).
+
+    Two reductions and no temporary array (28 ms for 48M float32 values; docs/artifacts.md).
+    """
+    if a.size == 0:
+        return True
+    low, high = a.min(), a.max()
+    return bool(low >= lo) and bool(high <= hi)
 
 
 def _all_finite(a: np.ndarray) -> bool:
-    flat = a.reshape(-1)
-    return all(bool(np.isfinite(flat[s:s + _CHUNK]).all()) for s in range(0, flat.size, _CHUNK))
+    """No NaN or infinity in ``a`` (complex arrays: in either part), by ``min``/``max`` over its real view."""
+    if a.size == 0:
+        return True
+    v = a.view(a.real.dtype) if np.iscomplexobj(a) else a
+    return bool(np.isfinite(v.min())) and bool(np.isfinite(v.max()))
 
 
 def _check_csr(file: Path, meta: Any, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray,

@@ -431,3 +431,23 @@ def test_llm_cache_inside_the_artifact_is_refused(umls_tiny_artifact, tmp_path, 
                                            str(cache), "--quiet"]) == 2
     assert "is inside the --artifact folder" in one_error(capsys)
     assert snapshot(art) == before
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
+def test_value_checks_equal_their_reference(dtype, seed):
+    """The min/max shortcuts of the load checks against the plain element-wise definitions."""
+    from kge.artifact import _all_finite, _all_within
+
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        a = rng.random(int(rng.integers(0, 50))).astype(dtype)
+        if np.iscomplexobj(a):
+            a = a + 1j * rng.random(a.shape).astype(np.float32)
+        for _ in range(int(rng.integers(0, 3))):
+            if a.size:
+                bad = rng.choice([np.nan, np.inf, -np.inf, -0.5, 1.5])
+                k = int(rng.integers(a.size))
+                a[k] = complex(0.0, bad) if np.iscomplexobj(a) and rng.random() < 0.5 else bad
+        assert _all_finite(a) == bool(np.isfinite(a).all())
+        if not np.iscomplexobj(a):
+            assert _all_within(a, 0.0, 1.0) == bool(((a >= 0) & (a <= 1)).all())
