@@ -443,13 +443,12 @@ def _check_memory(config: BuildConfig, kg, train_cfg, progress: bool) -> dict[st
         avail = f", {_fmt_bytes(available)} available" if available is not None else ""
         print(f"memory: estimated peak {_fmt_bytes(est['total_bytes'])} ({parts}){avail}", file=sys.stderr)
     if config.memory_check and available is not None and est["total_bytes"] > available:
-        hints = ["a smaller --rank" if config.rank is not None else "a --rank below the budget's upper bound "
-                 f"{rank}"]
+        hints = ["a smaller --rank" if config.rank is not None else f"a --rank below {rank} (the budget's upper bound)"]
         if config.matrices == "eager":
-            hints.append("--matrices lazy or auto, or a smaller --max-matrix-gb")
+            hints += ["--matrices auto (or lazy)", "a smaller --max-matrix-gb"]
         raise UserError(f"--kg {config.kg}: the build needs an estimated {_fmt_bytes(est['total_bytes'])} "
                         f"({parts}) but only {_fmt_bytes(available)} is available (MemAvailable); "
-                        f"use {' or '.join(hints)}, or --no-memory-check to try anyway")
+                        f"use {', '.join(hints)}, or --no-memory-check to try anyway")
     return info
 
 

@@ -118,3 +118,96 @@ def test_cli_malformed_line(tmp_path, capsys):
     bad.write_text("a\tr\tb\nc\tr d\n")
     assert main(["--kg", str(bad), "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert capsys.readouterr().err == f"error: {bad}:2: expected 3 tab-separated fields, got 2: 'c\\tr d'\n"
+
+
+# ------------------------------------------------------------------ --matrices auto (the default) and memory
+
+
+def _reuse(umls_artifact, tmp_path, *extra):
+    """kge.build over UMLS reusing the fixture's embeddings (no training): fast, and the same KG."""
+    return ["--kg", "umls", "--out", str(tmp_path / "o"), "--drop-edges", "0.5", "--seed", "3",
+            "--embeddings", str(umls_artifact), *extra]
+
+
+def test_auto_is_the_default_and_picks_eager_for_a_small_kg(umls_artifact):
+    meta = Artifact.load(umls_artifact).meta
+    assert meta["build_config"]["matrices"] == "auto" and meta["matrices"] == "eager"
+    choice = meta["calibration"]["matrices_choice"]
+    assert choice["mode"] == "eager" and choice["rows"] == 135 * 92 and choice["rank"] == 8
+    # 12,420 rows x (2 x 16 x 135) FLOPs at 50 GFLOP/s: well under a second
+    assert choice["estimated_minutes"] == pytest.approx(2.0 * 12420 * 16 * 135 / 50e9 / 60, rel=1e-2, abs=1e-4)
+    assert 0 < choice["nnz_estimate"] and choice["matrices_bytes"] == 8 * choice["nnz_estimate"]
+    assert meta["memory_estimate"]["total_bytes"] > meta["memory_estimate"]["base"] > 0
+
+
+def test_auto_picks_lazy_when_the_calibration_would_take_too_long(umls_artifact, tmp_path, capsys):
+    assert main(_reuse(umls_artifact, tmp_path, "--max-calibrate-minutes", "1e-6")) == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("--matrices auto:")]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("--matrices auto: lazy (calibrating 12,420 rows x 135 entities at rank 8: ~")
+    assert "> --max-calibrate-minutes 1e-06; matrix size not estimated)" in lines[0]
+    art = Artifact.load(tmp_path / "o")
+    assert art.is_lazy and not (tmp_path / "o" / "matrices.npz").exists()
+    assert art.meta["calibration"]["matrices_choice"]["mode"] == "lazy"
+    assert art.meta["calibration"]["threshold"] == 2e-4  # a lazy build never raises it
+
+
+def test_auto_picks_lazy_when_the_matrices_exceed_the_budget_or_the_memory(umls_artifact, tmp_path, capsys,
+                                                                           monkeypatch):
+    import kge.build
+
+    # UMLS's eager matrices at 2e-4 hold ~1.7 M entries (13 MiB): over a 1 MiB budget
+    assert main(_reuse(umls_artifact, tmp_path, "--max-matrix-gb", str(2.0**-10))) == 0
+    line = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("--matrices auto:"))
+    assert line.startswith("--matrices auto: lazy (calibrating") and "> --max-matrix-gb 0.000976562)" in line
+    assert Artifact.load(tmp_path / "o").is_lazy
+    # within the budget, but 2.5 x 13 MiB is more than the (injected) 20 MiB available
+    monkeypatch.setattr(kge.build, "available_memory_bytes", lambda: 20 << 20)
+    assert main(_reuse(umls_artifact, tmp_path, "--overwrite", "--no-memory-check")) == 0
+    line = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("--matrices auto:"))
+    assert line.endswith(", x2.5 at peak > 20.0 MiB available)"), line
+    assert Artifact.load(tmp_path / "o").is_lazy
+    # --matrices eager forces it whatever the estimates say
+    assert main(_reuse(umls_artifact, tmp_path, "--overwrite", "--no-memory-check", "--matrices", "eager",
+                       "--max-calibrate-minutes", "1e-6", "--quiet")) == 0
+    art = Artifact.load(tmp_path / "o")
+    assert not art.is_lazy and art.meta["calibration"]["matrices_choice"] == {"mode": "eager",
+                                                                              "forced_by": "--matrices eager"}
+
+
+def test_memory_estimate_over_available_is_one_line_refusal(tmp_path, capsys, monkeypatch):
+    import kge.build
+
+    monkeypatch.setattr(kge.build, "available_memory_bytes", lambda: 300 << 20)
+    out = tmp_path / "o"
+    assert main(["--kg", "umls", "--out", str(out), "--rank", "8", "--epochs", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: --kg umls: the build needs an estimated ")
+    assert "but only 300.0 MiB is available (MemAvailable); use a smaller --rank" in err
+    assert err.rstrip().endswith("or --no-memory-check to try anyway")
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # refused before training, nothing left behind
+    # an eager build adds 2.5 x --max-matrix-gb (or every entry, if fewer) to the estimate and names the way out
+    assert main(["--kg", "umls", "--out", str(out), "--rank", "8", "--epochs", "1", "--quiet", "--matrices", "eager",
+                 "--max-matrix-gb", "0.5"]) == 2
+    # UMLS: 2.5 x (8 x 92 x 135 x 135 bytes) + two 64 MB chunk buffers
+    err = capsys.readouterr().err
+    assert "matrices 160.0 MiB" in err and "use a smaller --rank, --matrices auto (or lazy), a smaller --max-matrix-gb, or --no-memory-check" in err
+
+
+def test_memory_estimate_components():
+    from kge.build import BASE_BYTES, EAGER_PEAK_FACTOR, estimate_build_memory
+
+    kw = dict(num_entities=1000, num_relations=20, num_triples=10_000, rank=32, batch_size=100, candidates=None,
+              matrices="lazy", max_matrix_gb=1.0)
+    lazy = estimate_build_memory(**kw)
+    assert lazy["base"] == BASE_BYTES and lazy["matrices"] == 0
+    assert lazy["embeddings"] == 1020 * 64 * 4 * 6 and lazy["graph"] == 10_000 * 24 * 6 + 1000 * 200
+    assert lazy["total_bytes"] == sum(v for k, v in lazy.items() if k != "total_bytes")
+    # eager: bounded by every entry (8 bytes x R x N x N = 160 MB) below the 1 GiB budget
+    eager = estimate_build_memory(**{**kw, "matrices": "eager"})
+    assert eager["matrices"] == int(EAGER_PEAK_FACTOR * 8 * 20 * 1000 * 1000) + (128 << 20)
+    assert estimate_build_memory(**{**kw, "rank": 64})["embeddings"] == 2 * lazy["embeddings"]
+    reuse = estimate_build_memory(**{**kw, "train": False})
+    assert reuse["training_buffers"] == 0 and reuse["embeddings"] == lazy["embeddings"] // 3
