@@ -513,8 +513,13 @@ class Artifact:
             check_row_cache_gb(row_cache_gb, "row_cache_gb")
         meta = read_meta(path, verify=verify)
         lazy = _matrices_kind(path, meta) == "lazy"
-        entities = _read_vocab(path / "entities.tsv")
-        relations = _read_vocab(path / "relations.tsv")
+        try:
+            entities = _read_vocab(path / "entities.tsv")
+            relations = _read_vocab(path / "relations.tsv")
+        except ArtifactVersionError:
+            raise
+        except UserError as exc:  # a hand-edited (or unverified, damaged) vocabulary
+            raise UserError(f"{exc}; {_rebuild(path, meta)}") from None
         n, r = len(entities), len(relations)
         matrices = None
         if not lazy:
@@ -532,7 +537,13 @@ class Artifact:
             # that another one, reading the embeddings, refuses.
             loaded = read_embeddings(path, verify=False, meta=meta)
             embeddings = loaded if (load_embeddings or lazy) else None
-        observed = _read_triples(path / "observed.tsv")
+        try:
+            observed = _read_triples(path / "observed.tsv")
+            missing = _read_triples(path / "missing.tsv")
+        except UserError as exc:
+            raise UserError(f"{exc}; {_rebuild(path, meta)}") from None
+        for name, arr in (("observed.tsv", observed), ("missing.tsv", missing)):
+            _check_triples(path / name, meta, arr, n, r)
         try:
             if lazy:
                 matrices = _lazy_matrices(path, meta, embeddings, observed, n, r, row_cache_gb)
@@ -541,7 +552,7 @@ class Artifact:
                 relations=relations,
                 matrices=matrices,
                 observed=observed,
-                missing=_read_triples(path / "missing.tsv"),
+                missing=missing,
                 meta=meta,
                 embeddings=embeddings,
                 path=path,
@@ -635,6 +646,17 @@ def _check_csr(file: Path, meta: Any, indptr: np.ndarray, indices: np.ndarray, d
     if not _all_within(data, 0.0, 1.0):
         what = "NaN or infinite" if not _all_finite(data) else "outside [0, 1]"
         raise fail(f"calibrated probabilities {what}")
+
+
+def _check_triples(file: Path, meta: Any, triples: np.ndarray, n: int, r: int) -> None:
+    """Entity ids in [0, N) and relation ids in [0, R) (the samplers and the executor index with them)."""
+    if len(triples) == 0:
+        return
+    for col, hi, what in ((0, n, "head"), (1, r, "relation"), (2, n, "tail")):
+        if not _all_within(triples[:, col], 0, hi - 1):
+            k = int(np.flatnonzero((triples[:, col] < 0) | (triples[:, col] >= hi))[0])
+            raise UserError(f"{file}: row {k + 1}: {what} id {int(triples[k, col])} out of range [0, {hi}); "
+                            f"{_rebuild(file.parent, meta)}")
 
 
 def read_embeddings(path: str | os.PathLike, *, verify: bool = True, meta: Any = None) -> dict[str, np.ndarray]:

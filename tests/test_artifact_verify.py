@@ -451,3 +451,19 @@ def test_value_checks_equal_their_reference(dtype, seed):
         assert _all_finite(a) == bool(np.isfinite(a).all())
         if not np.iscomplexobj(a):
             assert _all_within(a, 0.0, 1.0) == bool(((a >= 0) & (a <= 1)).all())
+
+
+def test_text_files_out_of_range_or_malformed_are_one_line_with_the_rebuild(umls_tiny_artifact, tmp_path, capsys):
+    art = tmp_path / "art"
+    shutil.copytree(umls_tiny_artifact, art)
+    with open(art / "observed.tsv", "a") as f:
+        f.write("0\t0\t135\n")
+    with pytest.raises(UserError, match=r"observed\.tsv: row \d+: tail id 135 out of range \[0, 135\); rebuild it "
+                                        r"with python -m kge.build --kg umls"):
+        Artifact.load(art, verify=False)
+    shutil.copy(umls_tiny_artifact / "observed.tsv", art / "observed.tsv")
+    (art / "relations.tsv").write_text("0\tonly\n2\tgap\n")
+    assert _main("engine.sample")(["--artifact", str(art), "--out", str(tmp_path / "q.jsonl"),
+                                   "--skip-artifact-checksums", "--no-progress"]) == 2
+    line = one_error(capsys)
+    assert "relations.tsv:2: expected id 1, got 2; rebuild it with python -m kge.build --kg umls" in line, line
