@@ -356,10 +356,13 @@ def write_report(path: Path, *, config: "Config", data: LinkingSet, results: dic
         "",
         f"Produced by `python -m llm_bridge.linkeval --kb {config.kb} --seed {config.seed} --per-kind "
         f"{config.per_kind}" + (f" --baseline-rev {config.baseline_rev}" if config.baseline_rev else "")
-        + (f" --embedding {config.embedding}" if config.embedding else "") + f" --out {config.out}`"
+        + (f" --embedding {config.embedding}" if config.embedding else "")
+        + (f" --max-names {config.max_names}" if config.max_names else "") + f" --out {config.out}`"
         f" ({time.strftime('%Y-%m-%d')}).",
         "",
-        f"Name table: {len(data.names):,} names (MetaQA kb.txt minus {config.held_out:.0%} held out; some films "
+        f"Name table: {len(data.names):,} names (MetaQA kb.txt"
+        + (f", a random {config.max_names:,} of its names," if config.max_names else "")
+        + f" minus {config.held_out:.0%} held out; some films "
         f"renamed `X (film)`, some doubled as `X (film)` + `X (novel)`). Labelled strings: {len(ex):,} "
         f"({sum(e.target is not None for e in ex):,} positives, {sum(e.target is None for e in ex):,} negatives). "
         "A link is correct when it picks the labelled entity; "
@@ -456,6 +459,7 @@ class Config:
     baseline_rev: str | None = None
     embedding: str | None = None
     min_precision: float = 0.95
+    max_names: int | None = None
 
 
 def parse_args(argv: Sequence[str] | None) -> Config:
@@ -470,6 +474,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument("--baseline-rev", default=None, help="git revision whose linker to measure side by side")
     p.add_argument("--embedding", default=None, help="also measure the embedding matcher with this encoder (minilm)")
     p.add_argument("--min-precision", type=float, default=0.95, help="precision the chosen threshold keeps (0.95)")
+    p.add_argument("--max-names", type=int, default=None,
+                   help="use a seeded random sample of this many KB names (default: all), e.g. to afford --embedding")
     a = p.parse_args(argv)
     check_seed(a.seed)
     if Path(a.out).is_dir():
@@ -480,14 +486,20 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         raise UserError(f"--held-out must be in (0, 1), got {a.held_out}")
     if not 0.0 < a.min_precision <= 1.0:
         raise UserError(f"--min-precision must be in (0, 1], got {a.min_precision}")
+    if a.max_names is not None and a.max_names < 10:
+        raise UserError(f"--max-names must be >= 10, got {a.max_names}")
     return Config(kb=a.kb, out=a.out, seed=a.seed, per_kind=a.per_kind, held_out=a.held_out,
-                  baseline_rev=a.baseline_rev, embedding=a.embedding, min_precision=a.min_precision)
+                  baseline_rev=a.baseline_rev, embedding=a.embedding, min_precision=a.min_precision,
+                  max_names=a.max_names)
 
 
 def run(config: Config) -> dict[str, Any]:
     """Build the set, measure the linkers, write the report and plot; returns the chosen row."""
     old = _load_revision(config.baseline_rev) if config.baseline_rev else None  # a bad revision fails first
     names, persons, years = load_kb_names(config.kb)
+    if config.max_names is not None and config.max_names < len(names):
+        keep = np.random.default_rng([config.seed, 1]).permutation(len(names))[: config.max_names]
+        names = [names[i] for i in sorted(keep)]
     data = build_set(names, persons, years, seed=config.seed, per_kind=config.per_kind, held_out=config.held_out)
     results: dict[str, dict[str, Any]] = {}
 

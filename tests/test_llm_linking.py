@@ -388,12 +388,16 @@ def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
     text = out.read_text(encoding="utf-8")
     assert "| threshold |" in text and "**(chosen)**" in text and out.with_suffix(".png").stat().st_size > 1000
     assert "precision" in capsys.readouterr().out
+    small = tmp_path / "small.md"
+    assert linkeval.main(["--kb", str(kb), "--out", str(small), "--per-kind", "5", "--max-names", "120"]) == 0
+    assert "a random 120 of its names" in small.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--kb", "nope.txt", "--out", "x.md"], "error: --kb: 'nope.txt' is not a file"),
     (["--kb", "KB", "--out", "x.md", "--per-kind", "0"], "error: --per-kind must be in [1, 100000], got 0"),
     (["--kb", "KB", "--out", "x.md", "--held-out", "1.5"], "error: --held-out must be in (0, 1), got 1.5"),
+    (["--kb", "KB", "--out", "x.md", "--max-names", "3"], "error: --max-names must be >= 10, got 3"),
     (["--kb", "KB", "--out", "x.md", "--seed", "-1"], "error: --seed must be in"),
     (["--kb", "BAD", "--out", "x.md"], "BAD.txt:2: expected head|relation|tail, got 2 field(s)"),
     (["--kb", "KB", "--out", "."], "error: --out: '.' is a folder"),
