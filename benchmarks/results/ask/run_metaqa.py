@@ -3,6 +3,7 @@
     python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa --label full \\
         --per-hop 1000 --errors 0 0.2 0.5 --out benchmarks/results/ask/metaqa_full.json
     python benchmarks/results/ask/run_metaqa.py --report benchmarks/results/ask/metaqa_*.json   # tables + plot
+    python benchmarks/results/ask/run_metaqa.py --export questions.jsonl --hops 2 --per-hop 100  # a questions file
 
 Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, seeded sample):
 
@@ -127,9 +128,20 @@ def main() -> int:
     p.add_argument("--errors", type=float, nargs="+", default=[0.0, 0.2, 0.5])
     p.add_argument("--out")
     p.add_argument("--report", nargs="+")
+    p.add_argument("--export", metavar="FILE", help="write the sampled questions as JSON lines (question, path, "
+                   "answers: what engine.ask --questions and llm_bridge.simulate_ask read) and stop")
     p.add_argument("--md", default=str(Path(__file__).with_name("metaqa_tables.md")))
     p.add_argument("--png", default=str(Path(__file__).with_name("metaqa.png")))
     args = p.parse_args()
+    if args.export:
+        from engine.eval.metaqa import load_metaqa_questions
+
+        with open(args.export, "w", encoding="utf-8") as f:
+            for hops in args.hops:
+                for q in load_metaqa_questions(args.data, hops=hops, limit=args.per_hop, seed=0):
+                    f.write(json.dumps({"question": q.question, "path": list(q.relations), "answers": list(q.answers)},
+                                       ensure_ascii=False) + "\n")
+        return 0
     if args.report:
         report(args.report, Path(args.md), Path(args.png))
         return 0
