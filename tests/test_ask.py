@@ -372,3 +372,45 @@ def test_embedding_costs_are_karpa_h_costs_plus_the_length_penalty(kg, questions
         assert {x for _, x in got} == set(ref)
         for c, x in got:
             assert abs(c - ref[x]) < 1e-9
+
+
+def test_reasoner_named_answers_and_bad_path_numbers(kg, questions):
+    from engine.exec.ask import ReasonReply
+
+    _, eng, ret = kg
+    q, _, _ = questions[0]
+    base = eng.ask(q, retriever=ret)
+    second = next(p for p in base.paths[1:] if p.answers)
+    rank = base.paths.index(second) + 1
+    pick = second.answers[-1].entity
+    seen = []
+
+    class Named:
+        count_tokens = staticmethod(lambda text: len(text.split()))
+
+        def reason(self, requests):
+            seen.extend(requests)
+            return [ReasonReply(paths=(rank, 99), answers=(pick.upper(), "Not An Entity"), calls=1, tokens=7)
+                    for _ in requests]
+
+    r = eng.ask(q, reasoner=Named(), retriever=ret, max_context_tokens=60)
+    assert len(seen[0].context.split()) <= 60 and seen[0].style == "yaml"
+    assert [a.entity for a in r.answers] == [pick] and r.answers[0].path_rank == rank
+    assert r.answers[0].selected_by == "llm" and r.llm_calls == 1 and r.llm_tokens == 7
+    assert any("[99] out of range" in w for w in r.warnings)
+    assert any("not among the candidates' tails, e.g. 'Not An Entity'" in w for w in r.warnings)
+
+
+def test_plan_and_reason_replies_parse_leniently_and_fail_clearly():
+    from llm_bridge.karpa_loop import parse_plan_reply, parse_reason_reply
+
+    assert parse_plan_reply('```json\n[["a", "b"], ["c"]]\n```') == (("a", "b"), ("c",))
+    assert parse_plan_reply('Sure! ["a", "b"] is the path.') == (("a", "b"),)
+    assert parse_plan_reply('{"plans": [["a"]]}') == (("a",),)
+    assert parse_reason_reply('{"paths": [2], "answers": ["X"]}') == ((2,), ("X",))
+    assert parse_reason_reply("[1, 3]") == ((1, 3), ())
+    for bad, msg in (("no json here", "no JSON"), ('{"p": 1}', "without 'plans'"), ('[["a", 3]]', "plan 1")):
+        with pytest.raises(ValueError, match=msg):
+            parse_plan_reply(bad)
+    with pytest.raises(ValueError, match="neither paths nor answers"):
+        parse_reason_reply('{"paths": []}')
