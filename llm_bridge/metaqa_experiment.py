@@ -237,8 +237,12 @@ def _model_name(args: MetaQAArgs, r: float, h: float, method: str) -> str:
             f"-a{args.alpha:g}-{args.merge}")
 
 
-def run(args: MetaQAArgs) -> dict[str, Any]:
-    """Sample and convert the questions, grade KG-only once and LLM-only + LGOT per quality; the JSON record."""
+def run(args: MetaQAArgs, on_quality=None) -> dict[str, Any]:
+    """Sample and convert the questions, grade KG-only once and LLM-only + LGOT per quality; the JSON record.
+
+    ``on_quality(record)``, when given, is called after each quality with the record so far
+    (``main`` writes the outputs then, so a long run keeps what it measured).
+    """
     import torch
 
     from engine.eval.metaqa import load_metaqa_questions
@@ -323,6 +327,10 @@ def run(args: MetaQAArgs) -> dict[str, Any]:
                            f"unlinked {hook.stats.unlinked} ({graded['wall_s']:.0f} s)")
         finally:
             srv.stop()
+        record["runs"] = runs
+        record["total_wall_s"] = time.perf_counter() - t_start
+        if on_quality is not None:
+            on_quality(record)
     record["runs"] = runs
     record["total_wall_s"] = time.perf_counter() - t_start
     return record
@@ -438,12 +446,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_file(p, what="--out", inputs=inputs)
         if p.exists() and not args.overwrite:
             raise UserError(f"--out: {p} exists (pass --overwrite to replace it)")
-    record = run(args)
     command = "python -m llm_bridge.metaqa_experiment " + " ".join(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_output(paths["json"], json.dumps(_jsonable(record), indent=1, allow_nan=False) + "\n")
-    write_output(paths["md"], markdown(record, command))
-    write_output(paths["png"], plot(record))
+
+    def save(record: dict) -> None:
+        write_output(paths["json"], json.dumps(_jsonable(record), indent=1, allow_nan=False) + "\n")
+        write_output(paths["md"], markdown(record, command))
+        write_output(paths["png"], plot(record))
+
+    record = run(args, on_quality=save)
+    save(record)
     print(f"wrote {paths['md']}, {paths['json']}, {paths['png']}")
     return 0
 
