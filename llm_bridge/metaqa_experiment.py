@@ -225,6 +225,39 @@ def _summary(graded: dict[str, Any], hops: np.ndarray) -> dict[str, Any]:
     return out
 
 
+class _EmptyInputs:
+    """A read-only hook (returns None): per question, the projection hops whose input has no entity > 0."""
+
+    name = "count-empty-inputs"
+
+    def __init__(self, count: int) -> None:
+        self.hops = np.zeros(count, dtype=np.int64)  # projection rows per question
+        self.empty = np.zeros(count, dtype=np.int64)  # of those, with an empty input
+
+    def __call__(self, ctx, value):
+        empty = (ctx.inputs[0].values > 0).sum(dim=1).eq(0).cpu().numpy()
+        for row, q in enumerate(ctx.query_indices):
+            self.hops[q] += 1
+            self.empty[q] += int(empty[row])
+        return None
+
+
+def _kg_empty_inputs(executor, nodes, hops: np.ndarray, *, batch_size: int) -> dict[str, Any]:
+    """How many projection hops the KG alone leaves with an empty input (what LGOT asks the LLM anyway)."""
+    counter = _EmptyInputs(len(nodes))
+    ex = executor.without_hooks()
+    ex.add_hook(counter, ops=("p", "np"))
+    for _ in ex.iter_scores(nodes, batch_size=batch_size):
+        pass
+    out = {}
+    for h in sorted(set(hops.tolist())):
+        sel = hops == h
+        out[HOP_NAMES[h]] = {"projection_hops": int(counter.hops[sel].sum()),
+                             "empty_input_hops": int(counter.empty[sel].sum()),
+                             "questions_with_an_empty_hop": int((counter.empty[sel] > 0).sum())}
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- run
 def _log(args: MetaQAArgs, msg: str) -> None:
     if not args.quiet:
@@ -291,6 +324,7 @@ def run(args: MetaQAArgs, on_quality=None) -> dict[str, Any]:
     kg = _grade(executor, nodes, gold, batch_size=args.batch_size, desc="kg-only", quiet=args.quiet)
     record["kg_only"] = {"hops": _summary(kg, hops), "wall_s": kg["wall_s"]}
     _log(args, f"kg-only: {_fmt(record['kg_only']['hops'])} ({kg['wall_s']:.0f} s)")
+    record["kg_only"]["empty_inputs"] = _kg_empty_inputs(executor, nodes, hops, batch_size=args.batch_size)
     kb = KnowledgeBase.from_artifact(args.artifact)
     linker = EntityLinker.from_artifact(artifact, threshold=LGOTSettings().link_threshold)
     rq = RelationQuestions(relations=list(artifact.relations))
@@ -375,6 +409,12 @@ def markdown(record: dict, command: str) -> str:
                  + " | ".join(f"{r['minus_kg_only'][h]['hits@1']:+.1f}" for h in hn)
                  + f" | {r['hook']['nested']:,} | {r['hook']['skipped']:,} | {r['hook']['unlinked']:,} | "
                  + ", ".join(f"{h} {v}" for h, v in r["rescued"].items()) + " |")
+    ei = record["kg_only"].get("empty_inputs", {})
+    if ei:
+        L += ["", "Projection hops whose input the KG alone leaves empty (LGOT asks every one of them: with the "
+              "LLM's linked answers of the hop below as input, or, when those are empty too, the nested question): "
+              + "; ".join(f"{h} {v['empty_input_hops']:,} of {v['projection_hops']:,} hops, in "
+                          f"{v['questions_with_an_empty_hop']:,} questions" for h, v in ei.items()) + "."]
     L += ["", "KG-only questions with no answer at all: "
           + ", ".join(f"{h} {v['empty_answer']} of {v['questions']}" for h, v in record["kg_only"]["hops"].items())
           + ".", "",

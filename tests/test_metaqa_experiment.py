@@ -79,6 +79,10 @@ def test_experiment_end_to_end_on_a_tiny_metaqa(tmp_path, capsys):
         assert perfect["hops"][h]["hits@10"] >= kg[h]["hits@10"]
         assert perfect["minus_kg_only"][h]["hits@1"] == pytest.approx(perfect["hops"][h]["hits@1"] - kg[h]["hits@1"])
     assert sum(r["hook"]["nested"] for r in rec["runs"]) > 0  # empty hops were asked
+    ei = rec["kg_only"]["empty_inputs"]
+    assert ei["1p"]["empty_input_hops"] == 0  # an anchor is never empty
+    assert ei["3p"]["projection_hops"] == 3 * rec["questions"]["counts"]["3p"]
+    assert 0 < ei["3p"]["empty_input_hops"] and "Projection hops whose input the KG alone leaves empty" in md
     # a rerun replays every answer from the cache and gives the same numbers
     assert main(argv + ["--overwrite"]) == 0
     again = json.loads((out / "metaqa.json").read_text())
