@@ -64,6 +64,7 @@ import importlib.util
 import json
 import logging
 import random
+import re
 import sys
 import threading
 import time
@@ -439,6 +440,7 @@ class LLMClient:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._masked_key_re: "re.Pattern[str] | None" = None
 
     def __repr__(self) -> str:
         return f"LLMClient(config={self.config!r})"
@@ -949,9 +951,17 @@ class LLMClient:
         key = self.config.api_key
         if key:
             text = text.replace(key, "***")
-            if len(key) > 12:  # servers echo keys partly masked, e.g. "sk-abc...wxyz"
-                text = text.replace(key[:8], "***").replace(key[-4:], "***")
+            if len(key) > 12:
+                # Servers echo keys partly masked ("sk-abc...wxyz"): replace such a token whole.  The key's
+                # last four characters alone are not replaced: they also occur in honest answers ("2019").
+                text = self._masked_key().sub("***", text)
         return text
+
+    def _masked_key(self) -> "re.Pattern[str]":
+        key = self.config.api_key or ""
+        if self._masked_key_re is None:
+            self._masked_key_re = re.compile(re.escape(key[:3]) + r"\S*?" + re.escape(key[-4:]))
+        return self._masked_key_re
 
     def _untrusted(self, text: str) -> str:
         """Server text as the client passes it on: the key scrubbed, control characters removed."""

@@ -548,6 +548,19 @@ def test_api_key_echoed_in_a_200_reply_is_scrubbed_everywhere(tmp_path, capfd, c
         assert SECRET.encode() not in f.read_bytes()
 
 
+def test_key_scrubbing_leaves_honest_text_with_the_keys_last_characters(tmp_path):
+    """Regression: every occurrence of the key's last 4 characters was replaced, so with a key ending in
+    '2019' the answer 'founded in 2019' came back as 'founded in ***'; masked echoes are still scrubbed."""
+    key = "sk-test-abcdefghijklmnop2019"
+
+    def reply(req, hdrs):
+        return 200, chat_reply("founded in 2019", "key sk-test...2019 is bad", "sk-****2019."), {}
+
+    with scripted_server(reply) as srv, LLMClient(_cfg(srv.base_url, None, api_key=key, n=3)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert r.texts == ("founded in 2019", "key *** is bad", "***.")
+
+
 def test_control_characters_and_ansi_escapes_are_removed(tmp_path):
     from llm_bridge.text import clean_text
 
