@@ -307,6 +307,8 @@ def _reply_model() -> type:
 
 @functools.lru_cache(maxsize=None)
 def _reply_models() -> tuple[type, ...]:
+    from typing import Annotated
+
     from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
     class _Base(BaseModel):
@@ -314,7 +316,8 @@ def _reply_models() -> tuple[type, ...]:
 
     class TokenLP(_Base):
         token: StrictStr
-        logprob: StrictFloat | StrictInt
+        # NaN or +inf would become a confidence of 1 (parse.logprob_confidence clips at 0 before exp).
+        logprob: Annotated[StrictFloat, Field(allow_inf_nan=False)] | StrictInt
 
     class Logprobs(_Base):
         content: list[TokenLP] | None = None

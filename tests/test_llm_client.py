@@ -466,6 +466,11 @@ MALFORMED = {
                                   "usage": {"prompt_tokens": -3, "completion_tokens": 1}}).encode(),
     "logprob not numeric": json.dumps({"choices": [{**_VALID_CHOICE, "logprobs": {
         "content": [{"token": "a", "logprob": "high"}]}}]}).encode(),
+    # json.loads reads NaN/Infinity; a NaN logprob used to pass and become confidence 1 (exp(min(0, nan)))
+    "logprob NaN": (b'{"choices": [{"index": 0, "message": {"content": "a"}, '
+                    b'"logprobs": {"content": [{"token": "a", "logprob": NaN}]}}]}'),
+    "logprob Infinity": (b'{"choices": [{"index": 0, "message": {"content": "a"}, '
+                         b'"logprobs": {"content": [{"token": "a", "logprob": Infinity}]}}]}'),
     "a JSON list": b"[1, 2, 3]",
     "not JSON": b"this is not JSON at all",
     "HTML": b"<html><body><h1>502 Bad Gateway</h1></body></html>",
