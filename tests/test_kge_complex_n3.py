@@ -395,3 +395,27 @@ def test_candidate_config_errors(kwargs, message):
     with pytest.raises(UserError) as exc:
         _cfg(**kwargs)
     assert str(exc.value) == message
+
+
+@pytest.mark.parametrize("candidates", [None, 48], ids=["full", "sampled"])
+def test_seeded_runs_bit_identical_at_1_and_2_threads(candidates):
+    """Twice at 2 threads and once at 1: the same bits (in-process twin of tests/test_kge_determinism.py).
+
+    Rank 64 and 512-row batches make each gathered gradient 65,536 floats, where torch's CPU ``index_put_``
+    (the backward of ``entity[h]``, which batch_loss used before) adds with parallel atomics.
+    """
+    from kge.graph import drop_edges
+
+    kg = drop_edges(load_kg("umls"), 0.5, 0)
+    cfg = _cfg(rank=64, batch_size=512, epochs=3, candidates=candidates, eval_every=3)
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (2, 2, 1):
+            torch.set_num_threads(threads)
+            res = train_1n(kg, cfg, progress=False)
+            runs.append((res.entity.tobytes(), res.relation.tobytes()))
+    finally:
+        torch.set_num_threads(before)
+    assert runs[0] == runs[1], "two 2-thread runs differ"
+    assert runs[0] == runs[2], "1-thread and 2-thread runs differ"
