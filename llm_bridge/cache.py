@@ -172,7 +172,10 @@ class ResponseCache:
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise  # kgreason.errors.cli_main names the disk-full condition and the path
-            raise UserError(f"LLM cache {self.path}: cannot create it ({exc.strerror}); "
+            # mkdir's "File exists" / "Not a directory" mean a file stands where a folder is needed: name it.
+            blocker = next((a for a in [*reversed(parent.parents), parent] if a.exists() and not a.is_dir()), None)
+            why = f"{blocker} is a file, not a folder" if blocker is not None else exc.strerror
+            raise UserError(f"LLM cache {self.path}: cannot create it ({why}); "
                             "pass --llm-cache with a writable path, or --no-llm-cache") from None
         tmp = Path(tmp_name)
         try:

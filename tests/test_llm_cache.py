@@ -217,6 +217,19 @@ def test_a_missing_cache_cannot_be_opened_read_only(tmp_path):
     assert not (tmp_path / "none.sqlite").exists()
 
 
+@pytest.mark.parametrize("below", ["", "a/b"], ids=["home-is-a-file", "deeper"])
+def test_a_file_where_the_cache_folder_should_be_is_named(tmp_path, monkeypatch, below):
+    """Regression: KGREASON_HOME pointing at a file said only 'cannot create it (File exists)'."""
+    from llm_bridge.config import default_cache_path
+
+    home = tmp_path / "home"
+    home.write_text("notes\n")
+    monkeypatch.setenv("KGREASON_HOME", str(home / below) if below else str(home))
+    with pytest.raises(UserError, match=f"cannot create it \\({home} is a file, not a folder\\)"):
+        ResponseCache(default_cache_path())
+    assert home.read_text() == "notes\n" and sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+
+
 def test_a_full_disk_while_storing_is_an_enospc_os_error(tmp_path):
     """ENOSPC reaches kgreason.errors.cli_main as an OSError naming the cache (one line there)."""
     import errno
