@@ -414,3 +414,21 @@ def test_plan_and_reason_replies_parse_leniently_and_fail_clearly():
             parse_plan_reply(bad)
     with pytest.raises(ValueError, match="neither paths nor answers"):
         parse_reason_reply('{"paths": []}')
+
+
+def test_an_exact_plan_is_a_candidate_even_without_kg_edges(kg):
+    _, eng, ret = kg
+    art = eng.artifact
+    obs = np.asarray(art.observed)
+    rid = art.relations.index("has_genre^-1")
+    topic = next(e for e in range(len(art.entities)) if not np.any((obs[:, 0] == e) & (obs[:, 1] == rid)))
+
+    class Exact:
+        def plan(self, requests):
+            return [PlanReply(plans=(("has_genre^-1",),)) for _ in requests]
+
+    r = eng.ask(f"which movies have the genre [{art.entities[topic]}]", planner=Exact(), retriever=ret,
+                replan=False)
+    assert r.retrieval == "plan"
+    hit = [p for p in r.paths if p.names == ("has_genre^-1",)]
+    assert hit and hit[0].cost == 0.0 and hit[0].num_tails == 0 and not hit[0].answers

@@ -20,7 +20,8 @@ For each question:
 4. **retrieving** (:class:`engine.paths.PathRetriever`): the top ``k`` relation
    paths of each plan (``mode="pathfinding"``: KARPA-P, the plan's length;
    ``"heuristic"``: KARPA-H, any length up to ``max_hops``), merged over plans by
-   lowest cost.  Embedding-only retrieval ranks every relation sequence of
+   lowest cost; a plan whose steps all name KG relations is a candidate itself
+   (cost 0) even when the KG lacks its edges.  Embedding-only retrieval ranks every relation sequence of
    1..``max_hops`` hops from the topic by the similarity of its text to the
    question's (KARPA-H with the question as the plan).
 5. **reasoning**: every candidate path becomes a logical query
@@ -486,6 +487,12 @@ class Asker:
                     cur = by_q[id(r)].get(path.relations)
                     if cur is None or path.cost < cur[0]:
                         by_q[id(r)][path.relations] = (path.cost, "plan", path)
+            # A plan naming KG relations exactly is a candidate even where the KG lacks its edges: the
+            # executor's calibrated matrices (link prediction) may still answer it.
+            for r, p in planned:
+                rels = tuple(st.relation for st in p.steps)
+                if all(x is not None for x in rels) and rels not in by_q[id(r)]:
+                    by_q[id(r)][rels] = (0.0, "plan", self.retriever._result_path(int(r.topic_id), rels, 0.0))
         for r in live:
             r.retrieval = "plan" if by_q[id(r)] else "embedding"
             if planner is not None and plans[id(r)] and not by_q[id(r)]:
