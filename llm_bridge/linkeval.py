@@ -51,6 +51,7 @@ import numpy as np
 
 from kgreason.cli import ArgumentParser, check_seed
 from kgreason.errors import UserError, cli_main
+from kgreason.files import _check_parent, check_not_input, read_lines
 from llm_bridge.linking import DEFAULT_THRESHOLD, EntityLinker, normalize
 
 __all__ = ["Example", "LinkingSet", "load_kb_names", "build_set", "evaluate", "sweep", "choose_threshold", "main"]
@@ -90,21 +91,19 @@ def load_kb_names(path: str | Path) -> tuple[list[str], set[str], dict[str, str]
     seen: dict[str, None] = {}
     persons: set[str] = set()
     years: dict[str, str] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            parts = line.split("|")
-            if len(parts) != 3:
-                raise UserError(f"{path}:{lineno}: expected head|relation|tail, got {len(parts)} field(s)")
-            h, r, t = (p.strip() for p in parts)
-            seen.setdefault(h, None)
-            seen.setdefault(t, None)
-            if r in PERSON_RELATIONS:
-                persons.add(t)
-            elif r == "release_year":
-                years.setdefault(h, t)
+    for lineno, line in read_lines(path, what="--kb"):  # a non-UTF-8 line is a FILE:LINE error
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) != 3:
+            raise UserError(f"{path}:{lineno}: expected head|relation|tail, got {len(parts)} field(s)")
+        h, r, t = (p.strip() for p in parts)
+        seen.setdefault(h, None)
+        seen.setdefault(t, None)
+        if r in PERSON_RELATIONS:
+            persons.add(t)
+        elif r == "release_year":
+            years.setdefault(h, t)
     return list(seen), persons, years
 
 
@@ -480,6 +479,15 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     check_seed(a.seed)
     if Path(a.out).is_dir():
         raise UserError(f"--out: {a.out!r} is a folder; give the Markdown file to write")
+    # Before any linking: the report and its plot never replace --kb, and their folder can be made.
+    for what, path in (("--out", a.out), ("--out's plot", Path(a.out).with_suffix(".png"))):
+        check_not_input(path, what=what, inputs=[("--kb", a.kb)])
+    _check_parent(Path(a.out), "--out", create=True)
+    if a.embedding is not None:
+        from engine.paths.embeddings import ENCODERS
+
+        if a.embedding not in ENCODERS:
+            raise UserError(f"--embedding: unknown encoder {a.embedding!r}; known: {', '.join(ENCODERS)}")
     if not 1 <= a.per_kind <= 100_000:
         raise UserError(f"--per-kind must be in [1, 100000], got {a.per_kind}")
     if not 0.0 < a.held_out < 1.0:

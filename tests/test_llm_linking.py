@@ -402,14 +402,26 @@ def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
     (["--kb", "BAD", "--out", "x.md"], "BAD.txt:2: expected head|relation|tail, got 2 field(s)"),
     (["--kb", "KB", "--out", "."], "error: --out: '.' is a folder"),
     (["--kb", "KB", "--out", "x.md", "--baseline-rev", "no-such-rev"], "error: --baseline-rev 'no-such-rev': cannot read"),
+    # Regressions: the report overwrote --kb; its plot could too; a Latin-1 kb.txt, a report folder under a
+    # file and an unknown --embedding (after the whole first linking run) were tracebacks.
+    (["--kb", "KB", "--out", "KB"], "error: --out KB: is the --kb input 'KB'"),
+    (["--kb", "KB.png", "--out", "KB.md"], "error: --out's plot KB.png: is the --kb input 'KB.png'"),
+    (["--kb", "LATIN1.txt", "--out", "x.md"], "error: LATIN1.txt:2: not UTF-8 text (byte 0xe9 at column 4)"),
+    (["--kb", "KB", "--out", "BAD.txt/r.md"], "error: --out: 'BAD.txt' is not a folder"),
+    (["--kb", "KB", "--out", "x.md", "--embedding", "nosuch"],
+     "error: --embedding: unknown encoder 'nosuch'; known: minilm"),
 ])
 def test_linkeval_cli_errors(tmp_path, capsys, monkeypatch, argv, message):
     from llm_bridge import linkeval
 
     monkeypatch.chdir(tmp_path)
     _write_kb(tmp_path / "KB")
+    _write_kb(tmp_path / "KB.png")
     (tmp_path / "BAD.txt").write_text("a|b|c\na|b\n", encoding="utf-8")
+    (tmp_path / "LATIN1.txt").write_bytes("a|b|c\nCaf\u00e9|b|c\n".encode("latin-1"))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     argv = [("BAD.txt" if a == "BAD" else a) for a in argv]
     assert linkeval.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message.replace("error: ", "") in err and len(err.splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing written or replaced
