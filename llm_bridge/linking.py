@@ -566,11 +566,17 @@ def load_names_file(path: str | os.PathLike, names: Sequence[str]) -> dict[str, 
     path = Path(path)
     try:
         with open(path, encoding="utf-8", newline="") as f:
-            rows = [r for r in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if r and any(c.strip() for c in r)]
+            reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+            try:
+                rows = [r for r in reader if r and any(c.strip() for c in r)]
+            except csv.Error as exc:  # e.g. a cell over csv's field size limit (131,072 characters)
+                raise UserError(f"names file {path}:{reader.line_num}: not a TSV of names ({exc})") from None
     except FileNotFoundError:
         raise UserError(f"names file {str(path)!r} does not exist") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"names file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:  # a folder, no permission
+        raise UserError(f"names file {path}: cannot read it ({exc.strerror})") from None
     if not rows:
         return {}
     index = {n: i for i, n in enumerate(names)}

@@ -151,6 +151,13 @@ def test_names_file_errors(tmp_path):
     bad.write_bytes(b"id\tname\n0\t\xff\xfe\n")
     with pytest.raises(UserError, match="not UTF-8"):
         load_names_file(bad, ["a"])
+    # Regressions: a cell over csv's field limit and a folder were tracebacks (_csv.Error, IsADirectoryError).
+    big = tmp_path / "big.tsv"
+    big.write_text("id\tname\n0\ta\n1\t" + "x" * 200_000 + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"names file .*big.tsv:3: not a TSV of names \(field larger than"):
+        load_names_file(big, ["a"])
+    with pytest.raises(UserError, match="cannot read it"):
+        load_names_file(tmp_path, ["a"])
 
 
 # ------------------------------------------------------------------------ issue 21's real-LLM forms
