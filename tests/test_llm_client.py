@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import re
 import socket
 import sqlite3
@@ -551,6 +552,38 @@ def test_api_key_echoed_in_a_200_reply_is_scrubbed_everywhere(tmp_path, capfd, c
         assert SECRET not in text and SECRET[:8] not in text
     for f in tmp_path.glob("cache.sqlite*"):
         assert SECRET.encode() not in f.read_bytes()
+
+
+def test_the_private_sdk_hooks_are_called(tmp_path):
+    """The client overrides two private per-attempt methods of openai.AsyncOpenAI (setup.py pins openai <4).
+    If the SDK renamed either, this fails: the request hook counts attempts, and the backoff hook caps a
+    429's Retry-After of 100 s at max_backoff_s (the SDK's own rule would wait up to 60 s: past the deadline)."""
+    import inspect
+
+    import openai
+
+    from llm_bridge.client import _sdk_client_class
+
+    for name in ("_prepare_request", "_calculate_retry_timeout", "_parse_retry_after_header"):
+        assert callable(getattr(openai.AsyncOpenAI, name, None)), name
+    ours = inspect.signature(_sdk_client_class()._calculate_retry_timeout).parameters
+    assert list(ours) == list(inspect.signature(openai.AsyncOpenAI._calculate_retry_timeout).parameters)
+    times: list[float] = []
+
+    def reply(req, hdrs):
+        times.append(time.perf_counter())
+        if len(times) < 3:
+            return 429, b'{"error": {"message": "slow down"}}', {"Retry-After": "100"}
+        return 200, chat_reply("ok"), {}
+
+    with scripted_server(reply) as srv, \
+            LLMClient(_cfg(srv.base_url, None, n=1, max_retries=3, backoff_s=0.01, max_backoff_s=0.2,
+                           deadline_s=10.0), rng=random.Random(0)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert r.ok and r.texts == ("ok",) and r.requests == 3
+        assert client.stats.retries == 2 and client.stats.requests == 3
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert all(0.19 <= g < 2.0 for g in gaps), gaps  # Retry-After honoured up to max_backoff_s, no further
 
 
 def test_key_scrubbing_leaves_honest_text_with_the_keys_last_characters(tmp_path):
