@@ -95,10 +95,11 @@ def artifact_key(artifact: "Artifact") -> str | None:
 
 
 def _slug(model: str) -> str:
+    """A file name for ``model``: readable, at most 120 characters, distinct for distinct names."""
     s = re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("._") or "model"
-    if s != model:  # keep distinct model names distinct after the substitution
-        s += "-" + hashlib.sha256(model.encode("utf-8")).hexdigest()[:8]
-    return s[:120]
+    if s != model or len(s) > 120:  # substituted or shortened: the name's hash keeps it distinct
+        s = s[:111] + "-" + hashlib.sha256(model.encode("utf-8")).hexdigest()[:8]
+    return s
 
 
 def sidecar_path(artifact: "Artifact", model: str, cache_dir: str | os.PathLike | None = None) -> Path | None:

@@ -193,3 +193,16 @@ def test_every_metaqa_relation():
     for r in sorted(relations):
         check_relation(r)
     assert prompts.fallback_template("has_tags") == "What tags does {entity} have?"
+
+
+def test_sidecar_names_of_long_model_names_stay_distinct():
+    """Regression: the sidecar name was cut at 120 characters after the hash was appended, so two model
+    names sharing their first 120 characters shared one sidecar (one model's templates replayed for the other)."""
+    from llm_bridge.relations import _slug
+
+    a, b = "org/" + "m" * 150 + "-v1", "org/" + "m" * 150 + "-v2"
+    c, d = "x" * 130 + "1", "x" * 130 + "2"  # allowed characters only: no substitution
+    slugs = {_slug(m) for m in (a, b, c, d)}
+    assert len(slugs) == 4 and all(len(s) <= 120 for s in slugs)
+    assert _slug("sim") == "sim" and _slug("gpt-4o-mini") == "gpt-4o-mini"
+    assert _slug("sim/model:1") == _slug("sim/model:1") != _slug("sim/model:2")
