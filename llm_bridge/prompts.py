@@ -199,7 +199,7 @@ def _split_relation(relation: str) -> tuple[list[str], bool, bool]:
         parts = [p for p in base.split(".") if p.strip("/")]
         segs = [[s for s in p.split("/") if s][-1] for p in parts]
     elif "." in base:  # dotted Freebase id: domain.type.property
-        segs = [[s for s in base.split(".") if s.strip()][-1]] if base.strip(".") else [base]
+        segs = [s for s in base.split(".") if s.strip()][-1:] or [base]
     else:
         segs = [base]
     out: list[list[str]] = []
@@ -220,7 +220,8 @@ def _split_relation(relation: str) -> tuple[list[str], bool, bool]:
                 words += pieces
             else:
                 words.append(w)
-        out.append([w for w in words if w != "s"] or words)
+        if words:  # a segment of punctuation alone ("a/._") has no words
+            out.append([w for w in words if w != "s"] or words)
     # a CVT path whose last part is a verb phrase ("... award_nomination/nominated_for") asks that
     if len(out) > 1 and _kind(out[-1], False)[0] != "noun":
         out = [out[-1]]
@@ -355,6 +356,24 @@ def _kind_fields(w: list[str], typed: bool, domain: list[str], who_d: str) -> di
             "as": "among" if _plural(w[-1]) else "as"}
 
 
+#: Most characters of a relation's words (and of its head type's) a fallback question quotes.
+_MAX_WORDS_CHARS = 60
+
+
+def _first_words(words: list[str], limit: int) -> list[str]:
+    """The first of ``words`` whose joined length stays within ``limit`` (a longer first word cut to it)."""
+    out: list[str] = []
+    size = -1
+    for w in words:
+        if size + 1 + len(w) > limit:
+            if not out:
+                out.append(w[:limit])
+            break
+        out.append(w)
+        size += 1 + len(w)
+    return out
+
+
 def fallback_templates(relation: str) -> tuple[str, str]:
     """(forward, inverse) question templates of ``relation``'s name, without an LLM.
 
@@ -372,7 +391,11 @@ def fallback_templates(relation: str) -> tuple[str, str]:
     ``fallback_<shape>_forward.txt`` / ``_inverse.txt``).
     """
     words, _, typed = _split_relation(relation)
-    kind, fields = _kind(words, typed, _head_type(relation))
+    # A very long name would make a template over clean_question_template's 300 characters: keep the
+    # first words of the name and of its head type (so every relation has a fallback; RelationQuestions
+    # qualifies the clashes this may make).
+    kind, fields = _kind(_first_words(words, _MAX_WORDS_CHARS), typed,
+                         _first_words(_head_type(relation), _MAX_WORDS_CHARS))
     out = []
     for direction in ("forward", "inverse"):
         name = f"fallback_{kind}_{direction}" if kind != "noun" else f"fallback_{direction}"

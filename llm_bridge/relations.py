@@ -154,6 +154,8 @@ class RelationQuestions:
 
     @staticmethod
     def _qualified(template: str, relation: str) -> str:
+        if len(relation) > 100:  # keeps the qualified template within clean_question_template's 300 characters
+            relation = f"{relation[:88]}~{hashlib.sha256(relation.encode('utf-8')).hexdigest()[:8]}"
         out = clean_question_template(render("fallback_qualified", question=template, relation=relation))
         if out is None:  # pragma: no cover - the packaged template keeps the one slot
             raise ValueError(f"template 'fallback_qualified' must keep exactly one {ENTITY_SLOT}")

@@ -11,8 +11,11 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llm_bridge import prompts
+from llm_bridge.prompts import fallback_template, fallback_templates
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 # What must never reach a question: path/dotted/snake separators, the inverse suffix, camelCase humps.
@@ -206,3 +209,30 @@ def test_sidecar_names_of_long_model_names_stay_distinct():
     assert len(slugs) == 4 and all(len(s) <= 120 for s in slugs)
     assert _slug("sim") == "sim" and _slug("gpt-4o-mini") == "gpt-4o-mini"
     assert _slug("sim/model:1") == _slug("sim/model:1") != _slug("sim/model:2")
+
+
+@pytest.mark.parametrize("name", [
+    "x" * 5000,                                          # over clean_question_template's 300 characters
+    "has_" + "very_" * 200 + "long_part",
+    "/" + "a" * 300 + "/" + "b" * 300 + "/" + "c" * 400 + "^-1",
+    "a/._", ". .", "a:. .", "_/._",                      # a part of punctuation alone (IndexError)
+])
+def test_every_relation_name_gets_a_fallback_question(name):
+    """Regression: relation names over ~270 characters (ValueError) or with a '.'/'/' part of punctuation
+    alone (IndexError) crashed RelationQuestions, so engine.answer --llm on such an artifact was a traceback."""
+    from llm_bridge.relations import RelationQuestions
+
+    for t in fallback_templates(name) + (fallback_template(name),):
+        assert t.count("{entity}") == 1 and len(t) <= 300, t
+    names = [name, name + "2", name + "^-1"]
+    rq = RelationQuestions(relations=names)  # long names that clash get distinct qualified questions
+    templates = [rq.template(r) for r in names]
+    assert len({" ".join(t.split()).casefold() for t in templates}) == 3
+    assert all(rq.lookup(t) == r for r, t in zip(names, templates))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.text(alphabet="ab_/.:^-1 xyz{}C\u00e9", max_size=400))
+def test_fallback_questions_of_random_relation_names(name):
+    for t in fallback_templates(name):
+        assert t.count("{entity}") == 1 and len(t) <= 300
