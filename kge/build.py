@@ -12,6 +12,13 @@ one, or (with ``--overwrite``) an artifact folder holding nothing but its own
 files; anything else is refused before the build starts (:mod:`kgreason.files`),
 so a build never deletes a file it did not write.
 
+``--matrices auto`` (the default) stores the calibrated matrices (eager) unless
+computing them is estimated to take over ``--max-calibrate-minutes`` or they
+would not fit ``--max-matrix-gb`` or the memory (lazy); the log says which and
+why.  A build whose estimated peak memory exceeds MemAvailable is refused before
+training (``--no-memory-check`` overrides).  A seeded build bounded by epochs is
+bit-reproducible at any thread count (docs/artifacts.md, "Reproducibility").
+
 Library::
 
     from kge.build import BuildConfig, build_artifact
@@ -636,7 +643,8 @@ def _parser() -> ArgumentParser:
     p.add_argument("--loss", default=None, help="pykeen loss name (default crossentropy)")
     p.add_argument("--eval-max-triples", type=int, default=5000, help="held-out edges used for the MRR (0 = skip)")
     p.add_argument("--threshold", type=float, default=None,
-                   help=f"drop calibrated probabilities below this (default {DEFAULT_THRESHOLD:g}, raised if over --max-matrix-gb)")
+                   help=f"drop calibrated probabilities below this (default {DEFAULT_THRESHOLD:g}; "
+                        "eager: raised if over --max-matrix-gb)")
     p.add_argument("--max-matrix-gb", type=float, default=1.25,
                    help=f"memory budget of the matrices in GiB, {MIN_MATRIX_GB:g} to {MAX_MATRIX_GB:g} (8 bytes per entry); "
                         "peak RSS is about baseline + 2.5x this")

@@ -103,6 +103,11 @@ def test_build_artifact_library_call_replaces_atomically(tmp_path):
         (["--kg", "umls"], "error: the following arguments are required: --out"),
         (["--kg", "umls", "--out", "x", "--rank", "many"], "error: argument --rank: invalid int value: 'many'"),
         (["--kg", "umls", "--out", "x", "--rank", "0"], "error: --rank must be >= 1, got 0"),
+        (["--kg", "umls", "--out", "x", "--max-calibrate-minutes", "0"],
+         "error: --max-calibrate-minutes must be in (0, 1e9], got 0.0"),
+        (["--kg", "umls", "--out", "x", "--max-calibrate-minutes", "nan"],
+         "error: --max-calibrate-minutes must be in (0, 1e9], got nan"),
+        (["--kg", "umls", "--out", "x", "--matrices", "sometimes"], "error: argument --matrices: invalid choice: 'sometimes'"),
     ],
 )
 def test_cli_errors_are_one_line(argv, message, capsys, tmp_path):
