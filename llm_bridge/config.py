@@ -155,6 +155,11 @@ class LLMConfig:
                 raise bad("base_url", str(exc)) from None
         if self.api_key is not None and not isinstance(self.api_key, str):
             raise bad("api_key", f"must be a string, got {type(self.api_key).__name__}")
+        if self.api_key and not all("!" <= c <= "~" for c in self.api_key):
+            # It goes into an HTTP header: a space, a line break or a non-ASCII character would fail every
+            # request (as a retried "connection error", or a UnicodeEncodeError traceback).
+            raise bad("api_key", "must be printable ASCII without spaces or line breaks (the value is not shown); "
+                                 "check how the variable was set")
         if not isinstance(self.model, str) or not self.model.strip():
             raise bad("model", "must be a non-empty name")
 
@@ -244,6 +249,11 @@ class LLMConfig:
             if env.get(var):
                 values[name] = env[var]
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if overrides.get("api_key") is None and "api_key" in values:
+            try:
+                cls(api_key=values["api_key"])
+            except UserError as exc:
+                raise UserError(str(exc).replace("LLM config: api_key", "OPENAI_API_KEY", 1)) from None
         base_url = values.get("base_url")
         if base_url is not None:
             try:
@@ -344,7 +354,8 @@ def config_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = Non
              "timeout_s": "--llm-timeout", "deadline_s": "--llm-deadline",
              "max_response_bytes": "--llm-max-response-bytes", "max_retries": "--llm-max-retries", "concurrency": "--llm-concurrency",
              "budget_calls": "--llm-budget-calls", "budget_tokens": "--llm-budget-tokens",
-             "base_url": "--llm-base-url", "model": "--llm-model", "cache_path": "--llm-cache"}
+             "base_url": "--llm-base-url", "model": "--llm-model", "cache_path": "--llm-cache",
+             "api_key": f"--llm-api-key-env {key_var}:"}
     try:
         return LLMConfig.from_env(env, **overrides)
     except UserError as exc:

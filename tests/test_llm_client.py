@@ -107,6 +107,30 @@ def test_config_from_env_and_cli_flags(tmp_path):
     assert "--llm-base-url" in parser.format_help() and SECRET not in parser.format_help()
 
 
+
+@pytest.mark.parametrize("bad_key", ["sk-abc\nX-Injected: 1", "sk-caf\u00e9-key", " sk-padded ", "sk-a\tb"])
+def test_api_keys_that_cannot_be_sent_are_one_line_errors_naming_their_source(bad_key, llm_artifact, capsys,
+                                                                             monkeypatch):
+    """Regression: a key with a non-ASCII character crashed every request with a UnicodeEncodeError traceback;
+    one with a space or a line break failed every request as a (retried) "connection error"."""
+    with pytest.raises(UserError, match=r"^LLM config: api_key must be printable ASCII"):
+        LLMConfig(api_key=bad_key)
+    with pytest.raises(UserError, match=r"^OPENAI_API_KEY must be printable ASCII"):
+        LLMConfig.from_env({"OPENAI_API_KEY": bad_key})
+    parser = argparse.ArgumentParser()
+    add_llm_arguments(parser)
+    with pytest.raises(UserError, match=r"^--llm-api-key-env MY_KEY: must be printable ASCII"):
+        config_from_args(parser.parse_args(["--llm-api-key-env", "MY_KEY"]), {"MY_KEY": bad_key})
+    from engine.answer import main
+
+    argv = ["--artifact", str(llm_artifact), "--expr", "(p likes Entity_003)", "--llm", "--llm-base-url",
+            "http://127.0.0.1:9/v1", "--llm-model", "m", "--no-llm-cache", "--llm-api-key-env", "MY_KEY"]
+    monkeypatch.setenv("MY_KEY", bad_key)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --llm-api-key-env MY_KEY: ") and len(err.splitlines()) == 1
+    assert bad_key.strip() not in err
+
 # ---------------------------------------------------------------------------------------- basics
 def test_complete_and_batch_against_simulator(llm_artifact, tmp_path):
     with simulator(llm_artifact, seed=1) as srv, LLMClient(_cfg(srv.base_url, logprobs=True)) as client:
