@@ -63,6 +63,7 @@ import functools
 import importlib.util
 import json
 import logging
+import math
 import random
 import re
 import sys
@@ -155,7 +156,7 @@ class Completion:
     def from_json(cls, d: Mapping[str, Any], *, cached: bool | None = None) -> "Completion":
         return cls(
             texts=tuple(d["texts"]),
-            logprobs=tuple(None if lp is None else tuple(TokenLogprob(str(t), float(p)) for t, p in lp)
+            logprobs=tuple(None if lp is None else tuple(TokenLogprob(str(t), _finite(p)) for t, p in lp)
                            for lp in d["logprobs"]),
             finish_reasons=tuple(d["finish_reasons"]),
             prompt_tokens=int(d["prompt_tokens"]),
@@ -998,6 +999,14 @@ def _choice_logprobs(choice: Any, clean: Any) -> tuple[TokenLogprob, ...] | None
     if not content:
         return None
     return tuple(TokenLogprob(clean(t.token), float(t.logprob)) for t in content)
+
+
+def _finite(value: Any) -> float:
+    """``float(value)``, refusing NaN and infinities (ValueError): a cached NaN logprob is a damaged entry."""
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValueError(f"logprob {x!r} is not finite")
+    return x
 
 
 def _usage(reply: Any) -> tuple[int, int]:

@@ -334,6 +334,26 @@ def test_cache_replays_with_the_server_stopped(llm_artifact, tmp_path):
         assert client.complete_sync(batch[0]).reason == "connection"
 
 
+def test_a_cached_nan_logprob_is_a_miss_and_asked_again(tmp_path):
+    """Regression: entries written before NaN logprobs were refused (json reads NaN back) replayed them,
+    and a NaN logprob becomes confidence 1; such an entry is now a miss, answered afresh and overwritten."""
+    lp = {"content": [{"token": "a", "logprob": -0.5}]}
+    body = json.dumps({"model": "m", "choices": [{"index": 0, "message": {"content": "a"}, "logprobs": lp}]})
+    with scripted_server(_ok(body.encode())) as srv:
+        with LLMClient(_cfg(srv.base_url, tmp_path, n=1, logprobs=True)) as client:
+            assert client.complete_sync(_prompts(1)[0]).logprobs == ((("a", -0.5),),)
+        conn = sqlite3.connect(tmp_path / "cache.sqlite")
+        conn.execute("UPDATE responses SET response = replace(response, '-0.5', 'NaN')")
+        conn.commit()
+        conn.close()
+        with LLMClient(_cfg(srv.base_url, tmp_path, n=1, logprobs=True)) as client:
+            r = client.complete_sync(_prompts(1)[0])
+            assert not r.cached and r.logprobs == ((("a", -0.5),),) and srv.requests == 2
+            assert (client.stats.cache_hits, client.stats.cache_misses) == (0, 1)
+        with LLMClient(_cfg(srv.base_url, tmp_path, n=1, logprobs=True)) as client:
+            assert client.complete_sync(_prompts(1)[0]).cached and srv.requests == 2  # overwritten
+
+
 def test_cache_keys_and_sharing_across_threads_and_connections(tmp_path):
     path = tmp_path / "sub" / "c.sqlite"
     a, b = ResponseCache(path), ResponseCache(path)
