@@ -673,6 +673,23 @@ def test_a_huge_reply_is_capped_and_not_cached(declared, tmp_path):
         assert client.complete_sync(_prompts(1)[0]).ok
 
 
+def test_a_gzip_bomb_is_capped_after_decompression(tmp_path):
+    """64 KiB on the wire, 64 MiB decompressed: the cap applies to what the transport decodes."""
+    import gzip
+
+    bomb = gzip.compress(b"{" + b" " * (64 << 20), compresslevel=9)
+    assert len(bomb) < 100_000
+    with scripted_server(_ok(bomb, **{"Content-Encoding": "gzip"})) as srv, \
+            LLMClient(_cfg(srv.base_url, tmp_path, n=1, max_response_bytes=1 << 20)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert r.reason == "bad_response" and "more than 1,048,576 bytes" in r.message
+        assert len(client.cache) == 0
+    # a well-formed gzip reply is read as usual
+    with scripted_server(_ok(gzip.compress(chat_reply("a")), **{"Content-Encoding": "gzip"})) as srv, \
+            LLMClient(_cfg(srv.base_url, None, n=1)) as client:
+        assert client.complete_sync(_prompts(1)[0]).texts == ("a",)
+
+
 @pytest.mark.parametrize("url, why", [
     ("http://127.0.0.1:99999/v1", "Port out of range"),
     ("http://[::1", "Invalid IPv6 URL"),
