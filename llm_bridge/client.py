@@ -301,13 +301,9 @@ def _sdk_client_class() -> type:
     return _SDKClient
 
 
+@functools.lru_cache(maxsize=None)
 def _reply_model() -> type:
     """The pydantic model of a Chat Completions reply: only what the client reads, strictly typed."""
-    return _reply_models()[0]
-
-
-@functools.lru_cache(maxsize=None)
-def _reply_models() -> tuple[type, ...]:
     from typing import Annotated
 
     from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
@@ -341,7 +337,7 @@ def _reply_models() -> tuple[type, ...]:
         model: StrictStr | None = None
         usage: Usage | None = None
 
-    return (Reply,)
+    return Reply
 
 
 def _parse_reply(body: bytes) -> tuple[Any | None, str]:
@@ -412,7 +408,7 @@ class LLMClient:
         if importlib.util.find_spec("openai") is None:
             raise UserError("the LLM bridge needs the 'openai' package: pip install -e \".[llm]\"")
         _sdk_client_class()  # import the SDK now: its first import takes a second or more, not a call's deadline
-        _reply_models()
+        _reply_model()
         self.config = config
         self.stats = LLMStats()
         self.progress = progress
