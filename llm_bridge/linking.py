@@ -443,6 +443,8 @@ class EntityLinker:
     def link(self, text: str, *, prefer: Mapping[int, float] | None = None) -> Link:
         """Link one string (see the module doc); ``prefer``: entity id -> score that breaks ties."""
         text = str(text)
+        if not text.strip():  # an empty answer names nothing, even where the KG has an entity named ""
+            return Link(text, None, None, None, 0.0, reason="empty")
         if text in self._exact:
             i = self._exact[text]
             return Link(text, i, self.names[i], "exact", 100.0, 1)

@@ -104,6 +104,15 @@ def test_ambiguous_forms_stay_unlinked_unless_prefer_decides(linker):
     assert lk.link("APPLE").name == "Apple" and lk.link("APPLE").method == "exact"
 
 
+def test_an_empty_answer_never_links():
+    """Regression: artifacts may hold an entity named "" (entities.tsv line '7<TAB>'); an empty answer linked to it."""
+    lk = EntityLinker(names=["Tom Hanks", "", " ", "!!!"])
+    for text in ("", " ", "\t"):
+        link = lk.link(text)
+        assert (link.entity, link.reason) == (None, "empty"), text
+    assert lk.link("!!!").entity == 3 and lk.link("Tom Hanks").entity == 0
+
+
 def test_bad_settings_and_aliases():
     with pytest.raises(UserError, match="threshold"):
         EntityLinker(names=["a"], threshold=101)
