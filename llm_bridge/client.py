@@ -93,6 +93,8 @@ _CACHE_FORMAT = 1
 _OPENAI_URL = "https://api.openai.com/v1"
 #: Completions a client keeps in memory for identical prompts asked again (across batches).
 MEMO_SIZE = 10_000
+#: Shorter API keys are placeholders (local servers take any key) and are not scrubbed from server text.
+_MIN_SECRET_CHARS = 8
 #: A call waiting longer than this shows a progress bar on stderr.
 _PROGRESS_AFTER_S = 1.0
 
@@ -949,7 +951,9 @@ class LLMClient:
     # ------------------------------------------------------------------ untrusted text
     def _scrub(self, text: str) -> str:
         key = self.config.api_key
-        if key:
+        # Placeholder keys for local servers ("x", "none", "EMPTY") are no secret, and replacing them would
+        # mangle answers ("nonetheless", "Alexander"): only keys of _MIN_SECRET_CHARS or more are scrubbed.
+        if key and len(key) >= _MIN_SECRET_CHARS:
             text = text.replace(key, "***")
             if len(key) > 12:
                 # Servers echo keys partly masked ("sk-abc...wxyz"): replace such a token whole.  The key's

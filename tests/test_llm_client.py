@@ -643,6 +643,17 @@ def test_key_scrubbing_leaves_honest_text_with_the_keys_last_characters(tmp_path
         assert r.texts == ("founded in 2019", "key *** is bad", "***.")
 
 
+@pytest.mark.parametrize("key", ["x", "none", "EMPTY", "sk-1"])
+def test_placeholder_keys_do_not_mangle_answers(key):
+    """Regression: with OPENAI_API_KEY=x (or none, ...) for a local server, every 'x' of every answer became
+    '***' ("Alexander" -> "Ale***ander"); keys under 8 characters are placeholders and not scrubbed."""
+    answer = "Alexander, nonetheless EMPTY sk-1"
+    with scripted_server(_ok(chat_reply(answer, model="xnone"))) as srv, \
+            LLMClient(_cfg(srv.base_url, None, api_key=key, n=1)) as client:
+        r = client.complete_sync(_prompts(1)[0])
+        assert r.texts == (answer,) and r.model == "xnone"
+
+
 def test_control_characters_and_ansi_escapes_are_removed(tmp_path):
     from llm_bridge.text import clean_text
 
