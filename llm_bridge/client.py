@@ -29,7 +29,8 @@ trouble never raises, so a caller can fall back to KG-only answers.
   ``config.max_response_bytes`` -- is ``LLMFailure(reason="bad_response")`` and is
   never cached.
 * **Untrusted text**: every text from the server (completions, model name,
-  error messages) has the API key scrubbed and control characters / ANSI
+  error messages) has the API key scrubbed (keys of 8 or more characters, also
+  echoed partly masked) and control characters / ANSI
   escapes removed (:func:`llm_bridge.text.clean_text`) before it is returned,
   logged or cached.
 * **Concurrency**: at most ``config.concurrency`` requests in flight.
@@ -174,7 +175,8 @@ class Completion:
 
 @dataclass(frozen=True)
 class LLMFailure:
-    """No completion: ``reason`` is one of :data:`FAILURE_REASONS`; ``message`` never holds the API key."""
+    """No completion: ``reason`` is one of :data:`FAILURE_REASONS`; ``message`` never holds the API key
+    (one of 8 or more characters: shorter ones are placeholders, see ``LLMClient._scrub``)."""
 
     reason: str
     message: str
