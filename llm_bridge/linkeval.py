@@ -104,6 +104,8 @@ def load_kb_names(path: str | Path) -> tuple[list[str], set[str], dict[str, str]
             persons.add(t)
         elif r == "release_year":
             years.setdefault(h, t)
+    if not seen:  # else an empty report: 0 positives, "precision 1.000"
+        raise UserError(f"--kb {path}: no head|relation|tail line (an empty file?)")
     return list(seen), persons, years
 
 

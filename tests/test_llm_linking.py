@@ -424,6 +424,7 @@ def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
     (["--kb", "KB.png", "--out", "KB.md"], "error: --out's plot KB.png: is the --kb input 'KB.png'"),
     (["--kb", "LATIN1.txt", "--out", "x.md"], "error: LATIN1.txt:2: not UTF-8 text (byte 0xe9 at column 4)"),
     (["--kb", "KB", "--out", "BAD.txt/r.md"], "BAD.txt' is not a folder"),
+    (["--kb", "EMPTY.txt", "--out", "x.md"], "error: --kb EMPTY.txt: no head|relation|tail line"),
     (["--kb", "KB", "--out", "x.md", "--embedding", "nosuch"],
      "error: --embedding: unknown encoder 'nosuch'; known: minilm"),
 ])
@@ -434,6 +435,7 @@ def test_linkeval_cli_errors(tmp_path, capsys, monkeypatch, argv, message):
     _write_kb(tmp_path / "KB")
     _write_kb(tmp_path / "KB.png")
     (tmp_path / "BAD.txt").write_text("a|b|c\na|b\n", encoding="utf-8")
+    (tmp_path / "EMPTY.txt").write_text("\n \n", encoding="utf-8")
     (tmp_path / "LATIN1.txt").write_bytes("a|b|c\nCaf\u00e9|b|c\n".encode("latin-1"))
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     argv = [("BAD.txt" if a == "BAD" else a) for a in argv]
