@@ -45,6 +45,8 @@ _EXPORTS = {
     "from_betae": "engine.lang.structures",
     "structure_of": "engine.lang.structures",
     "default_artifact": "engine.exec.defaults",
+    "AskSettings": "engine.exec.ask",
+    "AskResult": "engine.exec.ask",
 }
 
 __all__ = sorted(_EXPORTS)
