@@ -432,3 +432,59 @@ def test_an_exact_plan_is_a_candidate_even_without_kg_edges(kg):
     assert r.retrieval == "plan"
     hit = [p for p in r.paths if p.names == ("has_genre^-1",)]
     assert hit and hit[0].cost == 0.0 and hit[0].num_tails == 0 and not hit[0].answers
+
+
+def test_simulate_ask_cli_process_serves_engine_ask(kg, questions, tmp_path):
+    import re
+    import subprocess
+    import sys
+    import time
+
+    from _llm_server import ROOT
+
+    qfile = write_questions(tmp_path / "q.jsonl", questions[:4])
+    cmd = [sys.executable, "-m", "llm_bridge.simulate_ask", "--artifact", str(kg[0]), "--questions", str(qfile),
+           "--port", "0", "--synonym-rate", "0"]
+    import os
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline, line = time.monotonic() + 60, ""
+        while time.monotonic() < deadline and not line and proc.poll() is None:
+            line = proc.stdout.readline()
+        m = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)
+        assert m is not None, (line, proc.stderr.read() if proc.poll() is not None else "")
+        from engine.ask import parse_args, run
+        from llm_bridge.client import LLMClient
+        from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
+
+        cfg = parse_args(["--artifact", str(kg[0]), "--encoder", "hashing", "--encoder-kwargs", json.dumps(ENC),
+                          "--questions", str(qfile), "--json", "--llm", "--llm-base-url", m.group(1),
+                          "--llm-model", "sim", "--no-llm-cache"])
+        buf, ebuf = io.StringIO(), io.StringIO()
+        with LLMClient(cfg.llm) as client:
+            run(cfg, buf, ebuf, planner=LLMPlanner(client), reasoner=LLMReasoner(client))
+        rows = [json.loads(l) for l in buf.getvalue().splitlines()]
+        assert [r["paths"][0]["relations"] for r in rows] == [list(p) for _, p, _ in questions[:4]]
+        assert json.loads(ebuf.getvalue().split("ask: ", 1)[1])["hits@1"] == 1.0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--questions", "q.jsonl"], "--artifact"),
+    (["--artifact", "{art}", "--questions", "{q}", "--plan-error", "2"], "--plan-error must be in [0, 1]"),
+    (["--artifact", "{art}", "--questions", "{missing}"], "missing.jsonl"),
+])
+def test_simulate_ask_cli_bad_input(kg, questions, tmp_path, capsys, argv, message):
+    from llm_bridge.simulate_ask import main
+
+    q = write_questions(tmp_path / "q.jsonl", questions[:2])
+    argv = [a.format(art=kg[0], q=q, missing=tmp_path / "missing.jsonl") for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err and "Traceback" not in err
