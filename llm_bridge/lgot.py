@@ -146,7 +146,10 @@ class LGOTSettings:
     ask the answer-check prompt (LGOT §3.3.1) about the top K entities of every
     projection row after the merge; ``check_penalty`` in [0, 1]: the factor a
     rejected entity's value is multiplied by (rejected: ``p_yes < 0.5`` over
-    the valid yes/no votes, at least one; see the module doc).
+    the valid yes/no votes, at least one; see the module doc); ``input_ratio``
+    in [0, 1]: an entity feeds the next prompt only when its value is at least
+    ``input_ratio`` times the row's best value (the likelihood-ratio filter of
+    the answers, applied to the inputs; 0 = the plain top ``inputs``).
     """
 
     mode: str = "lgot"
@@ -160,6 +163,7 @@ class LGOTSettings:
     link_threshold: float = DEFAULT_THRESHOLD
     answer_check: int = 0
     check_penalty: float = 0.5
+    input_ratio: float = 0.3
 
     def __post_init__(self) -> None:
         def check(ok: bool, what: str) -> None:
@@ -172,7 +176,7 @@ class LGOTSettings:
               f"confidence must be one of {', '.join(CONFIDENCE_MODES)}, got {self.confidence!r}")
         check(self.relation_questions in RELATION_QUESTION_MODES,
               f"relation_questions must be one of {', '.join(RELATION_QUESTION_MODES)}, got {self.relation_questions!r}")
-        for name in ("theta", "alpha", "check_penalty"):
+        for name in ("theta", "alpha", "check_penalty", "input_ratio"):
             v = getattr(self, name)
             check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0.0 <= v <= 1.0,
                   f"{name} must be in [0, 1], got {v!r}")
@@ -414,12 +418,24 @@ class LGOTHook:
 
     # ---------------------------------------------------------------------------- projection
     def _inputs(self, ctx: NodeContext) -> list[list[int]]:
-        """Per row, the top entities of the input node's value (value > 0), best first, ties by id."""
+        """Per row, the top entities of the input node's value, best first, ties by id: value > 0 and
+        ``value >= input_ratio * best`` (ratios within 1e-9 of ``input_ratio`` kept).
+
+        Why the ratio: the calibrated matrices give a long tail of near-zero predictions (the
+        same popular entities for many rows); padding the prompt with them makes the LLM answer
+        about them as confidently as about the real inputs, and those answers are merged at
+        full weight (benchmarks/results/lgot/metaqa.md, "Diagnosis").
+        """
         x = ctx.inputs[0].values
         k = min(self.settings.inputs, x.shape[1])
         vals, ids = torch.sort(x, dim=1, descending=True, stable=True)
         vals, ids = vals[:, :k].cpu().numpy(), ids[:, :k].cpu().numpy()
-        return [[int(i) for v, i in zip(vr, ir) if v > 0] for vr, ir in zip(vals, ids)]
+        ratio = self.settings.input_ratio
+        out = []
+        for vr, ir in zip(vals, ids):
+            best = float(vr[0]) if len(vr) else 0.0
+            out.append([int(i) for v, i in zip(vr, ir) if v > 0 and float(v) >= (ratio - _TOL) * best])
+        return out
 
     def _ask(self, ctx: NodeContext) -> tuple[list[list[int]], list[str | None], list[Any],
                                               list[tuple[str, list[str]] | None], list[str | None]]:

@@ -80,6 +80,7 @@ class MetaQAArgs:
     theta: float = 0.3
     alpha: float = 0.1
     merge: str = "max"
+    input_ratio: float = 0.3
     samples: int = 6
     batch_size: int = 64
     cache: Path = Path("artifacts/metaqa-lgot-cache.sqlite")
@@ -126,6 +127,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--theta", type=_unit, default=0.3, help="LGOT likelihood-ratio threshold (default 0.3)")
     p.add_argument("--alpha", type=_unit, default=0.1, help="LGOT merge weight (default 0.1)")
     p.add_argument("--merge", choices=("max", "add"), default="max", help="LGOT merge rule (default max)")
+    p.add_argument("--input-ratio", type=_unit, default=0.3,
+                   help="LGOT: an entity feeds the next prompt only at >= this times the row's best value "
+                        "(default 0.3; 0 = the plain top 10)")
     p.add_argument("--samples", type=int, default=6, help="LLM samples per prompt, n (default 6)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--cache", type=Path, default=Path("artifacts/metaqa-lgot-cache.sqlite"),
@@ -153,7 +157,7 @@ def parse_args(argv: Sequence[str] | None = None) -> MetaQAArgs:
         raise UserError(f"--artifact {a.artifact}: not an artifact folder (no meta.json)")
     return MetaQAArgs(artifact=a.artifact, metaqa=a.metaqa, out=a.out, per_hop=a.per_hop,
                       hops=tuple(sorted(set(a.hops))), seed=a.seed, quality=tuple(a.quality), noise=a.noise,
-                      messy=not a.no_messy, theta=a.theta, alpha=a.alpha, merge=a.merge, samples=a.samples,
+                      messy=not a.no_messy, theta=a.theta, alpha=a.alpha, merge=a.merge, input_ratio=a.input_ratio, samples=a.samples,
                       batch_size=a.batch_size, cache=a.cache, name=a.name, quiet=a.quiet, overwrite=a.overwrite)
 
 
@@ -316,7 +320,7 @@ def run(args: MetaQAArgs, on_quality=None) -> dict[str, Any]:
                       "counts": {HOP_NAMES[h]: int((hops == h).sum()) for h in args.hops},
                       "gold_mean": {HOP_NAMES[h]: float(np.mean([len(g) for g, x in zip(gold, hops) if x == h]))
                                     for h in args.hops}},
-        "settings": {"theta": args.theta, "alpha": args.alpha, "merge": args.merge, "samples": args.samples,
+        "settings": {"theta": args.theta, "alpha": args.alpha, "merge": args.merge, "input_ratio": args.input_ratio, "samples": args.samples,
                      "noise": args.noise, "messy": args.messy, "relation_questions": "fallback"},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "torch_threads": torch.get_num_threads()},
@@ -335,7 +339,7 @@ def run(args: MetaQAArgs, on_quality=None) -> dict[str, Any]:
         try:
             for method in ("llm-only", "lgot"):
                 settings = LGOTSettings(mode=method, theta=args.theta, alpha=args.alpha, merge=args.merge,
-                                        relation_questions="fallback")
+                                        input_ratio=args.input_ratio, relation_questions="fallback")
                 config = LLMConfig(base_url=srv.base_url, model=_model_name(args, r, h, method), n=args.samples,
                                    cache_path=args.cache, timeout_s=30, backoff_s=0.05)
                 with LLMClient(config) as client:
@@ -386,7 +390,8 @@ def markdown(record: dict, command: str) -> str:
          + f" (seeded sample of the test split, seed {record['questions']['seed']}).  Simulated LLM: answers from the "
          f"full KB, {record['settings']['samples']} samples per prompt, noise {record['settings']['noise']}, "
          f"{'messy surface forms' if record['settings']['messy'] else 'exact names'}.  LGOT: theta "
-         f"{record['settings']['theta']}, alpha {record['settings']['alpha']}, merge {record['settings']['merge']}.", "",
+         f"{record['settings']['theta']}, alpha {record['settings']['alpha']}, merge {record['settings']['merge']}, "
+         f"input ratio {record['settings'].get('input_ratio', 0.0)}.", "",
          "## Hits@1 / Hits@3 / Hits@10 (%)", "",
          "| method | recall/halluc. | " + " | ".join(f"{h} H@1 | {h} H@3 | {h} H@10" for h in hn) + " |",
          "|---|---|" + "---|" * (3 * len(hn))]

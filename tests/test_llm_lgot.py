@@ -204,12 +204,73 @@ def test_llm_only_replaces_values():
 
 
 def test_next_prompt_uses_the_merged_top_entities():
-    settings = LGOTSettings(relation_questions="fallback", inputs=3)
+    settings = LGOTSettings(relation_questions="fallback", inputs=3, input_ratio=0.0)
     (res,), client, _ = run(["(p s (p r A))"], settings)
     # the r node after merging: B 1.0, C 0.6, D 0.05, F 0.025 -> the top 3 feed the s question
     assert res.trace.node((0,)).notes["llm"]["inputs"] == ["A"]
     assert res.trace.root.notes["llm"]["inputs"] == ["B", "C", "D"]
     assert len(client.batches) == 2  # one call per projection node
+
+
+@pytest.mark.parametrize("ratio, expected", [(0.0, ["B", "C", "D"]), (0.3, ["B", "C"]), (0.6, ["B", "C"]),
+                                             (0.6 + 1e-6, ["B"]), (1.0, ["B"])])
+def test_input_ratio_drops_inputs_far_below_the_best(ratio, expected):
+    # the r node: B 1.0, C 0.6 (float32), D 0.05, F 0.025; C at exactly 0.6 of the best is kept at ratio 0.6
+    settings = LGOTSettings(relation_questions="fallback", inputs=3, input_ratio=ratio)
+    (res,), _, _ = run(["(p s (p r A))"], settings)
+    assert res.trace.root.notes["llm"]["inputs"] == expected
+
+
+def test_input_ratio_default_and_validation():
+    assert LGOTSettings().input_ratio == 0.3
+    for bad in (-0.1, 1.5, float("nan"), True):
+        with pytest.raises(UserError, match="input_ratio"):
+            LGOTSettings(input_ratio=bad)
+
+
+# Regression (benchmarks/results/lgot/metaqa.md, "Diagnosis"): the calibrated matrices give near-zero
+# predictions (J at 0.02) next to the LLM's answer B (0.25 after the merge).  Padding the next prompt with J
+# made the LLM answer about J (W, every sample) as confidently as about B (G), and W outranked the gold G.
+PAD_ENTS = ["A", "B", "J", "G", "W"]
+PAD_RELS = ["r", "r^-1", "s", "s^-1"]
+
+
+def _padded_artifact() -> Artifact:
+    n = len(PAD_ENTS)
+    # r: A -> J 0.02 (a weak predicted edge; the true A -> B was dropped); s: no edge
+    m = sp.csr_matrix((np.array([0.02, 0.02], np.float32), ([0 * n + 0, 1 * n + 2], [2, 0])), shape=(4 * n, n))
+    m.sort_indices()
+    return Artifact(entities=PAD_ENTS, relations=PAD_RELS, matrices=m, observed=np.zeros((0, 3), np.int64),
+                    missing=np.array([[0, 0, 1]], np.int64))
+
+
+class _KnowsFacts(ScriptedClient):
+    """An LLM that knows r(A) = B (half the samples) and s(B) = G, s(J) = W, answering about every input."""
+
+    FACTS = {("r", "A"): [["B"], ["B"], [], []], ("s", "B"): [["G"], ["G"], [], ["G"]], ("s", "J"): [["W"]] * 4}
+
+    def complete_many_sync(self, batch, **kw):
+        out = []
+        for msgs in batch:
+            req = prompts.parse_projection_request(msgs)
+            rel = RelationQuestions(relations=PAD_RELS).lookup(req.question)
+            texts = [json.dumps(sorted({a for e in req.entities for a in self.FACTS.get((rel, e), [[]] * 4)[k]}))
+                     for k in range(4)]
+            out.append(Completion(texts=tuple(texts), logprobs=(None,) * 4, finish_reasons=("stop",) * 4,
+                                  prompt_tokens=10, completion_tokens=5, model="scripted", n_requested=4))
+        return out
+
+
+@pytest.mark.parametrize("ratio, top, inputs", [(0.0, "W", ["B", "J"]), (0.3, "G", ["B"])])
+def test_padding_the_prompt_with_near_zero_kg_predictions_lets_their_answers_win(ratio, top, inputs):
+    art = _padded_artifact()
+    hook = LGOTHook(client=_KnowsFacts({}), artifact=art,
+                    settings=LGOTSettings(relation_questions="fallback", alpha=0.5, merge="add", input_ratio=ratio))
+    (res,) = Executor(art, hooks=[hook], backend="reference").answer([parse("(p s (p r A))")], k=5, explain=True)
+    assert res.trace.root.notes["llm"]["inputs"] == inputs
+    assert res.answers[0].entity == top
+    if ratio:
+        assert [a.entity for a in res.answers] == ["G"]  # W (the answer about J) never asked for
 
 
 def test_failed_row_falls_back_to_kg_only_with_a_warning():

@@ -93,3 +93,6 @@ def test_experiment_end_to_end_on_a_tiny_metaqa(tmp_path, capsys):
     assert "exists (pass --overwrite" in capsys.readouterr().err
     assert main(argv[:-1] + ["--quality", "0.5/1"]) == 2
     assert main(argv + ["--noise", "inf", "--overwrite"]) == 2
+    assert main(argv + ["--input-ratio", "1.5", "--overwrite"]) == 2
+    assert "--input-ratio" in capsys.readouterr().err
+    assert rec["settings"]["input_ratio"] == 0.3 and "input ratio 0.3" in md
