@@ -488,3 +488,19 @@ def test_simulate_ask_cli_bad_input(kg, questions, tmp_path, capsys, argv, messa
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and message in err and "Traceback" not in err
+
+
+def test_sequence_embeddings_are_cached_on_disk(kg, questions):
+    from engine.exec.ask import Asker
+    from engine.paths import PathRetriever
+
+    _, eng, ret = kg
+    texts = [question_text(q) for q, _, _ in questions[:3]]
+    topics = [eng.ask(q, retriever=ret).topic_id for q, _, _ in questions[:3]]
+    first = Asker(eng, ret).embedding_retrieve(topics, texts)
+    fresh = PathRetriever.from_artifact(eng.artifact, encoder="hashing", encoder_kwargs=ENC)
+    asker = Asker(eng, fresh)
+    assert asker._sequence_cache_path().is_file()
+    again = asker.embedding_retrieve(topics, texts)
+    assert fresh.encoder.misses == len(set(texts))  # only the questions were encoded
+    assert [[(round(c, 9), x) for c, x in f] for f in first] == [[(round(c, 9), x) for c, x in f] for f in again]

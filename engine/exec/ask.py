@@ -42,7 +42,10 @@ Planners and reasoners are injected (the engine never imports the LLM bridge):
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, field, replace
@@ -352,6 +355,7 @@ class Asker:
         self._index = {n: i for i, n in enumerate(names)}
         self._folded: dict[str, int] | None = None
         self._outrel: tuple[np.ndarray, np.ndarray] | None = None
+        self._seq_emb: dict[str, np.ndarray] | None = None
         self._seq_cache: dict[tuple[int, int], tuple[list[tuple[int, ...]], bool]] = {}
         rel = retriever.relation_emb
         self._rel_unit = rel / np.maximum(np.linalg.norm(rel, axis=1, keepdims=True), 1e-12)
@@ -630,6 +634,37 @@ class Asker:
             level = nxt
         return seqs, False
 
+    def _sequence_cache_path(self):
+        from kgreason.files import user_cache_dir
+
+        key = json.dumps([self.retriever.encoder.name, list(self.retriever.graph.relation_names)])
+        return user_cache_dir() / "ask_sequences" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
+
+    def _sequence_embeddings(self, texts: Sequence[str]) -> None:
+        """Make ``self._seq_emb`` hold every text's embedding: from memory, the disk cache
+        (``$KGREASON_HOME/ask_sequences/<encoder and relations key>.npz``), else one encoder call."""
+        if self._seq_emb is None:
+            self._seq_emb = {}
+            path = self._sequence_cache_path()
+            try:
+                with np.load(path, allow_pickle=False) as z:
+                    self._seq_emb.update(zip(z["texts"].tolist(), z["emb"]))
+            except (OSError, ValueError, KeyError):
+                pass  # no cache yet, or an unreadable one: recomputed
+        todo = [t for t in dict.fromkeys(texts) if t not in self._seq_emb]
+        if not todo:
+            return
+        self._seq_emb.update(zip(todo, np.asarray(self.retriever.encoder.encode(todo), dtype=np.float32)))
+        path = self._sequence_cache_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+            names = list(self._seq_emb)
+            np.savez(tmp, texts=np.array(names), emb=np.stack([self._seq_emb[t] for t in names]))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a cache folder that cannot be written only costs the recomputation
+
     def embedding_retrieve(self, topics: Sequence[int], texts: Sequence[str], *, r_progress: bool = False,
                            results: Sequence[AskResult] | None = None) -> list[list[tuple[float, tuple[int, ...]]]]:
         """Embedding-only retrieval: per topic the ``k`` cheapest reachable relation sequences, cost
@@ -648,15 +683,15 @@ class Asker:
                 results[i].warn("retrieve", f"relation sequences capped at {len(seqs)}")
             enumerated.append(seqs)
         enc = self.retriever.encoder
-        # One encoder call for every sequence text not seen before (cached across questions and calls).
-        enc.encode(list(dict.fromkeys(self.retriever.sequence_text(x) for seqs in enumerated for x in seqs)))
+        # One encoder call for every sequence text not seen before; kept across calls and on disk.
+        self._sequence_embeddings([self.retriever.sequence_text(x) for seqs in enumerated for x in seqs])
         q = np.asarray(enc.encode(list(texts)), dtype=np.float64)
         out = []
         for i, seqs in enumerate(enumerated):
             if not seqs:
                 out.append([])
                 continue
-            E = np.asarray(enc.encode([self.retriever.sequence_text(x) for x in seqs]), dtype=np.float64)
+            E = np.stack([self._seq_emb[self.retriever.sequence_text(x)] for x in seqs]).astype(np.float64)
             cost = np.round(np.clip(1.0 - E @ q[i], 0.0, 2.0), 12) + s.length_penalty * np.array(
                 [len(x) - 1 for x in seqs], dtype=np.float64)
             order = sorted(range(len(seqs)), key=lambda j: (cost[j], len(seqs[j]), seqs[j]))[: s.k]
