@@ -46,6 +46,7 @@ from .calibrate import DEFAULT_DELTA, DEFAULT_THRESHOLD, calibrate, estimate_nnz
 from kgreason.cli import ArgumentParser, check_device, check_seed
 from kgreason.errors import UserError, cli_main
 from kgreason.files import OutputFolder, open_output
+from kgreason.resources import available_memory_bytes
 from .graph import LOADERS, drop_edges, load_kg
 from .lazy import DEFAULT_ROW_CACHE_GB, MATRIX_MODES, LazyMatrices, check_row_cache_gb
 from .train import TRAINING_LOOPS, TrainResult, check_loss, check_optimizer, check_trainable, default_train_config, size_class, train_complex
@@ -375,18 +376,6 @@ def _reuse_embeddings(source: str, kg, train_cfg) -> TrainResult:
         metrics["embeddings_from"] = str(npz)
     return TrainResult(entity=ent, relation=rel, config=train_cfg, losses=losses, metrics=metrics, seconds=0.0,
                        device=resolve_device(train_cfg.device))
-
-
-def available_memory_bytes() -> int | None:
-    """MemAvailable of ``/proc/meminfo`` in bytes (None where there is no such file, e.g. not Linux)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def estimate_build_memory(*, num_entities: int, num_relations: int, num_triples: int, rank: int, batch_size: int,

@@ -100,6 +100,7 @@ import numpy as np
 from kgreason.cli import ArgumentParser, check_seed
 from kgreason.errors import UserError, cli_main
 from kgreason.files import check_output_file, open_output, write_output
+from kgreason.resources import available_memory_bytes as _mem_available
 
 __all__ = [
     "KINDS",
@@ -238,18 +239,6 @@ def estimate_tsv_bytes(config: SyntheticConfig) -> int:
     ``_r0017_``), with tabs and the newline (56 bytes a line at 100k entities, measured: 57 estimated)."""
     digits = len(str(int(config.num_entities)))
     return int(config.num_edges) * (2 * (9 + digits) + 27)
-
-
-def _mem_available() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (None where there is no such file, e.g. not Linux)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _gib(b: float) -> str:
