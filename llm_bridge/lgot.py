@@ -14,7 +14,9 @@ At a projection node ``(p r q)``, for each of the B rows (all rows in one
 ``complete_many`` call; identical prompts are sent once):
 
 1. inputs: the top ``min(inputs, 10)`` entities of the input node ``q``'s value
-   (after its own merge: LGOT feeds the merged answers forward), value > 0;
+   (after its own merge: LGOT feeds the merged answers forward), value > 0 and
+   value >= ``input_ratio`` x the row's best value (near-zero KG predictions
+   padding the prompt drew confident LLM answers about the wrong entities);
 2. prompt: ``r``'s question template (:mod:`llm_bridge.relations`) about the
    inputs (:func:`~llm_bridge.prompts.projection_messages`).  A row whose
    input is empty (the KG lost the edges and no LLM answer linked) is still
