@@ -49,6 +49,7 @@ class AskConfig:
     explain: bool = True
     encoder: str = "minilm"
     encoder_kwargs: dict[str, Any] = field(default_factory=dict)
+    path_text: str = "questions"  # embedding-only retrieval's path text: "questions" (verbalized) or "names"
     json: bool = False
     show_context: bool = False
     llm: Any = None  # llm_bridge.config.LLMConfig with --llm, else None (embedding-only)
@@ -81,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="print why each answer holds (default on)")
     p.add_argument("--encoder", default="minilm", help="relation/question encoder (minilm, hashing, sentence-transformers)")
     p.add_argument("--encoder-kwargs", default="{}", metavar="JSON", help="encoder keyword arguments as a JSON object")
+    p.add_argument("--path-text", choices=("questions", "names"), default="questions",
+                   help="embedding-only retrieval reads a relation path as its relations' questions "
+                        "(default; llm_bridge.prompts.fallback_template, no LLM) or as its relation names")
     p.add_argument("--json", action="store_true", help="print one JSON object per question (JSON lines)")
     p.add_argument("--show-context", action="store_true", help="print the KG context the reasoner sees")
     from llm_bridge.config import add_llm_arguments
@@ -124,7 +128,7 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
                      max_hops=ns.max_hops, answers=ns.answers, candidate_relations=ns.candidate_relations,
                      replan=ns.replan, context=ns.context, max_context_tokens=ns.max_context_tokens,
                      exclude_topic=ns.exclude_topic, explain=ns.explain, encoder=ns.encoder, encoder_kwargs=kwargs,
-                     json=ns.json, show_context=ns.show_context, llm=llm, reasoner=ns.reasoner)
+                     path_text=ns.path_text, json=ns.json, show_context=ns.show_context, llm=llm, reasoner=ns.reasoner)
 
 
 def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:
@@ -217,8 +221,11 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
                            explain=cfg.explain)
     items = [("question", cfg.question, None)] if cfg.question is not None else read_questions(cfg.questions)
     engine = Engine.load(cfg.artifact)
+    verbalizer = None
+    if cfg.path_text == "questions":
+        from llm_bridge.prompts import fallback_template as verbalizer
     asker = Asker(engine, engine.retriever(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_kwargs or None),
-                  settings=settings)
+                  settings=settings, verbalizer=verbalizer)
     linker = _linker(engine.artifact)
     t0 = time.perf_counter()
     results = asker.ask([q for _, q, _ in items], planner=planner, reasoner=reasoner, linker=linker,

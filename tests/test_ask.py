@@ -504,3 +504,48 @@ def test_sequence_embeddings_are_cached_on_disk(kg, questions):
     again = asker.embedding_retrieve(topics, texts)
     assert fresh.encoder.misses == len(set(texts))  # only the questions were encoded
     assert [[(round(c, 9), x) for c, x in f] for f in first] == [[(round(c, 9), x) for c, x in f] for f in again]
+
+
+def _follows_engine(tmp_path):
+    """A 6-person KG with one relation, ``follows``, and its inverse: every person has both directions."""
+    import scipy.sparse as sp
+
+    from kge.artifact import Artifact
+
+    people = [f"p{i}" for i in range(6)]
+    relations = ["follows", "follows^-1"]
+    fwd = np.array([[i, 0, (i + 1) % 6] for i in range(6)] + [[i, 0, (i + 3) % 6] for i in range(3)])
+    observed = np.concatenate([fwd, fwd[:, [2, 1, 0]] + [0, 1, 0]])
+    n = len(people)
+    m = sp.csr_matrix((np.ones(len(observed), np.float32), (observed[:, 1] * n + observed[:, 0], observed[:, 2])),
+                      shape=(len(relations) * n, n))
+    Artifact(entities=people, relations=relations, matrices=m, observed=observed,
+             missing=np.zeros((0, 3), np.int64), meta={"source": "generated:test_ask"}).save(tmp_path / "follows")
+    return Engine.load(tmp_path / "follows")
+
+
+def test_verbalized_paths_pick_the_inverse_relation_asked_in_words(tmp_path):
+    """"Who follows [p1]?" asks ``follows^-1``.  Read as names, ``follows`` is nearer to the question than
+    ``inverse of follows`` and wins (wrong answers); read as relation questions (the fallback templates,
+    "Who or what follows {entity}?" for the inverse) the inverse wins and the answers are p1's followers."""
+    from llm_bridge.prompts import fallback_template
+
+    eng = _follows_engine(tmp_path)
+    ret = eng.retriever(encoder="hashing", encoder_kwargs=ENC)
+    question = "Who or what follows [p1]?"
+    old = eng.ask(question, retriever=ret, max_hops=2, explain=False)
+    new = eng.ask(question, retriever=ret, max_hops=2, explain=False, verbalizer=fallback_template)
+    assert old.paths[0].names == ("follows",)
+    assert new.paths[0].names == ("follows^-1",)
+    followers = {"p0"}  # p0 -> p1 is the only edge into p1
+    assert {a.entity for a in new.answers} == followers
+    assert not {a.entity for a in old.answers} & followers
+
+    from engine.exec.ask import Asker
+
+    asker = Asker(eng, ret, settings=AskSettings(max_hops=2), verbalizer=fallback_template)
+    rel = {n: i for i, n in enumerate(eng.artifact.relations)}
+    assert asker.path_text((rel["follows^-1"], rel["follows"])) == \
+        "Who or what follows ? Who or what does them follow?"
+    with pytest.raises(UserError, match="no \\{entity\\} slot"):
+        Asker(eng, ret, verbalizer=lambda name: name).path_text((0,))

@@ -344,13 +344,20 @@ class Asker:
     Args:
         engine: an :class:`engine.exec.api.Engine` (its artifact and executor).
         retriever: the :class:`~engine.paths.PathRetriever` over the same KG.
+        verbalizer: ``relation name -> question template`` holding one ``{entity}`` slot (an inverse
+            name ``X^-1`` asks X's inverse question), e.g. ``llm_bridge.prompts.fallback_template``;
+            embedding-only retrieval then compares the question with each path read as questions
+            (:meth:`path_text`) instead of its comma-joined relation names.  ``None``: the names.
         settings: :class:`AskSettings`.
     """
 
-    def __init__(self, engine: Any, retriever: PathRetriever, *, settings: AskSettings | None = None) -> None:
+    def __init__(self, engine: Any, retriever: PathRetriever, *, settings: AskSettings | None = None,
+                 verbalizer: Callable[[str], str] | None = None) -> None:
         self.engine = engine
         self.retriever = retriever
         self.settings = settings or AskSettings()
+        self.verbalizer = verbalizer
+        self._path_text: dict[tuple[int, ...], str] = {}
         names = engine.artifact.entities
         self._index = {n: i for i, n in enumerate(names)}
         self._folded: dict[str, int] | None = None
@@ -665,11 +672,38 @@ class Asker:
         except OSError:
             pass  # a cache folder that cannot be written only costs the recomputation
 
+    def path_text(self, relations: Sequence[int]) -> str:
+        """The text embedding-only retrieval compares with the question (topic mention removed).
+
+        With a verbalizer: each hop's question template, the first with its entity slot empty (the
+        question's topic is removed too) and the next ones about ``them`` (the previous hop's answers):
+        ``directed_by^-1, written_by`` -> "Who or what is directed by ? Who or what is them written by?".
+        Without one: the retriever's relation-name text (``inverse of directed by, written by``).
+        """
+        key = tuple(int(x) for x in relations)
+        t = self._path_text.get(key)
+        if t is None:
+            if self.verbalizer is None:
+                t = self.retriever.sequence_text(key)
+            else:
+                names = self.retriever.graph.relation_names
+                parts = []
+                for i, x in enumerate(key):
+                    template = str(self.verbalizer(names[x]))
+                    if "{entity}" not in template:
+                        raise UserError(f"ask: the verbalizer's text for relation {names[x]!r} has no "
+                                        f"{{entity}} slot: {template!r}")
+                    parts.append(template.replace("{entity}", "them" if i else ""))
+                t = " ".join(" ".join(parts).split())
+            self._path_text[key] = t
+        return t
+
     def embedding_retrieve(self, topics: Sequence[int], texts: Sequence[str], *, r_progress: bool = False,
                            results: Sequence[AskResult] | None = None) -> list[list[tuple[float, tuple[int, ...]]]]:
         """Embedding-only retrieval: per topic the ``k`` cheapest reachable relation sequences, cost
-        ``1 − cos(embed(sequence text), embed(question text)) + length_penalty · (hops − 1)``
-        (KARPA-H with the question as the plan, plus a per-hop cost); ties by length, then ids."""
+        ``1 − cos(embed(path text), embed(question text)) + length_penalty · (hops − 1)``
+        (KARPA-H with the question as the plan, plus a per-hop cost; :meth:`path_text`); ties by
+        length, then ids."""
         s = self.settings
         enumerated = []
         iterator: Any = range(len(topics))
@@ -684,14 +718,14 @@ class Asker:
             enumerated.append(seqs)
         enc = self.retriever.encoder
         # One encoder call for every sequence text not seen before; kept across calls and on disk.
-        self._sequence_embeddings([self.retriever.sequence_text(x) for seqs in enumerated for x in seqs])
+        self._sequence_embeddings([self.path_text(x) for seqs in enumerated for x in seqs])
         q = np.asarray(enc.encode(list(texts)), dtype=np.float64)
         out = []
         for i, seqs in enumerate(enumerated):
             if not seqs:
                 out.append([])
                 continue
-            E = np.stack([self._seq_emb[self.retriever.sequence_text(x)] for x in seqs]).astype(np.float64)
+            E = np.stack([self._seq_emb[self.path_text(x)] for x in seqs]).astype(np.float64)
             cost = np.round(np.clip(1.0 - E @ q[i], 0.0, 2.0), 12) + s.length_penalty * np.array(
                 [len(x) - 1 for x in seqs], dtype=np.float64)
             order = sorted(range(len(seqs)), key=lambda j: (cost[j], len(seqs[j]), seqs[j]))[: s.k]

@@ -43,7 +43,11 @@ def run(args) -> dict:
 
     eng = Engine.load(args.artifact)
     ret = eng.retriever(encoder="minilm")
-    asker = Asker(eng, ret, settings=AskSettings(explain=False))
+    from llm_bridge.prompts import fallback_template
+
+    asker = Asker(eng, ret, settings=AskSettings(explain=False, **(
+                      {} if args.length_penalty is None else {"length_penalty": args.length_penalty})),
+                  verbalizer=None if args.path_text == "names" else fallback_template)
     out = {"artifact": str(args.artifact), "label": args.label, "per_hop": args.per_hop, "runs": []}
     for hops in args.hops:
         qs = load_metaqa_questions(args.data, hops=hops, limit=args.per_hop, seed=0)
@@ -129,6 +133,9 @@ def main() -> int:
     p.add_argument("--hops", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--errors", type=float, nargs="+", default=[0.0, 0.2, 0.5])
     p.add_argument("--out")
+    p.add_argument("--path-text", choices=("questions", "names"), default="questions",
+                   help="embedding-only retrieval's path text: relation questions (default) or relation names")
+    p.add_argument("--length-penalty", type=float, default=None, help="AskSettings.length_penalty (default: its default)")
     p.add_argument("--report", nargs="+")
     p.add_argument("--build-kg-only", metavar="DIR", help="write a KG-only artifact of MetaQA's kb.txt (observed "
                    "edges, weight 1, no training: the 'full KG' runs) to DIR and stop")
