@@ -74,8 +74,9 @@ client's retries, or with the budget spent) keeps its KG value (both modes),
 its LLM set is undefined, and the trace gets a ``"warning"`` note.
 
 **Trace** (``ctx.note``), per projection row, key ``"llm"``: ``question``,
-``inputs``, ``nested`` (empty input: the ``previous`` sub-question asked about
-and its input ``names``), ``answers`` (parsed, with ``p`` and ``count``), ``kept``
+``inputs``, ``inputs_below_ratio`` (when > 0: how many top entities
+``input_ratio`` left out), ``nested`` (empty input: the ``previous`` sub-question
+asked about and its input ``names``), ``answers`` (parsed, with ``p`` and ``count``), ``kept``
 (passed the filter), ``linked`` / ``unlinked`` (what each kept string became;
 an unlinked one with its closest KG names and scores, also listed in the
 summary: an answer that does not link never vanishes silently), ``merged`` (entity, ``p``, merged-in score, value after
@@ -419,37 +420,40 @@ class LGOTHook:
         return got
 
     # ---------------------------------------------------------------------------- projection
-    def _inputs(self, ctx: NodeContext) -> list[list[int]]:
+    def _inputs(self, ctx: NodeContext) -> tuple[list[list[int]], list[int]]:
         """Per row, the top entities of the input node's value, best first, ties by id: value > 0 and
         ``value >= input_ratio * best`` (ratios within 1e-9 of ``input_ratio`` kept).
 
         Why the ratio: the calibrated matrices give a long tail of near-zero predictions (the
         same popular entities for many rows); padding the prompt with them makes the LLM answer
         about them as confidently as about the real inputs, and those answers are merged at
-        full weight (benchmarks/results/lgot/metaqa.md, "Diagnosis").
+        full weight (benchmarks/results/lgot/metaqa.md, "Diagnosis").  Also returns, per row, how
+        many of the top ``inputs`` entities with value > 0 the ratio left out (the trace shows it).
         """
         x = ctx.inputs[0].values
         k = min(self.settings.inputs, x.shape[1])
         vals, ids = torch.sort(x, dim=1, descending=True, stable=True)
         vals, ids = vals[:, :k].cpu().numpy(), ids[:, :k].cpu().numpy()
         ratio = self.settings.input_ratio
-        out = []
+        out, dropped = [], []
         for vr, ir in zip(vals, ids):
             best = float(vr[0]) if len(vr) else 0.0
             out.append([int(i) for v, i in zip(vr, ir) if v > 0 and float(v) >= (ratio - _TOL) * best])
-        return out
+            dropped.append(int(np.count_nonzero(vr > 0)) - len(out[-1]))
+        return out, dropped
 
     def _ask(self, ctx: NodeContext) -> tuple[list[list[int]], list[str | None], list[Any],
-                                              list[tuple[str, list[str]] | None], list[str | None]]:
+                                              list[tuple[str, list[str]] | None], list[str | None], list[int]]:
         """Build every row's prompt and send the distinct ones in one ``complete_many`` call.
 
         Returns per row: the input entity ids, the filled sub-question (None: nothing
         asked), the LLM result, ``(template, names)`` the question was asked with, and for
-        a row whose input is empty the previous sub-question it nests (else None).
+        a row whose input is empty the previous sub-question it nests (else None), and the
+        number of top entities ``input_ratio`` left out of the prompt.
         """
         s = self.settings
         names = self.artifact.entities
-        inputs = self._inputs(ctx)
+        inputs, below_ratio = self._inputs(ctx)
         rels = [ctx.relation_name(r) for r in range(ctx.rows)]
         previous = self._child_asked(ctx, 0)
         # An empty input is asked about the previous sub-question (LGOT's chained prompts): the KG
@@ -503,7 +507,7 @@ class LGOTHook:
         self.stats.unique_prompts += len(batch)
         per_row = [None if p is None else results[distinct[json.dumps(p, sort_keys=True, ensure_ascii=False)]]
                    for p in prompts]
-        return inputs, questions, per_row, asked, nested_from
+        return inputs, questions, per_row, asked, nested_from, below_ratio
 
     def _confidence(self, res: Any) -> tuple[list[Confidence], int, list[str]]:
         """(answers with p(e), refusals, the rule each reply was read by)."""
@@ -524,7 +528,7 @@ class LGOTHook:
         s = self.settings
         names = self.artifact.entities
         negated = ctx.op == "np"
-        inputs, questions, results, asked, nested_from = self._ask(ctx)
+        inputs, questions, results, asked, nested_from, below_ratio = self._ask(ctx)
         kg_rows = value.values.detach().cpu().numpy()
         sets: list[LLMSet | None] = []
         updates: list[tuple[int, dict[int, float], dict[int, dict[str, Any]]]] = []
@@ -540,6 +544,8 @@ class LGOTHook:
                     updates.append((row, {}, {}))  # nothing in, nothing out
                 continue
             info: dict[str, Any] = {"question": questions[row], "inputs": [names[i] for i in inputs[row]]}
+            if below_ratio[row]:
+                info["inputs_below_ratio"] = below_ratio[row]
             if nested_from[row] is not None:
                 self.stats.nested += 1
                 info["nested"] = {"previous": nested_from[row], "names": asked[row][1],  # type: ignore[index]

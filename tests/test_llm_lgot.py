@@ -219,6 +219,7 @@ def test_input_ratio_drops_inputs_far_below_the_best(ratio, expected):
     settings = LGOTSettings(relation_questions="fallback", inputs=3, input_ratio=ratio)
     (res,), _, _ = run(["(p s (p r A))"], settings)
     assert res.trace.root.notes["llm"]["inputs"] == expected
+    assert res.trace.root.notes["llm"].get("inputs_below_ratio", 0) == 3 - len(expected)  # of the top 3: B, C, D
 
 
 def test_input_ratio_default_and_validation():
