@@ -31,15 +31,13 @@ from llm_bridge.linking import DEFAULT_THRESHOLD
 
 __all__ = ["LLMOptions", "add_arguments", "options_from_args", "llm_hooks", "compact_notes"]
 
-_DEFAULTS = {"mode": "lgot", "theta": 0.3, "alpha": 0.1, "merge": "max", "confidence": "samples",
-             "relation_questions": "llm", "link_threshold": DEFAULT_THRESHOLD, "answer_check": 0, "check_penalty": 0.5}
 # Flags that mean nothing without --llm (their dest names).
 _LLM_DESTS = ("llm_base_url", "llm_model", "llm_api_key_env", "llm_temperature", "llm_n", "llm_max_tokens",
               "llm_timeout", "llm_deadline", "llm_max_response_bytes", "llm_json", "llm_max_retries",
               "llm_concurrency", "llm_budget_calls", "llm_budget_tokens",
               "llm_logprobs", "llm_cache", "llm_mode", "llm_theta", "llm_alpha", "llm_merge", "llm_inputs",
               "llm_confidence", "llm_relation_questions", "llm_names_file", "llm_link_threshold",
-              "llm_answer_check", "llm_check_penalty")
+              "llm_answer_check", "llm_check_penalty", "llm_input_ratio")
 
 
 @dataclass(frozen=True)
@@ -68,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="merge rule: max (default) or LGOT's additive min(1, T[e] + A*p(e))")
     g.add_argument("--llm-inputs", metavar="K", type=int, default=None,
                    help="input entities per prompt: the top K of the input node (default min(--top-k, 10))")
+    g.add_argument("--llm-input-ratio", metavar="R", type=float, default=None,
+                   help="an entity feeds the next sub-question's prompt only if its value is >= R x the row's best "
+                        "(default 0.3: near-zero KG predictions no longer pad the prompt; "
+                        "benchmarks/results/lgot/metaqa.md)")
     g.add_argument("--llm-confidence", choices=("samples", "logprobs-first", "logprobs-mean"), default=None,
                    help="p(e) from sample counts (default) or token log-probabilities (needs --llm-logprobs)")
     g.add_argument("--llm-relation-questions", choices=("llm", "fallback"), default=None,
@@ -104,11 +106,12 @@ def options_from_args(ns: argparse.Namespace, *, top_k: int = 10) -> LLMOptions 
         "confidence": ns.llm_confidence, "relation_questions": ns.llm_relation_questions,
         "link_threshold": ns.llm_link_threshold,
         "answer_check": ns.llm_answer_check, "check_penalty": ns.llm_check_penalty,
+        "input_ratio": ns.llm_input_ratio,
         "inputs": ns.llm_inputs if ns.llm_inputs is not None else max(1, min(int(top_k), 10)),
     }
     flags = {"theta": "--llm-theta", "alpha": "--llm-alpha", "inputs": "--llm-inputs",
              "link_threshold": "--llm-link-threshold", "answer_check": "--llm-answer-check",
-             "check_penalty": "--llm-check-penalty"}
+             "check_penalty": "--llm-check-penalty", "input_ratio": "--llm-input-ratio"}
     ranges = {"inputs": (1, 10), "answer_check": (0, 10), "link_threshold": (0.0, 100.0)}
     for key, flag in flags.items():
         v = values[key]
@@ -117,7 +120,8 @@ def options_from_args(ns: argparse.Namespace, *, top_k: int = 10) -> LLMOptions 
             raise UserError(f"{flag} must be in [{lo:g}, {hi:g}], got {v:g}")
     if values["confidence"] in ("logprobs-first", "logprobs-mean") and not config.logprobs:
         raise UserError(f"--llm-confidence {values['confidence']} needs --llm-logprobs")
-    settings = LGOTSettings(**{k: (_DEFAULTS[k] if v is None else v) for k, v in values.items()})
+    # unset flags take LGOTSettings' own defaults: the bridge's defaults live in one place
+    settings = LGOTSettings(**{k: v for k, v in values.items() if v is not None})
     if ns.llm_names_file is not None:
         _check_names_file(ns.llm_names_file)
     return LLMOptions(config=config, settings=settings, names_file=ns.llm_names_file)

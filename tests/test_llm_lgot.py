@@ -592,6 +592,22 @@ def test_answer_check_failures_leave_scores_unchanged(llm_artifact, tmp_path):
     assert hook.stats.failed_rows == 0
 
 
+def test_cli_flags_take_lgot_settings_defaults():
+    """Unset --llm-* flags give exactly LGOTSettings' defaults (one home for the bridge's defaults)."""
+    from kgreason.cli import ArgumentParser
+    from llm_bridge.cli import add_arguments, options_from_args
+    from llm_bridge.lgot import LGOTSettings
+
+    parser = ArgumentParser(prog="t")
+    add_arguments(parser)
+    opts = options_from_args(parser.parse_args(["--llm", "--llm-base-url", "http://127.0.0.1:1/v1",
+                                                "--llm-model", "m"]), top_k=10)
+    assert opts.settings == LGOTSettings(inputs=10)
+    opts = options_from_args(parser.parse_args(["--llm", "--llm-base-url", "http://127.0.0.1:1/v1", "--llm-model",
+                                                "m", "--llm-input-ratio", "0", "--llm-alpha", "0.5"]), top_k=3)
+    assert opts.settings == LGOTSettings(inputs=3, input_ratio=0.0, alpha=0.5)
+
+
 def test_cli_answer_check_flags(llm_artifact, tmp_path, capsys):
     from engine.answer import main
 
@@ -602,6 +618,11 @@ def test_cli_answer_check_flags(llm_artifact, tmp_path, capsys):
     assert "--llm-answer-check must be in [0, 10], got 11" in capsys.readouterr().err
     assert main(base + ["--llm", "--llm-check-penalty", "1.5"]) == 2
     assert "--llm-check-penalty must be in [0, 1], got 1.5" in capsys.readouterr().err
+    for bad in ("-0.1", "nan", "inf"):
+        assert main(base + ["--llm", "--llm-input-ratio", bad]) == 2
+        assert "--llm-input-ratio must be in [0, 1]" in capsys.readouterr().err
+    assert main(base + ["--llm-input-ratio", "0.5"]) == 2
+    assert "--llm-input-ratio needs --llm" in capsys.readouterr().err
     with simulator(llm_artifact, recall=1.0, hallucination=0.0) as srv:
         assert main(base + ["--json", "--llm", "--llm-base-url", srv.base_url, "--llm-model", "sim",
                             "--llm-cache", str(tmp_path / "c.sqlite"), "--llm-relation-questions", "fallback",
