@@ -549,3 +549,34 @@ def test_verbalized_paths_pick_the_inverse_relation_asked_in_words(tmp_path):
         "Who or what follows ? Who or what does them follow?"
     with pytest.raises(UserError, match="no \\{entity\\} slot"):
         Asker(eng, ret, verbalizer=lambda name: name).path_text((0,))
+
+
+def test_verbalized_costs_are_centred_cosines_plus_the_length_penalty(kg, questions):
+    """Reference: each path's text from the verbalizer, both embeddings minus the mean of the relations'
+    1-hop texts, then 1 − cos + penalty, recomputed here with the encoder alone."""
+    from engine.exec.ask import Asker
+    from llm_bridge.prompts import fallback_template
+
+    _, eng, ret = kg
+    q, _, _ = questions[1]
+    topic = eng.ask(q, retriever=ret).topic_id
+    asker = Asker(eng, ret, settings=AskSettings(length_penalty=0.05, k=1000), verbalizer=fallback_template)
+    text = question_text(q)
+    got = asker.embedding_retrieve([topic], [text])[0]
+    names = eng.artifact.relations
+
+    def verbal(seq):
+        return " ".join(" ".join(fallback_template(names[x]).replace("{entity}", "them" if i else "")
+                                 for i, x in enumerate(seq)).split())
+
+    def unit(v):
+        return v / np.linalg.norm(v)
+
+    enc = ret.encoder
+    mu = np.mean(enc.encode([verbal((r,)) for r in range(len(names))]).astype(np.float64), axis=0)
+    qv = unit(enc.encode([text])[0].astype(np.float64) - mu)
+    seqs, _ = ret._enumerate(topic, 3)
+    assert {x for _, x in got} == set(seqs)
+    for c, x in got:
+        pv = unit(enc.encode([verbal(x)])[0].astype(np.float64) - mu)
+        assert abs(c - (1.0 - float(pv @ qv) + 0.05 * (len(x) - 1))) < 1e-9

@@ -330,6 +330,10 @@ def find_topic(question: str, names: Sequence[str], *, index: dict[str, int] | N
     return None, "no entity name in the question (put the topic entity in [brackets])"
 
 
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
 def _folded(names: Sequence[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for i, n in enumerate(names):
@@ -358,6 +362,7 @@ class Asker:
         self.settings = settings or AskSettings()
         self.verbalizer = verbalizer
         self._path_text: dict[tuple[int, ...], str] = {}
+        self._mu: np.ndarray | None = None
         names = engine.artifact.entities
         self._index = {n: i for i, n in enumerate(names)}
         self._folded: dict[str, int] | None = None
@@ -698,12 +703,27 @@ class Asker:
             self._path_text[key] = t
         return t
 
+    def _verbalized_mean(self) -> np.ndarray:
+        """Mean embedding of every relation's verbalized 1-hop path text (the KG's relation questions).
+
+        Every verbalized path shares the templates' wording ("Who or what is ... ?"), a common direction
+        of the embeddings that dominates their cosine with any question; subtracting this KG-level mean
+        from the question and the path embeddings compares what differs between relations (540 MetaQA
+        dev questions, length penalty 0.05, top path's Hits@1 on 1/2/3 hops: 73/48/27 -> 76/52/34).
+        """
+        if self._mu is None:
+            texts = [self.path_text((r,)) for r in range(len(self.retriever.graph.relation_names))]
+            self._sequence_embeddings(texts)
+            self._mu = np.mean(np.stack([self._seq_emb[t] for t in texts]).astype(np.float64), axis=0)
+        return self._mu
+
     def embedding_retrieve(self, topics: Sequence[int], texts: Sequence[str], *, r_progress: bool = False,
                            results: Sequence[AskResult] | None = None) -> list[list[tuple[float, tuple[int, ...]]]]:
         """Embedding-only retrieval: per topic the ``k`` cheapest reachable relation sequences, cost
         ``1 − cos(embed(path text), embed(question text)) + length_penalty · (hops − 1)``
         (KARPA-H with the question as the plan, plus a per-hop cost; :meth:`path_text`); ties by
-        length, then ids."""
+        length, then ids.  With a verbalizer both embeddings are first centred on the mean of the
+        relations' verbalized texts (:meth:`_verbalized_mean`)."""
         s = self.settings
         enumerated = []
         iterator: Any = range(len(topics))
@@ -720,12 +740,17 @@ class Asker:
         # One encoder call for every sequence text not seen before; kept across calls and on disk.
         self._sequence_embeddings([self.path_text(x) for seqs in enumerated for x in seqs])
         q = np.asarray(enc.encode(list(texts)), dtype=np.float64)
+        mu = self._verbalized_mean() if self.verbalizer is not None else None
+        if mu is not None:
+            q = _unit(q - mu)
         out = []
         for i, seqs in enumerate(enumerated):
             if not seqs:
                 out.append([])
                 continue
             E = np.stack([self._seq_emb[self.path_text(x)] for x in seqs]).astype(np.float64)
+            if mu is not None:
+                E = _unit(E - mu)
             cost = np.round(np.clip(1.0 - E @ q[i], 0.0, 2.0), 12) + s.length_penalty * np.array(
                 [len(x) - 1 for x in seqs], dtype=np.float64)
             order = sorted(range(len(seqs)), key=lambda j: (cost[j], len(seqs[j]), seqs[j]))[: s.k]
