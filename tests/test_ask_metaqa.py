@@ -45,8 +45,10 @@ def test_karpa_with_the_simulated_planner_beats_embedding_only(metaqa):
     from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
     from llm_bridge.simulate_ask import AskSimConfig, start_ask_server
 
+    from llm_bridge.prompts import fallback_template
+
     path, eng, ret = metaqa
-    asker = Asker(eng, ret, settings=AskSettings(explain=False))
+    asker = Asker(eng, ret, settings=AskSettings(explain=False), verbalizer=fallback_template)
     for hops in (1, 2, 3):
         qs = load_metaqa_questions(DATA, hops=hops, limit=40, seed=3)
         texts = [q.question for q in qs]

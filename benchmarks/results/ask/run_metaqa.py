@@ -9,7 +9,8 @@
 Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, seeded sample):
 
 * ``embedding``: no LLM; embedding-only retrieval (KARPA-H with the question as the plan, per-hop
-  cost AskSettings.length_penalty), the best path's answers;
+  cost AskSettings.length_penalty), the best path's answers; paths read as their relations' questions
+  (llm_bridge.prompts.fallback_template, centred embeddings; ``--path-text names``: the relation names);
 * ``karpa-eE``: the loop with the simulated planner/reasoner (llm_bridge.simulate_ask) over HTTP on
   127.0.0.1, plan error = reason error = E; paraphrased plans (synonym rate 0.5), one re-plan;
 * ``gold-lf``: the executor on the gold logical form (engine.eval.metaqa's expression): the upper
@@ -98,7 +99,8 @@ def report(paths: list[str], md: Path, png: Path) -> None:
         lines.append("| method | hops | Hits@1 | LLM calls / q | tokens / q | ms / q | questions on embedding-only retrieval |")
         lines.append("|---|---|---|---|---|---|---|")
         for r in d["runs"]:
-            lines.append(f"| {r['method']} | {r['hops']} | {100 * r['hits@1']:.1f} | {r['llm_calls']:.2f} | "
+            mark = " (earlier run)" if r.get("rerun") is False else ""
+            lines.append(f"| {r['method']}{mark} | {r['hops']} | {100 * r['hits@1']:.1f} | {r['llm_calls']:.2f} | "
                          f"{r['tokens']:.0f} | {1000 * r['seconds']:.1f} | {100 * r['fallbacks']:.1f}% |")
     md.write_text("\n".join(lines) + "\n", encoding="utf-8")
     import matplotlib
