@@ -82,7 +82,7 @@ from kgreason.errors import UserError, cli_main
 from . import prompts
 from .nested import unnest
 
-__all__ = ["SimulatorConfig", "SimulatedLLM", "SimulatorServer", "KnowledgeBase", "start_server", "main"]
+__all__ = ["SimulatorConfig", "SimulatedLLM", "SimulatorServer", "KnowledgeBase", "start_server", "serve", "main"]
 
 MODEL_NAME = "kgreason-simulator"
 _TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
@@ -765,13 +765,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                              fail_mode=args.fail_mode, hang_s=args.hang_s, ignore_n=args.ignore_n,
                              messy=args.messy, api_key=key)
     kb = KnowledgeBase.from_artifact(args.artifact)
+    return serve(SimulatedLLM(kb, config), args.host, args.port,
+                 lambda url: f"simulated LLM on {url} ({len(kb.entities)} entities, {kb.num_triples} triples; "
+                             f"recall {config.recall}, hallucination {config.hallucination}, noise {config.noise}, "
+                             f"seed {config.seed})")
+
+
+def serve(llm: "SimulatedLLM", host: str, port: int, banner) -> int:
+    """Serve ``llm`` on ``host:port`` until Ctrl-C (the CLIs' foreground server); prints ``banner(url)`` once
+    listening. A port that cannot be bound is a one-line :class:`UserError`."""
     try:
-        server = SimulatorServer(SimulatedLLM(kb, config), args.host, args.port)
+        server = SimulatorServer(llm, host, port)
     except OSError as exc:
-        raise UserError(f"simulator: cannot listen on {args.host}:{args.port} ({exc.strerror})") from None
-    print(f"simulated LLM on {server.base_url} ({len(kb.entities)} entities, {kb.num_triples} triples; "
-          f"recall {config.recall}, hallucination {config.hallucination}, noise {config.noise}, seed {config.seed})",
-          flush=True)
+        raise UserError(f"simulator: cannot listen on {host}:{port} ({exc.strerror})") from None
+    print(banner(server.base_url), flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -48,7 +48,7 @@ from kgreason.cli import ArgumentParser as _Parser, check_seed
 from kgreason.errors import UserError, cli_main
 
 from .karpa_loop import parse_plan_prompt, parse_reason_prompt
-from .simulate import Choice, KnowledgeBase, SimulatedLLM, SimulatorConfig, SimulatorServer, _rng, _uniform
+from .simulate import Choice, KnowledgeBase, SimulatedLLM, SimulatorConfig, SimulatorServer, _rng, _uniform, serve
 
 __all__ = ["AskSimConfig", "AskSimulatedLLM", "load_gold", "paraphrase", "start_ask_server", "main"]
 
@@ -271,19 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              fail_mode=args.fail_mode, hang_s=args.hang_s)
     kb = KnowledgeBase.from_artifact(args.artifact)
     gold = load_gold(args.questions, kb.relations)
-    try:
-        server = SimulatorServer(AskSimulatedLLM(kb, config, ask=ask, gold=gold), args.host, args.port)
-    except OSError as exc:
-        raise UserError(f"simulator: cannot listen on {args.host}:{args.port} ({exc.strerror})") from None
-    print(f"simulated KARPA planner on {server.base_url} ({len(gold)} questions; plan error {ask.plan_error}, "
-          f"reason error {ask.reason_error})", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
+    return serve(AskSimulatedLLM(kb, config, ask=ask, gold=gold), args.host, args.port,
+                 lambda url: f"simulated KARPA planner on {url} ({len(gold)} questions; plan error "
+                             f"{ask.plan_error}, reason error {ask.reason_error})")
 
 
 if __name__ == "__main__":
