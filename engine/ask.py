@@ -50,6 +50,9 @@ class AskConfig:
     encoder: str = "minilm"
     encoder_kwargs: dict[str, Any] = field(default_factory=dict)
     path_text: str = "questions"  # embedding-only retrieval's path text: "questions" (verbalized) or "names"
+    exemplars: str | None = None  # JSON-lines file of labelled questions {"question", "path"} (kNN path vote)
+    exemplar_weight: float = 4.0
+    exemplar_k: int = 3
     json: bool = False
     show_context: bool = False
     llm: Any = None  # llm_bridge.config.LLMConfig with --llm, else None (embedding-only)
@@ -85,6 +88,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--path-text", choices=("questions", "names"), default="questions",
                    help="embedding-only retrieval reads a relation path as its relations' questions "
                         "(default; llm_bridge.prompts.fallback_template, no LLM) or as its relation names")
+    p.add_argument("--exemplars", metavar="FILE",
+                   help="labelled questions, JSON lines {\"question\": ..., \"path\": [relation, ...]}: "
+                        "embedding-only retrieval favours the paths of similar exemplar questions")
+    p.add_argument("--exemplar-weight", type=float, default=4.0,
+                   help="cost subtracted per unit of exemplar vote (default 4.0; 0 ignores the exemplars)")
+    p.add_argument("--exemplar-k", type=int, default=3,
+                   help="the vote averages the k most similar exemplars of a path (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object per question (JSON lines)")
     p.add_argument("--show-context", action="store_true", help="print the KG context the reasoner sees")
     from llm_bridge.config import add_llm_arguments
@@ -104,9 +114,11 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
         raise UserError("the question is empty")
     for flag, v, low in (("--k", ns.k, 1), ("--max-hops", ns.max_hops, 1), ("--answers", ns.answers, 1),
                          ("--candidate-relations", ns.candidate_relations, 1),
-                         ("--max-context-tokens", ns.max_context_tokens, 0)):
+                         ("--max-context-tokens", ns.max_context_tokens, 0), ("--exemplar-k", ns.exemplar_k, 1)):
         if v < low:
             raise UserError(f"{flag} must be >= {low}, got {v}")
+    if not 0.0 <= ns.exemplar_weight <= 10.0:
+        raise UserError(f"--exemplar-weight must be in [0, 10], got {ns.exemplar_weight}")
     if ns.max_hops > 6:
         raise UserError(f"--max-hops must be <= 6 (relation sequences grow exponentially), got {ns.max_hops}")
     try:
@@ -128,7 +140,8 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
                      max_hops=ns.max_hops, answers=ns.answers, candidate_relations=ns.candidate_relations,
                      replan=ns.replan, context=ns.context, max_context_tokens=ns.max_context_tokens,
                      exclude_topic=ns.exclude_topic, explain=ns.explain, encoder=ns.encoder, encoder_kwargs=kwargs,
-                     path_text=ns.path_text, json=ns.json, show_context=ns.show_context, llm=llm, reasoner=ns.reasoner)
+                     path_text=ns.path_text, exemplars=ns.exemplars, exemplar_weight=ns.exemplar_weight,
+                     exemplar_k=ns.exemplar_k, json=ns.json, show_context=ns.show_context, llm=llm, reasoner=ns.reasoner)
 
 
 def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:
@@ -213,19 +226,20 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     from engine.exec.api import Engine
-    from engine.exec.ask import Asker, AskSettings
+    from engine.exec.ask import Asker, AskSettings, read_exemplars
 
     settings = AskSettings(k=cfg.k, mode=cfg.mode, max_hops=cfg.max_hops, answers=cfg.answers,
                            candidate_relations=cfg.candidate_relations, replan=cfg.replan, context=cfg.context,
                            max_context_tokens=cfg.max_context_tokens, exclude_topic=cfg.exclude_topic,
-                           explain=cfg.explain)
+                           explain=cfg.explain, exemplar_weight=cfg.exemplar_weight, exemplar_k=cfg.exemplar_k)
     items = [("question", cfg.question, None)] if cfg.question is not None else read_questions(cfg.questions)
     engine = Engine.load(cfg.artifact)
+    exemplars = None if cfg.exemplars is None else read_exemplars(cfg.exemplars, engine.artifact.relations)
     verbalizer = None
     if cfg.path_text == "questions":
         from llm_bridge.prompts import fallback_template as verbalizer
     asker = Asker(engine, engine.retriever(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_kwargs or None),
-                  settings=settings, verbalizer=verbalizer)
+                  settings=settings, verbalizer=verbalizer, exemplars=exemplars)
     linker = _linker(engine.artifact)
     t0 = time.perf_counter()
     results = asker.ask([q for _, q, _ in items], planner=planner, reasoner=reasoner, linker=linker,

@@ -580,3 +580,99 @@ def test_verbalized_costs_are_centred_cosines_plus_the_length_penalty(kg, questi
     for c, x in got:
         pv = unit(enc.encode([verbal(x)])[0].astype(np.float64) - mu)
         assert abs(c - (1.0 - float(pv @ qv) + 0.05 * (len(x) - 1))) < 1e-9
+
+
+# ------------------------------------------------------------------------------ exemplars (kNN path vote)
+def test_exemplars_pick_the_path_zero_shot_scoring_misses(tmp_path):
+    """Read as relation names, "Who or what follows [p1]?" is nearer to ``follows`` than to ``inverse of
+    follows`` (wrong answers, see the verbalizer test above); two labelled questions of the same wording
+    about other people with the path ``follows^-1`` make the exemplar vote pick p1's followers."""
+    from engine.exec.ask import Asker
+
+    eng = _follows_engine(tmp_path)
+    ret = eng.retriever(encoder="hashing", encoder_kwargs=ENC)
+    question = "Who or what follows [p1]?"
+    zero = eng.ask(question, retriever=ret, max_hops=2, explain=False)
+    exemplars = [("Who or what follows [p4]?", ["follows^-1"]), ("who or what follows [p2]", ["follows^-1"]),
+                 ("whom does [p3] follow", ["follows"])]
+    sup = eng.ask(question, retriever=ret, max_hops=2, explain=False, exemplars=exemplars)
+    assert zero.paths[0].names == ("follows",)
+    assert sup.paths[0].names == ("follows^-1",)
+    assert {a.entity for a in sup.answers} == {"p0"}  # p0 -> p1 is the only edge into p1
+
+    # Reference: cost = zero-shot cost - weight * mean of the k best exemplar cosines of the path.
+    topic = zero.topic_id
+    text = question_text(question)
+    settings = AskSettings(max_hops=2, k=1000, exemplar_weight=0.7, exemplar_k=2)
+    base = dict((x, c) for c, x in Asker(eng, ret, settings=settings).embedding_retrieve([topic], [text])[0])
+    got = Asker(eng, ret, settings=settings, exemplars=exemplars).embedding_retrieve([topic], [text])[0]
+    enc = ret.encoder
+
+    def unit(v):
+        return v / np.linalg.norm(v)
+
+    qv = unit(enc.encode([text])[0].astype(np.float64))
+    rel = {n: i for i, n in enumerate(eng.artifact.relations)}
+    for c, x in got:
+        cos = sorted((float(unit(enc.encode([question_text(q)])[0].astype(np.float64)) @ qv)
+                      for q, p in exemplars if tuple(rel[n] for n in p) == x), reverse=True)[:2]
+        vote = float(np.mean(cos)) if cos else 0.0
+        assert abs(c - (base[x] - 0.7 * vote)) < 1e-9
+
+
+@pytest.mark.parametrize("verbal", [False, True])
+def test_no_exemplars_leaves_costs_bit_identical(kg, questions, verbal):
+    from engine.exec.ask import Asker
+    from llm_bridge.prompts import fallback_template
+
+    _, eng, ret = kg
+    v = fallback_template if verbal else None
+    texts = [question_text(q) for q, _, _ in questions[:4]]
+    topics = [eng.ask(q, retriever=ret).topic_id for q, _, _ in questions[:4]]
+    s = AskSettings(k=1000)
+    ref = Asker(eng, ret, settings=s, verbalizer=v).embedding_retrieve(topics, texts)
+    assert Asker(eng, ret, settings=s, verbalizer=v, exemplars=[]).embedding_retrieve(topics, texts) == ref
+    ex = [(q, list(p)) for q, p, _ in questions]
+    off = AskSettings(k=1000, exemplar_weight=0.0)
+    assert Asker(eng, ret, settings=off, verbalizer=v, exemplars=ex).embedding_retrieve(topics, texts) == ref
+    assert Asker(eng, ret, settings=s, verbalizer=v, exemplars=ex).embedding_retrieve(topics, texts) != ref
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"question": "who directed [x]"}', ":2: missing key 'path'"),
+    ('{"question": "who directed [x]", "path": ["directed_byy"]}', ":2: unknown relation 'directed_byy'"),
+    ('{"question": "who", "path": ["directed_by"]', ":2: not JSON"),
+    ('["who", ["directed_by"]]', ":2: expected a JSON object"),
+    ('{"question": "who", "path": []}', ":2: 'path' must be a non-empty list"),
+])
+def test_cli_bad_exemplars_file_is_one_error_line(kg, questions, tmp_path, capsys, line, message):
+    from engine.ask import main
+
+    bad = tmp_path / "ex.jsonl"
+    bad.write_text('{"question": "what films did [x] direct", "path": ["directed_by^-1"]}\n' + line + "\n",
+                   encoding="utf-8")
+    enc = ["--encoder", "hashing", "--encoder-kwargs", json.dumps(ENC)]
+    assert main(["--artifact", str(kg[0]), *enc, "--exemplars", str(bad), questions[0][0]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {bad}{message}") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_exemplars_and_settings(kg, questions, tmp_path):
+    from engine.exec.ask import Asker
+
+    art = str(kg[0])
+    ex = tmp_path / "ex.jsonl"
+    ex.write_text("".join(json.dumps({"question": q, "path": list(p)}) + "\n" for q, p, _ in questions),
+                  encoding="utf-8")
+    q, path, gold = questions[0]
+    out, _ = cli(["--artifact", art, "--encoder", "hashing", "--encoder-kwargs", json.dumps(ENC),
+                  "--exemplars", str(ex), "--json", q])
+    row = json.loads(out)
+    assert tuple(row["paths"][0]["relations"]) == path
+    with pytest.raises(UserError, match="exemplar_weight"):
+        AskSettings(exemplar_weight=-1.0)
+    with pytest.raises(UserError, match="exemplar_k"):
+        AskSettings(exemplar_k=0)
+    _, eng, ret = kg
+    with pytest.raises(UserError, match="exemplar 1: unknown relation 'nope'"):
+        Asker(eng, ret, exemplars=[("q", ["nope"])])

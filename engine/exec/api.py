@@ -131,13 +131,14 @@ class Engine:
 
     def ask(self, questions: "str | Sequence[str]", *, planner: Any = None, reasoner: Any = None,
             linker: Any = None, retriever: Any = None, encoder: Any = "minilm", progress: bool = False,
-            verbalizer: Any = None, **settings: Any):
+            verbalizer: Any = None, exemplars: Any = None, **settings: Any):
         """Answer natural-language questions with the KARPA loop (plan → retrieve → reason).
 
         Without ``planner``/``reasoner`` (LLM objects, e.g. ``llm_bridge.karpa_loop.LLMPlanner``)
         retrieval is embedding-only and the best path's answers are returned; ``verbalizer``
         (``relation name -> question template``, e.g. ``llm_bridge.prompts.fallback_template``) makes
-        it compare the question with each path read as questions (``Asker``).  ``settings``:
+        it compare the question with each path read as questions (``Asker``); ``exemplars``
+        (``(question, relation path)`` pairs) add a kNN vote of labelled questions (``Asker``).  ``settings``:
         :class:`~engine.exec.ask.AskSettings` fields (``k=16``, ``mode``, ``max_hops=3``, ``context``, ...).
         One :class:`~engine.exec.ask.AskResult` for a string, a list for a list.  See engine/exec/ask.py.
         """
@@ -145,7 +146,7 @@ class Engine:
 
         single = isinstance(questions, str)
         asker = Asker(self, retriever if retriever is not None else self.retriever(encoder=encoder),
-                      settings=AskSettings(**settings), verbalizer=verbalizer)
+                      settings=AskSettings(**settings), verbalizer=verbalizer, exemplars=exemplars)
         out = asker.ask([questions] if single else list(questions), planner=planner, reasoner=reasoner,
                         linker=linker, progress=progress)
         return out[0] if single else out

@@ -74,11 +74,15 @@ __all__ = [
     "find_topic",
     "path_query",
     "question_text",
+    "read_exemplars",
 ]
 
 ASK_MODES = ("pathfinding", "heuristic")
 #: Embedding-only retrieval's cost per hop beyond the first (see AskSettings.length_penalty).
 LENGTH_PENALTY = 0.05
+#: Exemplar vote defaults (AskSettings.exemplar_weight / exemplar_k), chosen on held-out MetaQA dev exemplars.
+EXEMPLAR_WEIGHT = 4.0
+EXEMPLAR_K = 3
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 _WORD = re.compile(r"\S+")
 
@@ -103,6 +107,10 @@ class AskSettings:
         explain: executor explanations on the answers (default on).
         length_penalty: embedding-only retrieval adds this much cost per hop beyond the first
             (default :data:`LENGTH_PENALTY`, chosen on MetaQA's dev questions: docs/ask.md).
+        exemplar_weight: with exemplars (``Asker(exemplars=...)``), embedding-only retrieval subtracts
+            this times a path's exemplar vote from its cost (default :data:`EXEMPLAR_WEIGHT`).
+        exemplar_k: the vote is the mean of the ``exemplar_k`` highest cosines between the question
+            and the exemplar questions labelled with that path (default :data:`EXEMPLAR_K`).
     """
 
     k: int = 16
@@ -118,10 +126,12 @@ class AskSettings:
     exclude_topic: bool = True
     explain: bool = True
     length_penalty: float = LENGTH_PENALTY
+    exemplar_weight: float = EXEMPLAR_WEIGHT
+    exemplar_k: int = EXEMPLAR_K
 
     def __post_init__(self) -> None:
         for name, low in (("k", 1), ("max_hops", 1), ("candidate_relations", 1), ("answers", 1),
-                          ("max_context_tokens", 0), ("tails_per_path", 1)):
+                          ("max_context_tokens", 0), ("tails_per_path", 1), ("exemplar_k", 1)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise UserError(f"ask: {name} must be an integer >= {low}, got {v!r}")
@@ -131,6 +141,9 @@ class AskSettings:
             raise unknown_name("context style", self.context, CONTEXT_STYLES)
         if not (isinstance(self.length_penalty, (int, float)) and 0.0 <= self.length_penalty <= 1.0):
             raise UserError(f"ask: length_penalty must be in [0, 1], got {self.length_penalty!r}")
+        w = self.exemplar_weight
+        if isinstance(w, bool) or not (isinstance(w, (int, float)) and 0.0 <= w <= 10.0):
+            raise UserError(f"ask: exemplar_weight must be in [0, 10], got {w!r}")
         if not -1.0 <= self.min_step_similarity <= 1.0:
             raise UserError(f"ask: min_step_similarity must be in [-1, 1], got {self.min_step_similarity}")
 
@@ -330,6 +343,49 @@ def find_topic(question: str, names: Sequence[str], *, index: dict[str, int] | N
     return None, "no entity name in the question (put the topic entity in [brackets])"
 
 
+def read_exemplars(path: str | os.PathLike, relation_names: Sequence[str] | None = None
+                   ) -> list[tuple[str, tuple[str, ...]]]:
+    """(question, relation path) pairs of a JSON-lines file ``{"question": str, "path": [relation, ...]}``.
+
+    Blank lines are skipped.  Any other malformed line (not JSON, not an object, a missing or mistyped
+    key, a relation not in ``relation_names`` when given) is a :class:`UserError` naming ``FILE:LINE``.
+    """
+    out: list[tuple[str, tuple[str, ...]]] = []
+    known = None if relation_names is None else set(relation_names)
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the exemplars file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: the exemplars file is not UTF-8 text") from None
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise UserError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{where}: expected a JSON object {{\"question\": ..., \"path\": [...]}}")
+        for key in ("question", "path"):
+            if key not in obj:
+                raise UserError(f"{where}: missing key {key!r}")
+        q, p = obj["question"], obj["path"]
+        if not isinstance(q, str) or not q.strip():
+            raise UserError(f"{where}: 'question' must be non-empty text, got {q!r}")
+        if not isinstance(p, list) or not p or not all(isinstance(x, str) and x for x in p):
+            raise UserError(f"{where}: 'path' must be a non-empty list of relation names, got {p!r}")
+        if known is not None:
+            for x in p:
+                if x not in known:
+                    raise unknown_name("relation", x, list(relation_names or ()), where)
+        out.append((q, tuple(p)))
+    if not out:
+        raise UserError(f"{path}: no exemplars in the file")
+    return out
+
+
 def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
@@ -353,14 +409,34 @@ class Asker:
             embedding-only retrieval then compares the question with each path read as questions
             (:meth:`path_text`) instead of its comma-joined relation names.  ``None``: the names.
         settings: :class:`AskSettings`.
+        exemplars: labelled questions, ``(question text, relation path as names)`` pairs (e.g.
+            :func:`read_exemplars`); embedding-only retrieval then lowers each candidate path's cost by
+            ``exemplar_weight`` times its kNN vote (:meth:`exemplar_votes`).  ``None`` or empty: costs
+            exactly as without them.
     """
 
     def __init__(self, engine: Any, retriever: PathRetriever, *, settings: AskSettings | None = None,
-                 verbalizer: Callable[[str], str] | None = None) -> None:
+                 verbalizer: Callable[[str], str] | None = None,
+                 exemplars: Sequence[tuple[str, Sequence[str]]] | None = None) -> None:
         self.engine = engine
         self.retriever = retriever
         self.settings = settings or AskSettings()
         self.verbalizer = verbalizer
+        rel_ids = {n: i for i, n in enumerate(retriever.graph.relation_names)}
+        self._ex_texts: list[str] = []
+        self._ex_paths: dict[tuple[int, ...], list[int]] = {}
+        for j, ex in enumerate(exemplars or ()):
+            if not (isinstance(ex, (tuple, list)) and len(ex) == 2 and isinstance(ex[0], str) and ex[0].strip()
+                    and isinstance(ex[1], (tuple, list)) and ex[1]):
+                raise UserError(f"ask: exemplar {j + 1} must be (question text, non-empty relation path), got {ex!r}")
+            ids = []
+            for x in ex[1]:
+                if x not in rel_ids:
+                    raise unknown_name("relation", str(x), list(rel_ids), f"ask: exemplar {j + 1}")
+                ids.append(rel_ids[x])
+            self._ex_paths.setdefault(tuple(ids), []).append(len(self._ex_texts))
+            self._ex_texts.append(question_text(ex[0]) or ex[0])
+        self._ex_emb: np.ndarray | None = None
         self._path_text: dict[tuple[int, ...], str] = {}
         self._mu: np.ndarray | None = None
         names = engine.artifact.entities
@@ -740,6 +816,7 @@ class Asker:
         # One encoder call for every sequence text not seen before; kept across calls and on disk.
         self._sequence_embeddings([self.path_text(x) for seqs in enumerated for x in seqs])
         q = np.asarray(enc.encode(list(texts)), dtype=np.float64)
+        votes = self.exemplar_votes(q, enumerated) if self._ex_texts and s.exemplar_weight > 0 else None
         mu = self._verbalized_mean() if self.verbalizer is not None else None
         if mu is not None:
             q = _unit(q - mu)
@@ -753,8 +830,30 @@ class Asker:
                 E = _unit(E - mu)
             cost = np.round(np.clip(1.0 - E @ q[i], 0.0, 2.0), 12) + s.length_penalty * np.array(
                 [len(x) - 1 for x in seqs], dtype=np.float64)
+            if votes is not None:
+                cost = np.round(cost - s.exemplar_weight * votes[i], 12)
             order = sorted(range(len(seqs)), key=lambda j: (cost[j], len(seqs[j]), seqs[j]))[: s.k]
             out.append([(float(cost[j]), seqs[j]) for j in order])
+        return out
+
+    def exemplar_votes(self, q: np.ndarray, enumerated: Sequence[Sequence[tuple[int, ...]]]) -> list[np.ndarray]:
+        """Per question, each candidate path's exemplar vote: the mean of the ``exemplar_k`` highest
+        cosines between the question embedding (row of ``q``, uncentred: question against question) and
+        the exemplar questions labelled with that path (fewer when it has fewer); 0 for unlabelled paths."""
+        k = self.settings.exemplar_k
+        if self._ex_emb is None:
+            self._ex_emb = _unit(np.asarray(self.retriever.encoder.encode(self._ex_texts), dtype=np.float64))
+        sims = _unit(q) @ self._ex_emb.T
+        out = []
+        for i, seqs in enumerate(enumerated):
+            v = np.zeros(len(seqs), dtype=np.float64)
+            for j, x in enumerate(seqs):
+                idx = self._ex_paths.get(tuple(x))
+                if idx is not None:
+                    row = sims[i, idx]
+                    top = row if len(row) <= k else np.partition(row, len(row) - k)[len(row) - k:]
+                    v[j] = float(np.mean(top))
+            out.append(v)
         return out
 
     # ---------------------------------------------------------------- pieces

@@ -5,6 +5,10 @@
         --per-hop 1000 --errors 0.2 0.5 --out benchmarks/results/ask/metaqa_full.json
     python benchmarks/results/ask/run_metaqa.py --report benchmarks/results/ask/metaqa_*.json   # tables + plot
     python benchmarks/results/ask/run_metaqa.py --export questions.jsonl --hops 2 --per-hop 100  # a questions file
+    python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa-kgonly --make-exemplars \
+        artifacts/metaqa-dev-exemplars.jsonl --split dev --per-hop 3000     # weakly supervised exemplars
+    python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa-kgonly \
+        --tune-exemplars artifacts/metaqa-dev-exemplars.jsonl              # k / weight on held-out dev exemplars
 
 Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, seeded sample):
 
@@ -13,6 +17,8 @@ Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, s
   (llm_bridge.prompts.fallback_template, centred embeddings; ``--path-text names``: the relation names);
 * ``karpa-eE``: the loop with the simulated planner/reasoner (llm_bridge.simulate_ask) over HTTP on
   127.0.0.1, plan error = reason error = E; paraphrased plans (synonym rate 0.5), one re-plan;
+* ``embedding+exemplars (dev)`` (with ``--exemplars FILE``): the same, plus the kNN vote of exemplar
+  questions (Asker(exemplars=...)); the exemplars come from ``--make-exemplars`` on the DEV split;
 * ``gold-lf``: the executor on the gold logical form (engine.eval.metaqa's expression): the upper
   bound of the logic side.
 
@@ -28,6 +34,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
@@ -46,9 +54,16 @@ def run(args) -> dict:
     ret = eng.retriever(encoder="minilm")
     from llm_bridge.prompts import fallback_template
 
-    asker = Asker(eng, ret, settings=AskSettings(explain=False, **(
-                      {} if args.length_penalty is None else {"length_penalty": args.length_penalty})),
-                  verbalizer=None if args.path_text == "names" else fallback_template)
+    from engine.exec.ask import read_exemplars
+
+    verbalizer = None if args.path_text == "names" else fallback_template
+    settings = AskSettings(explain=False, **(
+        {} if args.length_penalty is None else {"length_penalty": args.length_penalty}))
+    asker = Asker(eng, ret, settings=settings, verbalizer=verbalizer)
+    ex_asker = None
+    if args.exemplars:
+        ex_asker = Asker(eng, ret, settings=settings, verbalizer=verbalizer,
+                         exemplars=read_exemplars(args.exemplars, eng.artifact.relations))
     out = {"artifact": str(args.artifact), "label": args.label, "per_hop": args.per_hop, "runs": []}
     for hops in args.hops:
         qs = load_metaqa_questions(args.data, hops=hops, limit=args.per_hop, seed=0)
@@ -65,9 +80,14 @@ def run(args) -> dict:
             out["runs"].append(row)
             print(json.dumps(row), flush=True)
 
-        t = time.perf_counter()
-        res = asker.ask(texts, progress=True)
-        score(res, "embedding", time.perf_counter() - t)
+        if not args.exemplars_only:
+            t = time.perf_counter()
+            res = asker.ask(texts, progress=True)
+            score(res, "embedding", time.perf_counter() - t)
+        if ex_asker is not None:
+            t = time.perf_counter()
+            res = ex_asker.ask(texts, progress=True)
+            score(res, "embedding+exemplars (dev)", time.perf_counter() - t, {"exemplars": str(args.exemplars)})
         for e in args.errors:
             server = start_ask_server(args.artifact, {q.question: q.relations for q in qs},
                                       AskSimConfig(plan_error=e, reason_error=e, synonym_rate=0.5))
@@ -80,6 +100,8 @@ def run(args) -> dict:
                     score(res, f"karpa-e{e:g}", time.perf_counter() - t, {"error": e})
             finally:
                 server.stop()
+        if args.exemplars_only:
+            continue
         t = time.perf_counter()
         rs = eng.executor.answer(eng.queries([q.expression for q in qs]), k=1, explain=False)
         secs = time.perf_counter() - t
@@ -89,6 +111,132 @@ def run(args) -> dict:
         out["runs"].append(row)
         print(json.dumps(row), flush=True)
     return out
+
+
+def read_split(folder: Path, hops: int, split: str) -> list[tuple[str, str, set[str]]]:
+    """(question, topic, gold answers) of MetaQA's ``{hops}-hop/{split}.txt`` (no type file needed)."""
+    from kgreason.errors import UserError
+
+    f = Path(folder) / f"{hops}-hop" / f"{split}.txt"
+    if not f.is_file():
+        raise UserError(f"{f}: file not found")
+    out = []
+    for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        lo, hi = parts[0].find("["), parts[0].find("]")
+        if len(parts) != 2 or lo < 0 or hi < lo:
+            raise UserError(f"{f}:{n}: expected 'question with [topic]<TAB>ans1|ans2'")
+        out.append((parts[0], parts[0][lo + 1 : hi], set(parts[1].split("|"))))
+    return out
+
+
+def path_answers(ret, topic: int, hops: int) -> dict[tuple[int, ...], np.ndarray]:
+    """Every relation sequence of exactly ``hops`` hops from ``topic`` -> its tails on the KG (exact set
+    semantics, the topic removed from the second hop on: MetaQA's answer rule, engine.exec.ask.path_query)."""
+    level = [((), np.array([topic], dtype=np.int64))]
+    for step in range(hops):
+        nxt = []
+        for prefix, F in level:
+            for x, tails in ret.expand(F):
+                if step >= 1:
+                    tails = tails[tails != topic]
+                if len(tails):
+                    nxt.append((prefix + (int(x),), np.asarray(tails, dtype=np.int64)))
+        level = nxt
+    return dict(level)
+
+
+def make_exemplars(args) -> None:
+    """Weak supervision: a dev question's label is the relation path of its hop count from its topic whose
+    answer set on the full KB equals the gold set (kept when exactly one path does), else the path of best
+    Jaccard when that is >= 0.9 and unique.  Uses no test data and no qtype file."""
+    from engine.exec.api import Engine
+    from tqdm import tqdm
+
+    eng = Engine.load(args.artifact)
+    ret = eng.retriever(encoder="hashing")  # the graph only; no text is embedded here
+    ents = eng.artifact.entities
+    index = {n: i for i, n in enumerate(ents)}
+    rel = ret.graph.relation_names
+    stats = {}
+    with open(args.make_exemplars, "w", encoding="utf-8") as f:
+        for hops in args.hops:
+            qs = read_split(Path(args.data), hops, args.split)
+            if args.per_hop and args.per_hop < len(qs):
+                keep = np.sort(np.random.default_rng(args.seed + hops).choice(len(qs), args.per_hop, replace=False))
+                qs = [qs[i] for i in keep]
+            st = {"questions": len(qs), "exact": 0, "jaccard": 0, "ambiguous": 0, "none": 0, "no_topic": 0}
+            for q, topic, gold in tqdm(qs, desc=f"exemplars {hops}-hop", unit="question"):
+                if topic not in index:
+                    st["no_topic"] += 1
+                    continue
+                g = {index[a] for a in gold if a in index}
+                best, label = [], None
+                for seq, tails in path_answers(ret, index[topic], hops).items():
+                    t = set(tails.tolist())
+                    j = len(t & g) / max(len(t | g), 1)
+                    best.append((j, seq))
+                exact = [seq for j, seq in best if j == 1.0]
+                if len(exact) == 1:
+                    label, kind = exact[0], "exact"
+                elif len(exact) > 1:
+                    st["ambiguous"] += 1
+                    continue
+                else:
+                    best.sort(reverse=True)
+                    if best and best[0][0] >= 0.9 and (len(best) == 1 or best[1][0] < best[0][0]):
+                        label, kind = best[0][1], "jaccard"
+                    else:
+                        st["none"] += 1
+                        continue
+                st[kind] += 1
+                f.write(json.dumps({"question": q, "path": [rel[x] for x in label], "hops": hops},
+                                   ensure_ascii=False) + "\n")
+            st["labelled"] = st["exact"] + st["jaccard"]
+            stats[hops] = st
+            print(json.dumps({"hops": hops, **st}), flush=True)
+
+
+def tune_exemplars(args) -> None:
+    """Top-path accuracy of embedding-only retrieval on a held-out 20% of the exemplars (seeded), the
+    other 80% as exemplars, over a grid of exemplar_weight x exemplar_k; 0 weight is the zero-shot score."""
+    from dataclasses import replace
+
+    from engine.exec.api import Engine
+    from engine.exec.ask import Asker, AskSettings, find_topic, question_text, read_exemplars
+    from llm_bridge.prompts import fallback_template
+
+    eng = Engine.load(args.artifact)
+    ret = eng.retriever(encoder="minilm")
+    rel_ids = {n: i for i, n in enumerate(ret.graph.relation_names)}
+    ex = read_exemplars(args.tune_exemplars, eng.artifact.relations)
+    rng = np.random.default_rng(args.seed)
+    held = np.zeros(len(ex), bool)
+    held[rng.choice(len(ex), len(ex) // 5, replace=False)] = True
+    train = [e for e, h in zip(ex, held) if not h]
+    test, per = [], {}
+    for e, h in zip(ex, held):  # at most --per-hop held-out questions per hop count
+        if h and per.get(len(e[1]), 0) < args.per_hop:
+            per[len(e[1])] = per.get(len(e[1]), 0) + 1
+            test.append(e)
+    asker = Asker(eng, ret, settings=AskSettings(explain=False), verbalizer=fallback_template, exemplars=train)
+    ents = eng.artifact.entities
+    topics = [find_topic(q, ents)[0] for q, _ in test]
+    texts = [question_text(q, ents[t]) for (q, _), t in zip(test, topics)]
+    gold = [tuple(rel_ids[x] for x in p) for _, p in test]
+    for w in args.weights:
+        for k in args.ks:
+            asker.settings = replace(asker.settings, exemplar_weight=w, exemplar_k=k)
+            got = asker.embedding_retrieve(topics, texts)
+            by_h: dict[int, list[bool]] = {}
+            for g, f in zip(gold, got):
+                by_h.setdefault(len(g), []).append(bool(f) and f[0][1] == g)
+            print(json.dumps({"weight": w, "k": k, "held_out": len(test), "top_path_acc": {
+                h: round(100 * sum(v) / len(v), 1) for h, v in sorted(by_h.items())}}), flush=True)
+            if w == 0:
+                break
 
 
 def report(paths: list[str], md: Path, png: Path) -> None:
@@ -133,7 +281,18 @@ def main() -> int:
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "metaqa"))
     p.add_argument("--per-hop", type=int, default=1000)
     p.add_argument("--hops", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--errors", type=float, nargs="+", default=[0.0, 0.2, 0.5])
+    p.add_argument("--errors", type=float, nargs="*", default=[0.0, 0.2, 0.5],
+                   help="simulated LLM error rates of the karpa rows (none: no karpa rows)")
+    p.add_argument("--exemplars", metavar="FILE", help="also run embedding+exemplars (dev) with these exemplars")
+    p.add_argument("--exemplars-only", action="store_true", help="with --exemplars: only that row (no others)")
+    p.add_argument("--merge", action="store_true", help="--out exists: replace its rows of the same hops and "
+                   "method with the new ones, keep the others")
+    p.add_argument("--make-exemplars", metavar="OUT", help="write weakly supervised exemplars of --split to OUT")
+    p.add_argument("--split", default="dev", choices=("dev", "train"), help="--make-exemplars' split (never test)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tune-exemplars", metavar="FILE", help="held-out top-path accuracy over --weights x --ks")
+    p.add_argument("--weights", type=float, nargs="+", default=[0.0, 0.25, 0.5, 1.0, 2.0])
+    p.add_argument("--ks", type=int, nargs="+", default=[1, 3, 10])
     p.add_argument("--out")
     p.add_argument("--path-text", choices=("questions", "names"), default="questions",
                    help="embedding-only retrieval's path text: relation questions (default) or relation names")
@@ -172,11 +331,27 @@ def main() -> int:
                     f.write(json.dumps({"question": q.question, "path": list(q.relations), "answers": list(q.answers)},
                                        ensure_ascii=False) + "\n")
         return 0
+    if args.make_exemplars:
+        make_exemplars(args)
+        return 0
+    if args.tune_exemplars:
+        tune_exemplars(args)
+        return 0
     if args.report:
         report(args.report, Path(args.md), Path(args.png))
         return 0
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     res = run(args)
+    if args.merge and Path(args.out).is_file():
+        old = json.loads(Path(args.out).read_text())
+        new_keys = {(r["hops"], r["method"]) for r in res["runs"]}
+        runs = [r for r in old["runs"] if (r["hops"], r["method"]) not in new_keys]
+        for r in res["runs"]:  # after the same hop's old rows
+            last = max((i for i, o in enumerate(runs) if o["hops"] == r["hops"]), default=len(runs) - 1)
+            pos = next((i for i, o in enumerate(runs) if o["hops"] == r["hops"] and o["method"] == "embedding"), last)
+            runs.insert(pos + 1, r)
+        old["runs"] = runs
+        res = old
     Path(args.out).write_text(json.dumps(res, indent=1), encoding="utf-8")
     return 0
 
