@@ -818,11 +818,12 @@ def plot(record: dict) -> bytes:
     return buf.getvalue()
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any, *, drop: frozenset[str] = frozenset()) -> Any:
+    """``x`` with numpy scalars, paths and tuples made JSON-ready (dict keys as strings, keys in ``drop`` left out)."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items() if k != "config"}
+        return {str(k): jsonable(v, drop=drop) for k, v in x.items() if k not in drop}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v, drop=drop) for v in x]
     if isinstance(x, Path):
         return str(x)
     if isinstance(x, (np.floating, np.integer)):
@@ -841,7 +842,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     paths = output_paths(args)
     check_outputs(args)  # again: another run may have written meanwhile
-    write_output(paths["json"], json.dumps(_jsonable(record), indent=1, ensure_ascii=False) + "\n", what="--out")
+    write_output(paths["json"], json.dumps(jsonable(record, drop=frozenset({"config"})), indent=1, ensure_ascii=False) + "\n", what="--out")
     write_output(paths["md"], markdown(record, command), what="--out")
     write_output(paths["png"], plot(record), what="--out")
     if not args.quiet:

@@ -53,6 +53,7 @@ import numpy as np
 from kgreason.cli import ArgumentParser as _Parser, check_seed  # one-line UserError parser
 from kgreason.errors import UserError, cli_main
 from kgreason.files import check_output_file, write_output
+from .experiment import jsonable
 
 __all__ = ["MetaQAArgs", "parse_args", "run", "hits_at_k", "main", "PAPER"]
 
@@ -467,20 +468,6 @@ def plot(record: dict) -> bytes:
     return buf.getvalue()
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (np.floating,)):
-        return float(x)
-    if isinstance(x, Path):
-        return str(x)
-    return x
-
-
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -494,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python -m llm_bridge.metaqa_experiment " + " ".join(argv)
 
     def save(record: dict) -> None:
-        write_output(paths["json"], json.dumps(_jsonable(record), indent=1, allow_nan=False) + "\n")
+        write_output(paths["json"], json.dumps(jsonable(record), indent=1, allow_nan=False) + "\n")
         write_output(paths["md"], markdown(record, command))
         write_output(paths["png"], plot(record))
 
