@@ -57,6 +57,7 @@ from engine.exec.context import CONTEXT_STYLES, ContextPath, format_context
 from engine.lang.query import Anchor, Complement, Intersection, Node, Projection
 from engine.paths import PathRetriever, Plan, PlanStep, relation_text
 from kgreason.errors import UserError, unknown_name
+from kgreason.files import read_lines
 
 __all__ = [
     "ASK_MODES",
@@ -352,13 +353,7 @@ def read_exemplars(path: str | os.PathLike, relation_names: Sequence[str] | None
     """
     out: list[tuple[str, tuple[str, ...]]] = []
     known = None if relation_names is None else set(relation_names)
-    try:
-        text = open(path, encoding="utf-8").read()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read the exemplars file ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: the exemplars file is not UTF-8 text") from None
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in read_lines(path, what="exemplars file"):
         if not line.strip():
             continue
         where = f"{path}:{n}"
