@@ -23,6 +23,11 @@ Library::
 
     from kge.build import BuildConfig, build_artifact
     artifact = build_artifact(BuildConfig(kg="umls", out="artifacts/umls"))
+    artifact = build_artifact(BuildConfig(kg="umls", out="/tmp/umls-small", train=dict(rank=16, epochs=5)))
+
+Training settings live in :class:`kge.train.TrainConfig` (its defaults are the
+``small`` size preset); a ``BuildConfig`` holds only what overrides the size
+preset of the graph (``train=``, the fields of :data:`TRAIN_FLAGS`).
 """
 from __future__ import annotations
 
@@ -35,28 +40,33 @@ import resource
 import sys
 import time
 import zipfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .artifact import Artifact
 from .calibrate import DEFAULT_DELTA, DEFAULT_THRESHOLD, calibrate, estimate_nnz
-from kgreason.cli import ArgumentParser, check_device, check_seed
-from kgreason.errors import UserError, cli_main
+from kgreason.cli import ArgumentParser, check_device
+from kgreason.errors import UserError, cli_main, unknown_name
 from kgreason.files import OutputFolder, open_output
 from kgreason.resources import available_memory_bytes
 from .graph import LOADERS, drop_edges, load_kg
 from .lazy import DEFAULT_ROW_CACHE_GB, MATRIX_MODES, LazyMatrices, check_row_cache_gb
-from .train import TRAINING_LOOPS, TrainResult, check_loss, check_optimizer, check_trainable, default_train_config, size_class, train_complex
+from .train import (HUGE_FROM, MAX_LR, PRESET_OVERRIDES, TRAINING_LOOPS, TrainConfig, TrainResult, check_loss,
+                    check_optimizer, check_train_values, check_trainable, default_train_config, size_class,
+                    train_complex)
 
 __all__ = ["BuildConfig", "build_artifact", "summarize", "main", "MAX_LR", "MIN_MATRIX_GB", "MAX_MATRIX_GB",
            "DEFAULT_MAX_CALIBRATE_MINUTES", "calibrate_minutes", "available_memory_bytes", "estimate_build_memory",
-           "EAGER_PEAK_FACTOR", "CALIBRATE_GFLOPS"]
+           "EAGER_PEAK_FACTOR", "CALIBRATE_GFLOPS", "TRAIN_FLAGS", "flat_defaults"]
 
-#: Largest --lr accepted: far above any useful rate (the size presets use 0.01); larger values are typos.
-MAX_LR = 10.0
+#: The :class:`kge.train.TrainConfig` fields ``kge.build`` has a flag for (``--rank`` ...): what
+#: ``BuildConfig.train`` may override, and the training keys of meta.json's ``build_config``.
+#: ``seed`` and ``device`` are :class:`BuildConfig` fields: they serve the whole build, training included.
+TRAIN_FLAGS = ("rank", "epochs", "lr", "batch_size", "num_negatives", "regularizer_weight", "training_loop",
+               "optimizer", "train_minutes", "precision", "candidates", "loss", "eval_max_triples")
 #: Range of --max-matrix-gb: 1 MiB (the tiniest KG's matrices) to 1 PiB (no machine has more).
 MIN_MATRIX_GB = 2.0**-10
 MAX_MATRIX_GB = 2.0**20
@@ -75,10 +85,21 @@ EAGER_PEAK_FACTOR = 2.5
 BASE_BYTES = 512 << 20
 
 
+def _flag(name: str) -> str:
+    """The kge.build flag of a config field: ``--max-matrix-gb`` for ``max_matrix_gb``."""
+    return "--" + name.replace("_", "-")
+
+
 @dataclass(frozen=True, kw_only=True)
 class BuildConfig:
-    """Everything a build depends on.  Training fields left as None take the size preset
-    of :data:`kge.train.SIZE_PRESETS` ("small": N < 2,000 entities, "large": < 50,000, else "huge").
+    """Everything a build depends on.
+
+    ``train``: overrides of the size preset, by :class:`kge.train.TrainConfig` field name
+    (only those of :data:`TRAIN_FLAGS`; None values are dropped, i.e. take the preset).  The preset is
+    picked by the loaded graph's size (:func:`kge.train.default_train_config`: "small" below 2,000
+    entities, which is TrainConfig's defaults, "large" below 50,000, else "huge").  The values are
+    checked up front by :func:`kge.train.check_train_values`, errors naming the flags (``--rank``).
+    ``seed`` and ``device`` serve the whole build (edge dropping, training, calibration).
 
     ``threshold`` None means QTO's 2e-4, raised automatically (and recorded in
     meta.json) when the matrices would exceed ``max_matrix_gb`` (8 bytes per
@@ -112,19 +133,7 @@ class BuildConfig:
     kg_format: str | None = None
     drop_edges: float = 0.0
     seed: int = 0
-    rank: int | None = None
-    epochs: int | None = None
-    lr: float | None = None
-    batch_size: int | None = None
-    num_negatives: int | None = None
-    regularizer_weight: float | None = None
-    training_loop: str | None = None
-    optimizer: str | None = None
-    train_minutes: float | None = None
-    precision: str | None = None
-    candidates: int | None = None
-    loss: str | None = None
-    eval_max_triples: int | None = 5000
+    train: Mapping[str, Any] = field(default_factory=dict)
     threshold: float | None = None
     max_matrix_gb: float = 1.25
     matrices: str = "auto"
@@ -138,14 +147,24 @@ class BuildConfig:
     overwrite: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("rank", "epochs", "batch_size", "num_negatives", "chunk_rows"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        if self.lr is not None and not (math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
-            raise UserError(f"--lr must be in (0, {MAX_LR:g}], got {self.lr}")
-        if self.eval_max_triples is not None and self.eval_max_triples < 0:
-            raise UserError(f"--eval-max-triples must be >= 0, got {self.eval_max_triples}")
+        if not isinstance(self.train, Mapping):
+            raise UserError(f"BuildConfig.train must be a mapping of training settings, got {type(self.train).__name__}")
+        for name in self.train:
+            if name in ("seed", "device"):
+                raise UserError(f"BuildConfig.train: {name} is a BuildConfig field (it serves the whole build)")
+            if name not in TRAIN_FLAGS:
+                raise unknown_name("training setting", str(name), TRAIN_FLAGS, "BuildConfig.train")
+        object.__setattr__(self, "train", {k: v for k, v in self.train.items() if v is not None})
+        if self.embeddings is None:  # a misspelt name first, with the closest known ones
+            if "loss" in self.train:
+                check_loss(self.train["loss"])  # imports pykeen: only when a loss is named
+            if "optimizer" in self.train:
+                check_optimizer(self.train["optimizer"], self.train.get("training_loop", TrainConfig.training_loop))
+        # the default (small) preset's values stand in for the ones not given; the real preset is checked
+        # again once the graph's size is known (default_train_config)
+        check_train_values({**_TRAIN_DEFAULTS, **self.train, "seed": self.seed}, name=_flag)
+        if self.chunk_rows is not None and self.chunk_rows < 1:
+            raise UserError(f"--chunk-rows must be >= 1, got {self.chunk_rows}")
         if not 0.0 <= self.drop_edges < 1.0:
             raise UserError(f"--drop-edges must be in [0, 1), got {self.drop_edges}")
         if not (math.isfinite(self.max_matrix_gb) and MIN_MATRIX_GB <= self.max_matrix_gb <= MAX_MATRIX_GB):
@@ -155,12 +174,43 @@ class BuildConfig:
         check_row_cache_gb(self.row_cache_gb, "--row-cache-gb")
         if not (math.isfinite(self.max_calibrate_minutes) and 0 < self.max_calibrate_minutes <= 1e9):
             raise UserError(f"--max-calibrate-minutes must be in (0, 1e9], got {self.max_calibrate_minutes}")
-        check_seed(self.seed)
         check_device(self.device, allow_auto=True)
         if self.threshold is not None and not 0.0 < self.threshold < 1.0:
             raise UserError(f"--threshold must be in (0, 1), got {self.threshold}")
         if not 0.0 <= self.delta < 1.0:
             raise UserError(f"--delta must be in [0, 1), got {self.delta}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The flat record meta.json keeps as ``build_config``: every field, the training overrides under
+        their own names (every one of :data:`TRAIN_FLAGS`, None where the preset's value was used)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "train":
+                out.update({k: self.train.get(k) for k in TRAIN_FLAGS})
+            else:
+                out[f.name] = getattr(self, f.name)
+        return out
+
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any]) -> "BuildConfig":
+        """The config of a flat mapping with :meth:`to_json`'s keys (parsed flags, meta.json's ``build_config``)."""
+        train = {k: values[k] for k in TRAIN_FLAGS if values.get(k) is not None}
+        return cls(**{k: v for k, v in values.items() if k not in TRAIN_FLAGS}, train=train)
+
+
+#: TrainConfig's defaults (the small preset): what BuildConfig checks its overrides against.
+_TRAIN_DEFAULTS = asdict(TrainConfig())
+
+
+def flat_defaults() -> dict[str, Any]:
+    """The default of every key of :meth:`BuildConfig.to_json` (training keys: None, the size preset)."""
+    out: dict[str, Any] = {}
+    for f in fields(BuildConfig):
+        if f.name == "train":
+            out.update(dict.fromkeys(TRAIN_FLAGS))
+        elif f.default is not MISSING:
+            out[f.name] = f.default
+    return out
 
 
 def _versions() -> dict[str, str]:
@@ -186,10 +236,6 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
     """
     output = OutputFolder(config.out, overwrite=config.overwrite, what="--out", create_parents=True,
                           inputs=[("--kg", config.kg)])  # never the KG's own folder (or inside it)
-    if config.loss is not None and config.embeddings is None:
-        check_loss(config.loss)
-    if config.optimizer is not None and config.embeddings is None:
-        check_optimizer(config.optimizer, config.training_loop or "1n")
     with output as tmp:  # SIGTERM, Ctrl-C or an error from here on removes the temporary folder
         return _build(config, progress, output, tmp)
 
@@ -207,14 +253,7 @@ def _build(config: BuildConfig, progress: bool, output: OutputFolder, tmp: Path)
     if progress:
         print(kg.summary(), file=sys.stderr)
 
-    train_cfg = default_train_config(
-        kg, rank=config.rank, epochs=config.epochs, lr=config.lr, batch_size=config.batch_size,
-        num_negatives=config.num_negatives, regularizer_weight=config.regularizer_weight,
-        training_loop=config.training_loop, loss=config.loss, seed=config.seed, device=config.device,
-        optimizer=config.optimizer, train_minutes=config.train_minutes, precision=config.precision,
-        candidates=config.candidates,
-    )
-    train_cfg = type(train_cfg)(**{**asdict(train_cfg), "eval_max_triples": config.eval_max_triples})
+    train_cfg = default_train_config(kg, name=_flag, **config.train, seed=config.seed, device=config.device)
     memory = _check_memory(config, kg, train_cfg, progress)
     t = time.perf_counter()
     if config.embeddings is not None:
@@ -307,7 +346,7 @@ def _calibrate_and_save(config: BuildConfig, progress: bool, kg, train_cfg, trai
     meta: dict[str, Any] = {
         "source": kg.source,
         "kg_stats": dict(kg.stats),
-        "build_config": asdict(config),
+        "build_config": config.to_json(),
         "train_config": asdict(trained.config),  # the rank a time budget chose, not None
         "size_preset": size_class(kg.num_entities),
         "inverse_relations": "relation 2k+1 is the inverse of 2k (named X^-1)",
@@ -395,8 +434,6 @@ def estimate_build_memory(*, num_entities: int, num_relations: int, num_triples:
       ``max_matrix_gb``, at most 8 bytes x every entry) plus two 64 MB chunk buffers; 0 for lazy
       and auto (auto picks lazy when the eager matrices would not fit, see :func:`_auto_matrices`).
     """
-    from .train import HUGE_FROM
-
     n, r, d = num_entities, num_relations, rank
     parts = {"base": BASE_BYTES, "graph": num_triples * 3 * 8 * 6 + n * 200}
     parts["embeddings"] = (n + r) * 2 * d * 4 * (6 if train else 2)
@@ -439,7 +476,7 @@ def _check_memory(config: BuildConfig, kg, train_cfg, progress: bool) -> dict[st
         avail = f", {_fmt_bytes(available)} available" if available is not None else ""
         print(f"memory: estimated peak {_fmt_bytes(est['total_bytes'])} ({parts}){avail}", file=sys.stderr)
     if config.memory_check and available is not None and est["total_bytes"] > available:
-        hints = ["a smaller --rank" if config.rank is not None else f"a --rank below {rank} (the budget's upper bound)"]
+        hints = ["a smaller --rank" if "rank" in config.train else f"a --rank below {rank} (the budget's upper bound)"]
         if config.matrices == "eager":
             hints += ["--matrices auto (or lazy)", "a smaller --max-matrix-gb"]
         raise UserError(f"--kg {config.kg}: the build needs an estimated {_fmt_bytes(est['total_bytes'])} "
@@ -623,14 +660,17 @@ def _parser() -> ArgumentParser:
                    help="1n: the project's fast 1-N ComplEx-N3 loop (default); lcwa/slcwa: pykeen's own loops")
     p.add_argument("--optimizer", default=None, help="adagrad (1n default), adam, or a pykeen optimizer name for lcwa/slcwa")
     p.add_argument("--train-minutes", type=float, default=None,
-                   help="training time budget in minutes (1n loop; large KGs: picks the rank, default 30)")
+                   help=f"training time budget in minutes (1n loop; large KGs: picks the rank, "
+                        f"default {PRESET_OVERRIDES['large']['train_minutes']:g})")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
                    help="1n loop GEMMs: bf16 where the CPU/GPU has it (auto, default) or fp32")
     p.add_argument("--candidates", type=int, default=None,
                    help="1n loop: score each batch against this many sampled entities (plus the batch's tails) "
-                        "instead of all of them (default: all below 50,000 entities, 4096 above)")
-    p.add_argument("--loss", default=None, help="pykeen loss name (default crossentropy)")
-    p.add_argument("--eval-max-triples", type=int, default=5000, help="held-out edges used for the MRR (0 = skip)")
+                        f"instead of all of them (default: all below {HUGE_FROM:,} entities, "
+                        f"{PRESET_OVERRIDES['huge']['candidates']} above)")
+    p.add_argument("--loss", default=None, help=f"pykeen loss name (default {TrainConfig.loss})")
+    # default None = the preset's (TrainConfig.eval_max_triples), so that meta.json records only what was given
+    p.add_argument("--eval-max-triples", type=int, default=None, help="held-out edges used for the MRR (0 = skip)")
     p.add_argument("--threshold", type=float, default=None,
                    help=f"drop calibrated probabilities below this (default {DEFAULT_THRESHOLD:g}; "
                         "eager: raised if over --max-matrix-gb)")
@@ -664,8 +704,8 @@ def _parser() -> ArgumentParser:
 
 def parse_args(argv: Sequence[str] | None) -> tuple[BuildConfig, bool]:
     ns = _parser().parse_args(argv)  # mistakes: one-line UserError (kgreason.cli.ArgumentParser)
-    names = {f.name for f in fields(BuildConfig)}
-    cfg = BuildConfig(**{k: v for k, v in vars(ns).items() if k in names})
+    names = set(flat_defaults()) | {"kg", "out"}
+    cfg = BuildConfig.from_flat({k: v for k, v in vars(ns).items() if k in names})
     return cfg, not ns.quiet
 
 

@@ -1,15 +1,29 @@
-"""ComplEx training through pykeen's pipeline, exported as complex64 embeddings.
+"""ComplEx training, exported as complex64 embeddings: :func:`train_complex` and its settings.
 
-The model is pykeen's own ``ComplEx`` trained with pykeen's LCWA loop (1-N
-scoring, the default: measured cheaper per epoch than sLCWA negative sampling
-with pykeen on 2 CPU cores) or its sLCWA loop, and an N3
-regulariser (pykeen's ``LpRegularizer`` with ``p=3``).  Link prediction is
-evaluated with pykeen's filtered rank-based evaluator on held-out edges.
+Which trainer runs is ``TrainConfig.training_loop``:
 
-pykeen's ComplEx stores complex ``cfloat`` embeddings and scores
-``Re(<e_h, w_r, conj(e_t)>)``; :func:`train_complex` exports exactly those
+* ``"1n"`` (every size preset, so every ``python -m kge.build`` unless
+  ``--training-loop`` says otherwise): the project's own 1-N ComplEx-N3 loop,
+  :func:`kge.complex_n3.train_1n` (real GEMMs, bf16 where the hardware has it,
+  Adagrad, early stopping on the validation MRR).  pykeen is not used for
+  training there; after it, the held-out link-prediction metrics come from
+  pykeen's filtered ``RankBasedEvaluator`` (:func:`pykeen_link_metrics`), or,
+  from :data:`HUGE_FROM` entities on, from the GEMM ranker
+  :func:`own_link_metrics` (the same tail-side numbers, tested).
+* ``"lcwa"`` / ``"slcwa"``: pykeen's ``pipeline`` with pykeen's ``ComplEx``,
+  its LCWA (1-N) or sLCWA (negative sampling) loop, an N3 regulariser
+  (:func:`_n3_class`) and pykeen's evaluator (both sides).
+
+Both paths score ``Re(<e_h, w_r, conj(e_t)>)`` and export the same complex
 tensors, so ``score(h, r, t) = Re(sum(e_h * w_r * conj(e_t)))`` reproduces
-``model.score_hrt`` (tested in ``tests/test_kge_train.py``).
+pykeen's ``model.score_hrt`` (tested in ``tests/test_kge_train.py`` and
+``tests/test_kge_complex_n3.py``).
+
+Settings have one home: :class:`TrainConfig`, whose defaults are the
+``small`` size preset; :data:`PRESET_OVERRIDES` states the ``large`` and
+``huge`` presets as overrides of it, and :func:`default_train_config` picks
+one by the graph's size.  :class:`kge.build.BuildConfig` holds only overrides
+of it (``train=``), checked here by :func:`check_train_values`.
 """
 from __future__ import annotations
 
@@ -17,22 +31,23 @@ import contextlib
 import functools
 import logging
 import math
+import numbers
 import re
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from kgreason.cli import check_device, check_seed
 from kgreason.errors import UserError, unknown_name
-from .complex_n3 import OPTIMIZERS as ONE_N_OPTIMIZERS  # numpy-only at import time
+from .complex_n3 import OPTIMIZERS as ONE_N_OPTIMIZERS, PRECISIONS as ONE_N_PRECISIONS  # numpy-only at import time
 from .graph import KnowledgeGraph
 
 __all__ = ["TrainConfig", "TrainResult", "train_complex", "default_train_config", "complex_scores", "check_loss",
            "check_optimizer", "own_link_metrics", "size_class", "LARGE_FROM", "HUGE_FROM",
-           "check_trainable"]
+           "check_trainable", "check_train_values", "PRESET_OVERRIDES", "SIZE_PRESETS", "MAX_LR", "TRAINING_LOOPS"]
 
 
 def _n3_class():
@@ -67,28 +82,103 @@ _N3 = None
 
 #: ``1n``: this project's 1-N ComplEx-N3 loop (kge.complex_n3); ``lcwa``/``slcwa``: pykeen's own loops.
 TRAINING_LOOPS = ("1n", "lcwa", "slcwa")
+#: Largest learning rate accepted: far above any useful rate (the size presets use 0.1); larger values are typos.
+MAX_LR = 10.0
+#: Fields that must be whole numbers >= 1 when set (None: unset, where the field allows it).
+_POSITIVE_INTS = ("rank", "epochs", "batch_size", "num_negatives", "eval_batch_size", "min_epochs", "eval_every",
+                  "candidates", "max_rank", "num_threads", "valid_max_triples")
+
+
+def check_train_values(values: Mapping[str, Any], *, name: Callable[[str], str] = str) -> None:
+    """Every check on a training configuration, as one :class:`UserError` line (the first problem found).
+
+    ``values`` maps every :class:`TrainConfig` field to its value.  ``name(field)`` is how a message names
+    a field: the field itself from Python (``rank must be >= 1, got 0``), its flag from a command line
+    (``kge.build``: ``--rank must be >= 1, got 0``); the check and its wording are the same for both.
+    """
+    v = values
+
+    def whole(f: str) -> None:
+        x = v[f]
+        if x is not None and (isinstance(x, bool) or not isinstance(x, numbers.Integral)):
+            raise UserError(f"{name(f)} must be a whole number, got {x!r}")
+
+    def number(f: str) -> None:
+        x = v[f]
+        if x is not None and (isinstance(x, bool) or not isinstance(x, numbers.Real)):
+            raise UserError(f"{name(f)} must be a number, got {x!r}")
+
+    for f in _POSITIVE_INTS:
+        whole(f)
+        if v[f] is not None and v[f] < 1:
+            raise UserError(f"{name(f)} must be >= 1, got {v[f]}")
+    for f in ("eval_max_triples", "patience", "seed"):
+        whole(f)
+    for f in ("lr", "regularizer_weight", "init_std", "train_minutes"):
+        number(f)
+    if v["eval_max_triples"] is not None and v["eval_max_triples"] < 0:
+        raise UserError(f"{name('eval_max_triples')} must be >= 0, got {v['eval_max_triples']}")
+    if v["patience"] < 0:
+        raise UserError(f"{name('patience')} must be >= 0, got {v['patience']}")
+    if not (math.isfinite(v["lr"]) and 0 < v["lr"] <= MAX_LR):
+        raise UserError(f"{name('lr')} must be in (0, {MAX_LR:g}], got {v['lr']}")
+    if not (math.isfinite(v["regularizer_weight"]) and v["regularizer_weight"] >= 0):
+        raise UserError(f"{name('regularizer_weight')} must be a finite number >= 0, got {v['regularizer_weight']}")
+    if not (math.isfinite(v["init_std"]) and v["init_std"] > 0):
+        raise UserError(f"{name('init_std')} must be a finite number > 0, got {v['init_std']}")
+    if v["train_minutes"] is not None and not (math.isfinite(v["train_minutes"]) and v["train_minutes"] > 0):
+        raise UserError(f"{name('train_minutes')} must be a finite number > 0, got {v['train_minutes']}")
+    check_seed(v["seed"], name("seed"))
+    if v["precision"] not in ONE_N_PRECISIONS:
+        raise UserError(f"{name('precision')} must be {_either(ONE_N_PRECISIONS)}, got {v['precision']!r}")
+    loop = v["training_loop"]
+    if loop not in TRAINING_LOOPS:
+        raise UserError(f"{name('training_loop')} must be one of {', '.join(TRAINING_LOOPS)}, got {loop!r}")
+    if v["rank"] is None and not (loop == "1n" and v["train_minutes"]):
+        raise UserError(f"{name('rank')} may be left to the time budget only with the 1n loop and "
+                        f"{name('train_minutes')}")
+    if loop == "1n" and v["optimizer"] not in ONE_N_OPTIMIZERS:
+        raise UserError(f"{name('optimizer')} of the 1n loop must be {_either(ONE_N_OPTIMIZERS)}, got {v['optimizer']!r}")
+    if loop == "1n" and v["loss"] != "crossentropy":
+        raise UserError(f"the 1n loop trains with the softmax cross-entropy only, got {name('loss')} {v['loss']!r}")
+    if v["candidates"] is not None and loop != "1n":
+        raise UserError(f"sampled candidates ({name('candidates')} {v['candidates']}) need the 1n training loop, "
+                        f"got {name('training_loop')} {loop}")
+
+
+def _either(choices: tuple[str, ...]) -> str:
+    """``'a', 'b' or 'c'``."""
+    quoted = [repr(c) for c in choices]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Hyper-parameters of one ComplEx training run (defaults: see :func:`default_train_config`).
+    """Hyper-parameters of one ComplEx training run.
 
-    ``rank`` is the complex dimension (``2*rank`` real numbers per vector).
-    ``regularizer_weight`` weighs the N3 term (mean over the batch's vectors of ``sum |x_i|^3``).
-    ``eval_max_triples`` subsamples held-out edges for the MRR (0 = skip the
-    evaluation, None = all of them).
+    The defaults ARE the ``small`` size preset, what ``python -m kge.build --kg umls`` trains with: the
+    project's 1-N loop (:mod:`kge.complex_n3`) with Lacroix et al.'s recipe (Adagrad at lr 0.1, init std
+    1e-3, N3 weight 5e-2, early stopping on the validation MRR every 5 epochs).  The other presets are
+    overrides of these (:data:`PRESET_OVERRIDES`); :func:`default_train_config` picks one by size.
+
+    ``rank`` is the complex dimension (``2*rank`` real numbers per vector); None leaves it to the
+    ``train_minutes`` budget (1n loop only).  ``regularizer_weight`` weighs the N3 term (mean over the
+    batch's vectors of ``sum |x_i|^3``).  ``eval_max_triples`` subsamples held-out edges for the MRR
+    (0 = skip the evaluation, None = all of them).  ``num_negatives`` and ``loss`` other than
+    ``crossentropy`` matter to pykeen's loops only; ``precision`` through ``max_rank`` to the 1n loop only.
+    Every check is :func:`check_train_values`.
     """
 
     rank: int | None = 128
     epochs: int = 100
-    lr: float = 0.01
-    batch_size: int = 1024
+    lr: float = 0.1
+    batch_size: int = 256
     num_negatives: int = 32
-    regularizer_weight: float = 1e-3
+    regularizer_weight: float = 5e-2
     loss: str = "crossentropy"
-    training_loop: str = "slcwa"
-    optimizer: str = "adam"
-    init_std: float = 0.1
+    training_loop: str = "1n"
+    optimizer: str = "adagrad"
+    init_std: float = 1e-3
     seed: int = 0
     device: str = "auto"
     eval_max_triples: int | None = 5000
@@ -98,7 +188,7 @@ class TrainConfig:
     precision: str = "auto"
     train_minutes: float | None = None
     min_epochs: int = 20
-    eval_every: int = 1
+    eval_every: int = 5
     patience: int = 3
     valid_max_triples: int | None = 5000
     checkpoint: str | None = None
@@ -109,78 +199,61 @@ class TrainConfig:
     max_rank: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("rank", "epochs", "batch_size", "num_negatives", "eval_batch_size", "min_epochs", "eval_every",
-                     "candidates", "max_rank"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.rank is None and not (self.training_loop == "1n" and self.train_minutes):
-            raise UserError("rank may be left to the time budget only with the 1n loop and train_minutes")
-        if self.train_minutes is not None and not (math.isfinite(self.train_minutes) and self.train_minutes > 0):
-            raise UserError(f"train minutes must be a finite number > 0, got {self.train_minutes}")
-        if self.patience < 0:
-            raise UserError(f"patience must be >= 0, got {self.patience}")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise UserError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
-        if not self.init_std > 0:
-            raise UserError(f"init_std must be > 0, got {self.init_std}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise UserError(f"lr must be a finite number > 0, got {self.lr}")
-        check_seed(self.seed, "seed")
-        if self.training_loop not in TRAINING_LOOPS:
-            raise UserError(f"training loop must be one of {', '.join(TRAINING_LOOPS)}, got {self.training_loop!r}")
-        if self.training_loop == "1n" and self.optimizer not in ONE_N_OPTIMIZERS:
-            raise UserError(f"optimizer of the 1n loop must be 'adagrad' or 'adam', got {self.optimizer!r}")
-        if self.training_loop == "1n" and self.loss != "crossentropy":
-            raise UserError(f"the 1n loop trains with the softmax cross-entropy only, got loss {self.loss!r}")
-        if self.candidates is not None and self.training_loop != "1n":
-            raise UserError(f"sampled candidates (--candidates {self.candidates}) need the 1n training loop, "
-                            f"got --training-loop {self.training_loop}")
-        if self.regularizer_weight < 0:
-            raise UserError(f"regularizer weight must be >= 0, got {self.regularizer_weight}")
+        check_train_values(asdict(self))
 
 
-#: Per-size presets (measurements in benchmarks/results/kge_train.md).  Both use the
-#: project's 1-N ComplEx-N3 loop (kge.complex_n3) with Lacroix et al.'s recipe:
-#: Adagrad at lr 0.1, init std 1e-3, N3 weight 5e-2, reciprocal relations,
-#: early stopping on the validation MRR.
-SIZE_PRESETS: dict[str, dict[str, Any]] = {
-    # N < 2,000 entities (UMLS, Nations, Kinships, Countries): a fixed rank, a
-    # fixed epoch cap, seconds of training.
-    "small": dict(rank=128, epochs=100, lr=0.1, batch_size=256, training_loop="1n", optimizer="adagrad",
-                  regularizer_weight=5e-2, init_std=1e-3, eval_every=5, patience=3),
+#: The size presets as overrides of :class:`TrainConfig`'s defaults (which are ``small`` itself).
+#: Measurements in benchmarks/results/kge_train.md; every preset is the 1n loop.
+PRESET_OVERRIDES: dict[str, dict[str, Any]] = {
+    # N < 2,000 entities (UMLS, Nations, Kinships, Countries): a fixed rank, a fixed epoch cap, seconds of
+    # training: TrainConfig's defaults.
+    "small": {},
     # larger graphs (FB15k-237: 14,505 entities, 544k training edges with
     # inverses): a time budget; the rank is the largest whose min_epochs fit the
     # budget at the GEMM rate measured at start (rank 256 for FB15k-237 in 30
     # minutes on 2 Sapphire Rapids cores with bf16 GEMMs).
-    "large": dict(rank=None, train_minutes=30.0, min_epochs=15, epochs=1000, lr=0.1, batch_size=1000,
-                  training_loop="1n", optimizer="adagrad", regularizer_weight=5e-2, init_std=1e-3, patience=2),
+    "large": dict(rank=None, train_minutes=30.0, min_epochs=15, epochs=1000, batch_size=1000, eval_every=1,
+                  patience=2),
     # N >= 50,000 (NELL-995: 63k; 100k+-entity graphs): full 1-N scoring costs B x N per row of a
     # batch (NELL-995: ~1 s per 1,000-row step at rank 256, ~4 minutes per epoch on 2 cores), so each
     # batch is scored against 4,096 uniformly sampled entities plus its own tails (~0.1 s per step,
     # sparse Adagrad updates of the touched rows only); measured against the full loss in
     # benchmarks/results/kge_train.md.  The rank is capped at 256 because lazy query rows cost
     # O(rank x N) each; the 15-minute budget keeps a build of such a graph within half an hour.
-    "huge": dict(rank=None, max_rank=256, train_minutes=15.0, min_epochs=10, epochs=1000, lr=0.1, batch_size=1000,
-                 training_loop="1n", optimizer="adagrad", regularizer_weight=5e-2, init_std=1e-3, patience=2,
-                 candidates=4096),
+    "huge": dict(rank=None, max_rank=256, train_minutes=15.0, min_epochs=10, epochs=1000, batch_size=1000,
+                 eval_every=1, patience=2, candidates=4096),
 }
 
-#: Entity counts where the size classes start (see :data:`SIZE_PRESETS`).
+#: Every preset resolved: each field's value (read-only reference; :data:`PRESET_OVERRIDES` is the source).
+SIZE_PRESETS: dict[str, dict[str, Any]] = {k: asdict(TrainConfig(**o)) for k, o in PRESET_OVERRIDES.items()}
+
+#: Entity counts where the size classes start (see :data:`PRESET_OVERRIDES`).
 LARGE_FROM, HUGE_FROM = 2000, 50_000
 
 
 def size_class(num_entities: int) -> str:
-    """``small`` (< 2,000 entities), ``large`` (< 50,000) or ``huge``: the key of :data:`SIZE_PRESETS`."""
+    """``small`` (< 2,000 entities), ``large`` (< 50,000) or ``huge``: the key of :data:`PRESET_OVERRIDES`."""
     if num_entities < LARGE_FROM:
         return "small"
     return "large" if num_entities < HUGE_FROM else "huge"
 
 
-def default_train_config(kg: KnowledgeGraph, **overrides: Any) -> TrainConfig:
-    """The size preset for ``kg`` with ``overrides`` (None values ignored) applied."""
-    params = dict(SIZE_PRESETS[size_class(kg.num_entities)])
+def default_train_config(kg: KnowledgeGraph, *, name: Callable[[str], str] = str, **overrides: Any) -> TrainConfig:
+    """The size preset for ``kg`` with ``overrides`` (None values ignored) applied.
+
+    ``name``: how an error names a field (see :func:`check_train_values`; ``kge.build`` passes its flags).
+    """
+    params = {**_DEFAULTS, **PRESET_OVERRIDES[size_class(kg.num_entities)]}
     params.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = sorted(set(params) - set(_DEFAULTS))
+    if unknown:
+        raise unknown_name("training setting", unknown[0], sorted(_DEFAULTS))
+    check_train_values(params, name=name)
     return TrainConfig(**params)
+
+
+#: TrainConfig's defaults by field (the ``small`` preset).
+_DEFAULTS: dict[str, Any] = asdict(TrainConfig())
 
 
 @dataclass
@@ -305,11 +378,14 @@ def _diverged_is_user_error(config: TrainConfig) -> Iterator[None]:
 
 
 def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = True) -> TrainResult:
-    """Train pykeen's ComplEx on ``kg.train`` and evaluate filtered MRR on held-out edges.
+    """Train ComplEx on ``kg.train`` and evaluate filtered MRR on held-out edges.
 
-    Held-out edges are ``kg.missing`` (dropped + valid + test), subsampled to
-    ``config.eval_max_triples`` (recorded in ``metrics``); filtering removes every
-    known edge (train, dropped, valid, test).
+    ``config.training_loop`` picks the trainer: ``"1n"`` (the presets) runs
+    :func:`kge.complex_n3.train_1n`, then :func:`pykeen_link_metrics` (or
+    :func:`own_link_metrics` from :data:`HUGE_FROM` entities); ``"lcwa"``/``"slcwa"``
+    run pykeen's ``pipeline`` (its model, loop and evaluator).  Held-out edges are
+    ``kg.missing`` (dropped + valid + test), subsampled to ``config.eval_max_triples``
+    (recorded in ``metrics``); filtering removes every known edge (train, dropped, valid, test).
     """
     if config.training_loop == "1n":
         return _train_1n_and_evaluate(kg, config, progress=progress)
@@ -420,14 +496,6 @@ def _export(result, config: TrainConfig, eval_triples: np.ndarray, held_out: np.
     )
 
 
-def config_dict(config: TrainConfig) -> dict[str, Any]:
-    return asdict(config)
-
-
-def with_overrides(config: TrainConfig, **kw: Any) -> TrainConfig:
-    return replace(config, **{k: v for k, v in kw.items() if v is not None})
-
-
 def resolve_rank(kg: KnowledgeGraph, config: TrainConfig, *, device: str) -> tuple[TrainConfig, dict[str, Any]]:
     """``config`` with a concrete rank: the largest whose ``min_epochs`` fit ``train_minutes``, timed on real steps."""
     from .complex_n3 import choose_rank, resolve_precision
@@ -442,7 +510,8 @@ def resolve_rank(kg: KnowledgeGraph, config: TrainConfig, *, device: str) -> tup
 
 
 def _train_1n_and_evaluate(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool) -> TrainResult:
-    """The 1n loop (:mod:`kge.complex_n3`), then pykeen's filtered evaluator on held-out edges."""
+    """The 1n loop (:mod:`kge.complex_n3`), then the filtered link metrics on held-out edges (pykeen's
+    evaluator, or the GEMM ranker :func:`own_link_metrics` from :data:`HUGE_FROM` entities)."""
     import sys
 
     from .complex_n3 import train_1n

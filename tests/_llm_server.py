@@ -85,8 +85,8 @@ def make_artifact(path: str | os.PathLike, *, drop: float = 0.5, seed: int = 0, 
         tsv = path.parent / f"{path.name}-kg.tsv"
         fwd = triples[triples[:, 1] % 2 == 0]
         tsv.write_text("".join(f"{entities[h]}\t{relations[r]}\t{entities[t]}\n" for h, r, t in fwd), encoding="utf-8")
-        build_artifact(BuildConfig(kg=str(tsv), out=str(path), drop_edges=drop, seed=seed, rank=4, epochs=1,
-                                   eval_max_triples=50, device="cpu"), progress=False)
+        build_artifact(BuildConfig(kg=str(tsv), out=str(path), drop_edges=drop, seed=seed, device="cpu",
+                                   train=dict(rank=4, epochs=1, eval_max_triples=50)), progress=False)
         return path
     from kge.artifact import Artifact
 

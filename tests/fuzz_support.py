@@ -107,8 +107,8 @@ def tiny_world(tmp_path_factory) -> TinyWorld:
     kg.write_text("".join("\t".join(r) + "\n" for r in tiny_rows()), encoding="utf-8")
     art_dir = root / "art"
     with quiet_third_party(), contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-        art = build_artifact(BuildConfig(kg=str(kg), out=str(art_dir), rank=4, epochs=2, seed=0, device="cpu",
-                                         drop_edges=0.25),
+        art = build_artifact(BuildConfig(kg=str(kg), out=str(art_dir), train=dict(rank=4, epochs=2), seed=0,
+                                         device="cpu", drop_edges=0.25),
                              progress=False)
 
     # JSONL queries as engine.sample writes them (the sampler's own writer: real format, real labels).

@@ -426,8 +426,8 @@ def test_training_progress_moves_per_batch(tmp_path, capsys):
 
     f = tmp_path / "kg.tsv"
     f.write_text("".join(f"e{i}\tr{i % 3}\te{(i * 7 + 1) % 40}\n" for i in range(120)))
-    train_complex(load_kg(f), TrainConfig(rank=2, epochs=1, batch_size=16, eval_max_triples=0, device="cpu"),
-                  progress=True)
+    train_complex(load_kg(f), TrainConfig(rank=2, epochs=1, batch_size=16, eval_max_triples=0, device="cpu",
+                                          training_loop="slcwa"), progress=True)
     err = capsys.readouterr().err
     assert "Training batches on cpu:   0%|          | 0.00/15.0" in err  # a bar over 240 edges / 16 per batch
     assert "Warning" not in err and "WARNING" not in err

@@ -81,9 +81,14 @@ def test_round_trip_and_checksum_mismatch(umls_artifact, tmp_path):
 
 def test_build_artifact_library_call_replaces_atomically(tmp_path):
     out = tmp_path / "nations"
-    cfg = BuildConfig(kg="nations", out=str(out), rank=4, epochs=1, eval_max_triples=0)
+    cfg = BuildConfig(kg="nations", out=str(out), train=dict(rank=4, epochs=1, eval_max_triples=0))
     a = build_artifact(cfg, progress=False)
     assert a.path == out and (out / "meta.json").is_file()
+    # the overrides reach training; everything else is the (small) preset, i.e. TrainConfig's defaults
+    from kge.train import TrainConfig
+
+    expected = dataclasses.asdict(TrainConfig(rank=4, epochs=1, eval_max_triples=0, device="auto"))
+    assert a.meta["train_config"] == expected and a.meta["size_preset"] == "small"
     with pytest.raises(UserError, match="already holds an artifact; pass --overwrite"):
         build_artifact(cfg, progress=False)  # never replaced silently
     b = build_artifact(dataclasses.replace(cfg, overwrite=True), progress=False)  # rebuilding over it
@@ -91,6 +96,57 @@ def test_build_artifact_library_call_replaces_atomically(tmp_path):
     leftovers = [p.name for p in tmp_path.iterdir() if p.name != "nations"]
     assert leftovers == []
     assert json.loads((out / "meta.json").read_text())["num_entities"] == 14
+
+
+#: meta.json's ``build_config`` keys as every earlier build wrote them (BuildConfig's flat fields before the
+#: training settings moved to kge.train.TrainConfig): old artifacts and rebuild commands depend on them.
+BUILD_CONFIG_KEYS = ["kg", "out", "kg_format", "drop_edges", "seed", "rank", "epochs", "lr", "batch_size",
+                     "num_negatives", "regularizer_weight", "training_loop", "optimizer", "train_minutes", "precision",
+                     "candidates", "loss", "eval_max_triples", "threshold", "max_matrix_gb", "matrices",
+                     "max_calibrate_minutes", "memory_check", "row_cache_gb", "delta", "chunk_rows", "device",
+                     "embeddings", "overwrite"]
+
+
+def test_build_config_composes_the_training_config(umls_artifact):
+    """BuildConfig declares no training field of its own (seed and device serve the whole build)."""
+    from kge.build import TRAIN_FLAGS, flat_defaults, parse_args
+    from kge.train import TrainConfig
+
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert {f.name for f in dataclasses.fields(BuildConfig)} & train_fields == {"seed", "device"}
+    assert set(TRAIN_FLAGS) <= train_fields
+    assert list(flat_defaults()) == BUILD_CONFIG_KEYS[2:]  # all but the required kg and out
+    meta = Artifact.load(umls_artifact).meta
+    assert sorted(meta["build_config"]) == sorted(BUILD_CONFIG_KEYS)  # meta.json sorts its keys
+    assert meta["build_config"]["rank"] == 8 and meta["build_config"]["lr"] is None
+    cfg, _ = parse_args(["--kg", "umls", "--out", "o", "--rank", "8", "--loss", "crossentropy", "--lr", "0.05"])
+    assert cfg.train == {"rank": 8, "loss": "crossentropy", "lr": 0.05}
+    assert BuildConfig.from_flat(cfg.to_json()) == cfg
+    assert BuildConfig(kg="k", out="o", train=dict(rank=None, lr=0.2)).train == {"lr": 0.2}  # None: the preset's
+    with pytest.raises(UserError, match=r"^BuildConfig.train: unknown training setting 'init_sdt'"):
+        BuildConfig(kg="k", out="o", train=dict(init_sdt=1.0))
+    with pytest.raises(UserError, match=r"^BuildConfig.train: device is a BuildConfig field"):
+        BuildConfig(kg="k", out="o", train=dict(device="cpu"))
+
+
+def test_old_meta_json_rebuild_command_still_parses():
+    """A build_config written before the move (eval_max_triples 5000 recorded, flat training keys) rebuilds."""
+    import shlex
+
+    from kge.artifact import rebuild_command
+    from kge.build import parse_args
+
+    old = dict.fromkeys(BUILD_CONFIG_KEYS)
+    old.update(kg="umls", out="artifacts/umls", drop_edges=0.5, seed=3, rank=8, epochs=2, batch_size=512,
+               eval_max_triples=5000, max_matrix_gb=1.25, matrices="auto", max_calibrate_minutes=30.0,
+               memory_check=True, row_cache_gb=1.0, delta=1e-4, device="auto", overwrite=False)
+    cmd = rebuild_command("/x/umls", {"build_config": old})
+    for part in ("--rank 8", "--epochs 2", "--batch-size 512", "--drop-edges 0.5", "--seed 3",
+                 "--eval-max-triples 5000"):
+        assert part in cmd, cmd
+    cfg, _ = parse_args(shlex.split(cmd)[3:])
+    assert cfg.train == {"rank": 8, "epochs": 2, "batch_size": 512, "eval_max_triples": 5000}
+    assert cfg.seed == 3 and cfg.drop_edges == 0.5 and cfg.overwrite
 
 
 @pytest.mark.parametrize(

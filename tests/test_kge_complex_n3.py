@@ -203,8 +203,8 @@ def test_presets_use_the_1n_loop(nations):
         (dict(optimizer="sgd"), "optimizer of the 1n loop must be 'adagrad' or 'adam', got 'sgd'"),
         (dict(loss="softplus"), "the 1n loop trains with the softmax cross-entropy only, got loss 'softplus'"),
         (dict(precision="fp8"), "precision must be 'auto', 'bf16' or 'fp32', got 'fp8'"),
-        (dict(train_minutes=0.0), "train minutes must be a finite number > 0, got 0.0"),
-        (dict(train_minutes=float("nan")), "train minutes must be a finite number > 0, got nan"),
+        (dict(train_minutes=0.0), "train_minutes must be a finite number > 0, got 0.0"),
+        (dict(train_minutes=float("nan")), "train_minutes must be a finite number > 0, got nan"),
         (dict(rank=None), "rank may be left to the time budget only with the 1n loop and train_minutes"),
         (dict(patience=-1), "patience must be >= 0, got -1"),
         (dict(eval_every=0), "eval_every must be >= 1, got 0"),
@@ -389,7 +389,7 @@ def test_own_link_metrics_equal_pykeen_tail_side(nations):
     (dict(candidates=0), "candidates must be >= 1, got 0"),
     (dict(max_rank=0), "max_rank must be >= 1, got 0"),
     (dict(candidates=5, training_loop="lcwa", optimizer="adam"),
-     "sampled candidates (--candidates 5) need the 1n training loop, got --training-loop lcwa"),
+     "sampled candidates (candidates 5) need the 1n training loop, got training_loop lcwa"),
 ])
 def test_candidate_config_errors(kwargs, message):
     with pytest.raises(UserError) as exc:
