@@ -89,11 +89,9 @@ def rebuild_command(path: str | os.PathLike, meta: Any) -> str:
     if isinstance(config, dict) and isinstance(config.get("kg"), str):
         args[1] = config["kg"]
         try:
-            from dataclasses import MISSING, fields
+            from .build import flat_defaults
 
-            from .build import BuildConfig
-
-            defaults = {f.name: f.default for f in fields(BuildConfig) if f.default is not MISSING}
+            defaults = flat_defaults()
         except Exception:  # noqa: BLE001 - a broken build module must not hide the load error being reported
             defaults = {}
         for name, default in defaults.items():
