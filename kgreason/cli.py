@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import NoReturn
 
 from kgreason.errors import UserError, printable
 
@@ -30,7 +31,7 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._prefix_prog = prefix_prog
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         message = printable(message)
         raise UserError(f"{self.prog}: {message}" if self._prefix_prog else message)
 

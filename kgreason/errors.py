@@ -31,7 +31,7 @@ class Terminated(BaseException):
 def closest_names(name: str, known: Iterable[str], n: int = 3) -> list[str]:
     """The ``n`` known names most similar to ``name`` (case-insensitive)."""
     known = list(known)
-    lowered = {}
+    lowered: dict[str, str] = {}
     for k in known:
         lowered.setdefault(k.lower(), k)
     hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.0)

@@ -105,8 +105,8 @@ def interrupts_deferred() -> Iterator[None]:
     pending: list[tuple[int, Any]] = []
     previous: dict[int, Any] = {}
     try:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, lambda n, frame: pending.append((n, frame)))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda n, frame: pending.append((n, frame)))
     except (ValueError, OSError):
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -436,7 +436,7 @@ def open_output(path: str | os.PathLike, *, what: str = "--out", binary: bool = 
     if target.is_symlink():
         target = target.resolve()
     if target.exists() and not target.is_file():
-        with open(target, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": "\n"})) as f:
+        with open(target, "wb") if binary else open(target, "w", encoding="utf-8", newline="\n") as f:
             yield f
         return
     with sigterm_raises():

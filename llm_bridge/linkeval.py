@@ -35,7 +35,6 @@ Run (writes the Markdown table and the PNG next to it)::
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import subprocess
 import sys

@@ -1,8 +1,9 @@
 """Shared test helpers for the LLM bridge: a generated KG artifact and the simulated LLM server on 127.0.0.1.
 
-Use from a test module (tests/ is on sys.path, as for ``_ops_helpers``)::
+Use from a test module (tests/ is on sys.path, as for ``_ops_helpers``); the two fixtures are
+registered for every module by tests/conftest.py, so a module imports only the helpers::
 
-    from _llm_server import llm_artifact, make_artifact, simulator, simulator_process  # noqa: F401
+    from _llm_server import make_artifact, simulator, simulator_process
 
 * :func:`make_artifact` writes a real artifact folder for a generated KG with
   half of its edge pairs moved to ``missing.tsv``.  By default its matrices hold

@@ -52,6 +52,14 @@ def umls_tiny_artifact(tmp_path_factory):
     return out
 
 
+# ------------------------------------------------------------------ the LLM bridge's generated KG and local server
+# tests/_llm_server.py's session fixtures, registered once here for every module: `llm_artifact` (a generated
+# 150-entity KG, no training, half its edges in missing.tsv; <1 s) and `local_llm` (opt-in: pytest -m llm).  A
+# fixture imported into each test module instead is a separate fixture per module (built once per module) and
+# reads as a redefined name to pyflakes (ruff F811).
+from _llm_server import llm_artifact, local_llm  # noqa: E402,F401
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     if request.param == "cuda":

@@ -1,6 +1,7 @@
 """``python -m engine.answer`` (via ``main(argv)``), the Python API and the default-KG cache."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -155,7 +156,7 @@ def test_missing_artifact(tmp_path, capsys):
 def test_parse_args_is_frozen_config():
     cfg = parse_args(["--expr", "x", "--no-explain", "--neg-scale", "2", "--negation", "complement"])
     assert cfg == AnswerConfig(expr="x", explain=False, neg_scale=2.0, negation="complement")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.top_k = 3  # type: ignore[misc]
 
 

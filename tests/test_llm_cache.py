@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from _llm_server import llm_artifact, simulator  # noqa: F401
+from _llm_server import simulator
 from kgreason.errors import UserError
 from llm_bridge import cache as cache_mod
 from llm_bridge import prompts

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from _llm_server import HANG, chat_reply, llm_artifact, local_llm, scripted_server, simulator  # noqa: F401
+from _llm_server import HANG, chat_reply, scripted_server, simulator
 from kgreason.errors import UserError
 from llm_bridge import prompts
 from llm_bridge.cache import ResponseCache, request_key

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from _llm_server import llm_artifact, simulator  # noqa: F401  (fixture and helper)
+from _llm_server import simulator
 from llm_bridge.experiment import main, output_paths, parse_args
 
 GRID = ["--structures", "1p", "2p", "pin", "--per-structure", "5", "--recall", "1.0", "0.5",

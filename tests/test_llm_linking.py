@@ -3,7 +3,6 @@ boundary, unlinked strings reported with their closest names, the vectorised sea
 from __future__ import annotations
 
 import random
-import string
 
 import pytest
 from rapidfuzz import fuzz

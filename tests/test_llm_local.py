@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from _llm_server import llm_artifact, local_llm  # noqa: F401  (fixtures)
 from kgreason.errors import UserError
 from llm_bridge import local
 from llm_bridge.client import LLMClient

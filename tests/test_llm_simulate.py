@@ -11,7 +11,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from _llm_server import ROOT, generate_kg, llm_artifact, simulator, simulator_process  # noqa: F401
+from _llm_server import ROOT, generate_kg, simulator, simulator_process
 from kgreason.errors import UserError
 from llm_bridge import prompts
 from llm_bridge.simulate import KnowledgeBase, SimulatedLLM, SimulatorConfig, main, simulator_question

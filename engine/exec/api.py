@@ -144,12 +144,11 @@ class Engine:
         """
         from engine.exec.ask import Asker, AskSettings
 
-        single = isinstance(questions, str)
+        batch = [questions] if isinstance(questions, str) else list(questions)
         asker = Asker(self, retriever if retriever is not None else self.retriever(encoder=encoder),
                       settings=AskSettings(**settings), verbalizer=verbalizer, exemplars=exemplars)
-        out = asker.ask([questions] if single else list(questions), planner=planner, reasoner=reasoner,
-                        linker=linker, progress=progress)
-        return out[0] if single else out
+        out = asker.ask(batch, planner=planner, reasoner=reasoner, linker=linker, progress=progress)
+        return out[0] if isinstance(questions, str) else out
 
     def example(self, structure: str, *, seed: int = 0) -> Node:
         """A seeded example query of ``structure`` that has answers on this KG (ids).

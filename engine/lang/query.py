@@ -313,7 +313,7 @@ def _describe_tok(tok: _Tok) -> str:
         return "end of input"
     if tok.kind in "()":
         return repr(tok.kind)
-    return _printable(format_name(tok.value)) if tok.kind == "name" else f"#{tok.value}"
+    return _printable(format_name(str(tok.value))) if tok.kind == "name" else f"#{tok.value}"
 
 
 def _tokenize(text: str, where: str) -> list[_Tok]:
@@ -405,6 +405,7 @@ class _Parser:
         """One query whose enclosing operators number ``depth`` (recursion is bounded by MAX_QUERY_DEPTH)."""
         tok = self.take()
         if tok.kind in ("name", "id"):
+            assert tok.value is not None  # name and id tokens always carry one (for the type checker)
             return Anchor(tok.value)
         if tok.kind != "(":
             raise self.fail(tok, "a query (an entity name or '(')")
@@ -420,8 +421,9 @@ class _Parser:
             rel = self.take()
             if rel.kind not in ("name", "id"):
                 raise self.fail(rel, f"a relation name after '{op}'")
+            assert rel.value is not None
             arg = self.query(depth)
-            node: Node = NODE_TYPES[op](rel.value, arg)
+            node: Node = (Projection if op == "p" else NegatedProjection)(rel.value, arg)
         elif op == "n":
             node = Complement(self.query(depth))
         else:
@@ -432,7 +434,7 @@ class _Parser:
                 args.append(self.query(depth))
             if len(args) < 2:
                 raise self.fail(self.peek(), f"a second sub-query for '{op}' (it takes 2 or more)")
-            node = NODE_TYPES[op](tuple(args))
+            node = (Intersection if op == "i" else Union)(tuple(args))
         close = self.take()
         if close.kind != ")":
             if op in ("p", "np", "n"):
@@ -603,6 +605,7 @@ def describe(node: Node, artifact: "Artifact | None" = None) -> str:
         while isinstance(n, Projection):
             rels.append(rname(n.relation))
             n = n.arg
+        assert isinstance(n, Anchor)  # callers check _is_chain first
         parts = [ename(n.entity)]
         for k, r in enumerate(reversed(rels)):
             target = var if k == len(rels) - 1 else fresh()
