@@ -40,7 +40,6 @@ import io
 import json
 import os
 import shlex
-import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +53,7 @@ from kgreason.files import is_plain_name, read_lines, write_output
 
 if TYPE_CHECKING:  # pragma: no cover
     from .lazy import LazyMatrices
+    from .rows import RelationRows
 
 __all__ = ["Artifact", "ArtifactVersionError", "read_meta", "read_vocab", "read_triples", "read_embeddings", "sha256_file",
            "rebuild_command", "add_checksum_argument", "SKIP_CHECKSUMS_FLAG", "INVERSE_SUFFIX", "FORMAT_VERSION",
@@ -313,6 +313,7 @@ class Artifact:
         if len(self._relation_index) != r:
             raise ValueError("relation names must be unique")
         self._torch_cache: dict[tuple[int, str], Any] = {}
+        self._rows_cache: dict[str, Any] = {}  # device -> kge.rows.RelationRows (relation_rows)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -378,25 +379,35 @@ class Artifact:
 
     def relation_matrix(self, r: int, device: str = "cpu"):
         """M_r as a torch sparse CSR tensor (N, N), float32, int32 indices; cached per device."""
-        import torch
-
         key = (r, str(device))
         hit = self._torch_cache.get(key)
         if hit is not None:
             return hit
-        block = self.relation_block(r)
-        with warnings.catch_warnings():
-            # torch flags all CSR tensors as "beta"; we only use them as containers.
-            warnings.simplefilter("ignore", UserWarning)
-            t = torch.sparse_csr_tensor(
-                torch.from_numpy(block.indptr.astype(np.int32)),
-                torch.from_numpy(block.indices),
-                torch.from_numpy(block.data),
-                size=block.shape,
-                dtype=torch.float32,
-            ).to(device)
+        from .rows import csr_tensor
+
+        t = csr_tensor(self.relation_block(r), device)
         self._torch_cache[key] = t
         return t
+
+    def relation_rows(self, *, device: str = "cpu") -> "RelationRows":
+        """The relation matrices as a projection reads them (:class:`kge.rows.RelationRows`), on ``device``.
+
+        Eager artifacts: :class:`kge.rows.EagerRows`, the stacked CSR prepared once (one
+        transpose) on first use; lazy ones: :class:`kge.rows.LazyRows` (rows computed on
+        ``device``, the row cache shared).  Cached per device: every executor of this
+        artifact shares one prepared copy of the KG.
+        """
+        import torch
+
+        from .rows import EagerRows, LazyRows
+
+        key = str(torch.device(device))
+        hit = self._rows_cache.get(key)
+        if hit is None:
+            hit = (LazyRows(matrices=self.matrices, device=key) if self.is_lazy
+                   else EagerRows(matrices=self.matrices, num_entities=self.num_entities, device=key))
+            self._rows_cache[key] = hit
+        return hit
 
     def nnz_per_relation(self) -> np.ndarray:
         """Entries of each M_r: int64 (R,).  Unknown for lazy matrices (a :class:`UserError`)."""

@@ -140,7 +140,7 @@ def test_lazy_equals_eager_every_structure_umls(umls_pair, seed, tnorm, negation
 @pytest.mark.parametrize("max_pairs", [1, 3, 7])
 def test_lazy_projection_split_into_bounded_calls_same_answers(seed, monkeypatch, max_pairs):
     """Batches whose active entries exceed the per-call bound are split (the OOM fix): same answers, argmax too."""
-    import engine.exec.executor as ex
+    import kge.rows
 
     rng = np.random.default_rng(seed)
     n, r = int(rng.integers(20, 50)), int(rng.integers(2, 5))
@@ -148,14 +148,18 @@ def test_lazy_projection_split_into_bounded_calls_same_answers(seed, monkeypatch
     obs = random_observed(rng, n, r, 4 * n)
     eager, lazy = artifact_pair(ent, rel, obs, threshold=2e-4, row_cache_gb=1e-12)
     calls = []
-    real = ex.Executor._project_rows_lazy
+    real = kge.rows.LazyRows.blocks
 
-    def counting(self, x, *a, **k):
+    def counting(self, x, rels):
         calls.append(int((x > 0).sum()))
-        return real(self, x, *a, **k)
+        for block in real(self, x, rels):
+            # a block's rows hold at most max_pairs active entries, unless it is a single row
+            rows = x if block.rows is None else x[block.rows]
+            assert int((rows > 0).sum()) <= max_pairs or rows.shape[0] == 1
+            yield block
 
-    monkeypatch.setattr(ex, "_LAZY_MAX_PAIRS", max_pairs)
-    monkeypatch.setattr(ex.Executor, "_project_rows_lazy", counting)
+    monkeypatch.setattr(kge.rows, "LAZY_MAX_PAIRS", max_pairs)
+    monkeypatch.setattr(kge.rows.LazyRows, "blocks", counting)
     for negation in NEGATION_MODES:
         queries = structure_queries(rng, n, r, negation, per_structure=3)
         assert_same_answers(eager, lazy, queries)
@@ -353,4 +357,4 @@ def test_lazy_equals_eager_on_device(device, seed):
     cpu_lazy = Artifact(entities=lazy.entities, relations=lazy.relations, observed=obs, missing=lazy.missing,
                         matrices=LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3))
     ex = Executor(cpu_lazy, device=device)
-    assert ex._lazy.device.startswith(device) and ex._lazy.cache is cpu_lazy.matrices.cache
+    assert ex.rows.matrices.device.startswith(device) and ex.rows.matrices.cache is cpu_lazy.matrices.cache

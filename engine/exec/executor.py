@@ -11,10 +11,24 @@ is a fuzzy set, a float32 vector over the N entities with values in [0, 1]:
 * ``(n q)``                   ``1 - q``                                    (``ops.negate``).
 
 Batching: queries with the same :func:`~engine.lang.query.shape_key` run together
-as the B rows of one ``(B, N)`` tensor per node.  A projection node is one
-``ops.project_multi`` call over the artifact's stacked matrices (each row through
-its own relation; prepared once per executor), or one ``ops.project`` call when
-all rows share the relation.
+as the B rows of one ``(B, N)`` tensor per node.
+
+Projection, one route: the executor reads the relation matrices through a
+:class:`kge.rows.RelationRows` (``artifact.relation_rows(device=...)``, or the
+``rows=`` argument), which hands out, for a batch and its rows' relations,
+:class:`kge.rows.RowBlock` s (a stacked CSR with its transpose, each row's relation in
+it, which batch rows); each block is one ``ops.project_multi`` call (dense sets) or
+``ops.sparse_rows.project_multi_sparse`` call (sparse sets), each row through its own
+relation; one relation for all rows is the degenerate case.  Eager artifacts: one
+block, the whole KG prepared once per artifact and device (one stacked transpose,
+shared by every executor).  Lazy artifacts (:mod:`kge.lazy`): compact blocks of
+only the calibrated rows ``(r, h)`` of the input's active entities ``h``
+(``X[b, h] > 0``), computed or taken from the row cache; rows of inactive heads
+meet a zero input in plain and negated projection alike, so scores and witnesses
+equal the eager artifact's.  ``frontier_k`` (default off: exact) keeps only the ``k``
+largest entries of each projection's input (``ops.topk_prune``, as CQD-beam does),
+which bounds the rows a lazy projection computes; it applies to eager artifacts the
+same way, so the two stay comparable.
 
 Sparse sets (``Executor(sparse=True)``): where nobody needs a node's (B, N) tensor (scores without
 explanations, hooks or kept trace values), sets with few non-zeros travel as
@@ -22,24 +36,15 @@ explanations, hooks or kept trace values), sets with few non-zeros travel as
 push stays small (``ops.sparse_rows.project_multi_sparse``), intersections with a
 sparse argument and unions of sparse arguments.  A node with full support
 (negation, negated projection, union with a dense argument) and the query's
-result are dense.  The values are the dense operators' bit for bit; only the
-cost changes: a small set costs its entries, not N.
+result are dense, and so is a projection whose rows come in several blocks.
+The values are the dense operators' bit for bit; only the cost changes: a small
+set costs its entries, not N.
 
 Per-node methods: each node type is computed by its own method, through one
 table from op (``"e"``, ``"p"``, ``"np"``, ``"i"``, ``"u"``, ``"n"``) to method;
 every node's result is a :class:`~engine.exec.hooks.NodeValue` (values, the
 projection witness, evidence).  Projections have one method whatever the
 branch (one-hot anchors included): one ``ops`` call per node, no per-relation loop.
-
-Lazy artifacts (:mod:`kge.lazy`): a projection computes (or takes from the row
-cache) the calibrated rows ``(r, h)`` of its input's active entities ``h``
-(``X[b, h] > 0``) only, assembles them into a compact stack and makes the same
-``ops.project_multi`` call; rows of inactive heads meet a zero input in plain
-and negated projection alike, so scores and witnesses equal the eager
-artifact's.  ``frontier_k`` (default off: exact) keeps only the ``k`` largest
-entries of each projection's input (``ops.topk_prune``, as CQD-beam does),
-which bounds the rows a lazy projection computes; it applies to eager
-artifacts the same way, so the two stay comparable.
 
 Hooks (:mod:`engine.exec.hooks`): after a node is computed, the registered
 hooks for its op see it with its context and may replace its value; parents
@@ -61,6 +66,7 @@ evidence hooks merged in, and recomputes the score from them
 from __future__ import annotations
 
 import copy
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Sequence
@@ -68,6 +74,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 import torch
 
+import ops
 from kgreason.errors import UserError
 from ops.fuzzy import TNORMS
 from ops.sparse_rows import SparseRows, intersect_sparse, project_multi_sparse, push_sizes, union_sparse
@@ -92,29 +99,17 @@ from engine.lang.query import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from kge.artifact import Artifact
+    from kge.rows import RelationRows, RowBlock
 
 __all__ = ["Executor", "QueryResult", "Answer", "Explanation", "TNORMS", "combine_scores"]
 
 
-#: Most rows (distinct relations x N) of the compact stack one lazy projection call builds: 2^24
-#: int64 row pointers are 128 MiB; more distinct relations are projected in groups.
-_LAZY_STACK_ROWS = 1 << 24
-#: Most (row, active entity) pairs one lazy projection call turns into calibrated rows at once.  Without
-#: a bound, a batch of 300 FB15k-237 2p queries at threshold 2e-4 asked for ~1M rows in one call, and
-#: their entries plus the stack built from them were OOM-killed at 23 GB on a 24 GB machine; batch rows
-#: beyond this many pairs go to further calls (rows they share are then served by the row cache).
-_LAZY_MAX_PAIRS = 1 << 16
-
-
 # ----------------------------------------------------------------------------- operator access
 class _Ops:
-    """The fuzzy-set operators, taken from the ``ops`` package (with its backend selection)."""
+    """The one adapter between the executor and ``ops``' public functions (with its backend selection)."""
 
     def __init__(self, backend: str | None) -> None:
-        import ops
-
         self.backend = backend
-        self._ops = ops
 
     def _kw(self) -> dict[str, Any]:
         # Every tensor the executor passes was produced by these operators from one-hot
@@ -124,24 +119,42 @@ class _Ops:
             kw["backend"] = self.backend
         return kw
 
-    def prepare(self, m):
-        return self._ops.prepare(m)
+    def sparse_kw(self, device: torch.device) -> dict[str, Any]:
+        """Keywords of the sparse-set ops: the executor's backend, except ``cpp`` where they have no kernel
+        (CUDA: the pure-torch path; see ops.sparse_rows)."""
+        b = self.backend
+        if b == "cpp" and not ops.has_kernel("project_multi_sparse", device):
+            b = "reference"
+        return {"backend": b, "validate": False}
 
-    def project(self, x, m, want_arg: bool, strategy: str = "auto"):
-        return self._ops.project(x, m, return_argmax=want_arg, strategy=strategy, **self._kw())
+    def project(self, x: "torch.Tensor | SparseRows", block: "RowBlock", *, negated: bool, neg_scale: float,
+                want_arg: bool, strategy: str, sparse_ratio: float | None):
+        """Row ``k`` of ``x`` (B', N) through stack relation ``block.rel[k]``: ``(y, argmax (B', N) | None)``.
 
-    def project_negated(self, x, m, neg_scale: float, want_arg: bool, strategy: str = "auto"):
-        return self._ops.project_negated(x, m, neg_scale=neg_scale, return_argmax=want_arg, strategy=strategy,
-                                         **self._kw())
+        ``y`` is a :class:`SparseRows` when ``x`` is one, ``sparse_ratio`` is given and the push reads
+        at most ``B' * N / sparse_ratio`` entries (a bound on its non-zeros: past that the dense
+        kernel's contiguous writes win); else a (B', N) tensor.  ``strategy``: the dense op's.
+        """
+        if isinstance(x, SparseRows):
+            if sparse_ratio is not None and not negated and \
+                    int(push_sizes(x, block.rel, block.stack).sum()) * sparse_ratio <= x.batch_size * x.n:
+                return project_multi_sparse(x, block.rel, block.stack, **self.sparse_kw(x.device)), None
+            x = x.to_dense()
+        out = ops.project_multi(x, block.rel, block.stack, negated=negated, neg_scale=neg_scale, strategy=strategy,
+                                return_argmax=want_arg, **self._kw())
+        return out if want_arg else (out, None)
+
+    def topk_prune(self, x, k: int):
+        return ops.topk_prune(x, k, validate=False)
 
     def intersect(self, xs, tnorm: str):
-        return self._ops.intersect(*xs, tnorm=tnorm, **self._kw())
+        return ops.intersect(*xs, tnorm=tnorm, **self._kw())
 
     def union(self, xs, tnorm: str):
-        return self._ops.union(*xs, tnorm=tnorm, **self._kw())
+        return ops.union(*xs, tnorm=tnorm, **self._kw())
 
     def negate(self, x):
-        return self._ops.negate(x, validate=False)
+        return ops.negate(x, validate=False)
 
 
 # ------------------------------------------------------------------------------------ executor
@@ -248,11 +261,17 @@ class Executor:
             mean 4,266 (median 861) of 14,505 entities, and the dense passes measured faster
             (benchmarks/results/engine_throughput.md, column ``sparse``).  Used
             where no (B, N) tensor is needed (scores without explanations, hooks or kept
-            trace values; eager artifacts; no frontier): anchors, projections whose push
-            touches at most ``1 / sparse_dense_ratio`` of the B x N cells, intersections
-            with a sparse argument and unions of sparse arguments stay sparse; negations,
-            negated projections and the query's result are dense.  Results are equal, bit
+            trace values): anchors, projections whose push touches at most
+            ``1 / sparse_dense_ratio`` of the B x N cells (and whose rows come in one
+            block: always for eager rows), intersections with a sparse argument and unions
+            of sparse arguments stay sparse; negations, negated projections, projections
+            after a ``frontier_k`` cut and the query's result are dense.  Results are equal, bit
             for bit, to the dense path's.
+        rows: where projections read the relation matrices (a :class:`kge.rows.RelationRows` on
+            ``device``; default ``artifact.relation_rows(device=device)``: eager rows prepared once
+            per artifact and device, or a lazy artifact's on-demand rows).  Any implementation of
+            the interface works (e.g. rows sharded across devices); it must describe the
+            artifact's matrices.
     """
 
     #: A sparse projection result is kept while its push reads at most B*N / sparse_dense_ratio
@@ -262,7 +281,7 @@ class Executor:
     def __init__(self, artifact: "Artifact", *, tnorm: str = "product", neg_scale: float = 3.0,
                  device: str | torch.device = "cpu", backend: str | None = None,
                  pass_rows: int | None = None, hooks: Sequence[Hook] = (), frontier_k: int | None = None,
-                 sparse: bool = False) -> None:
+                 sparse: bool = False, rows: "RelationRows | None" = None) -> None:
         if tnorm not in TNORMS:
             raise UserError(f"unknown t-norm {tnorm!r}; expected one of {', '.join(TNORMS)}")
         if not (neg_scale > 0 and np.isfinite(neg_scale)):
@@ -288,13 +307,17 @@ class Executor:
         if not isinstance(sparse, bool):
             raise UserError(f"sparse must be True or False, got {sparse!r}")
         self.sparse = sparse
-        # Lazy artifacts: rows are computed on this executor's device (cache shared with the artifact).
-        self._lazy = artifact.matrices.on(str(self.device)) if artifact.is_lazy else None
+        if rows is None:
+            rows = artifact.relation_rows(device=str(self.device))
+        elif (rows.num_entities, rows.num_relations) != (artifact.num_entities, artifact.num_relations):
+            raise UserError(f"rows: {type(rows).__name__} has {rows.num_entities} entities and {rows.num_relations} "
+                            f"relations; the artifact has {artifact.num_entities} and {artifact.num_relations}")
+        #: the relation matrices as projections read them (:class:`kge.rows.RelationRows`)
+        self.rows = rows
         if pass_rows is None and self.device.type == "cpu":
             pass_rows = max(16, (1 << 20) // max(1, artifact.num_entities))
         self.pass_rows = pass_rows
         self._prepared: dict[int, Any] = {}
-        self._stacked_m = None  # ops.StackedMatrices, built on first mixed-relation projection
         self._hooks: list[_HookEntry] = []
         for h in hooks:
             self.add_hook(h)
@@ -342,14 +365,14 @@ class Executor:
 
     # ------------------------------------------------------------------------------ helpers
     def matrix(self, r: int):
-        """The prepared relation matrix M_r on this executor's device (cached).
+        """M_r as an ``ops.PreparedMatrix`` on this executor's device (cached; projections do not use it).
 
-        With a lazy artifact this computes all N rows of M_r (projections do not
-        use it: they compute only the rows they need).
+        Eager rows: a view of the one prepared stack (no copy of the KG).  With a lazy artifact
+        this computes all N rows of M_r.
         """
         m = self._prepared.get(r)
         if m is None:
-            m = self.ops.prepare(self.artifact.relation_matrix(r, str(self.device)))
+            m = self.rows.relation(r)
             self._prepared[r] = m
         return m
 
@@ -399,127 +422,33 @@ class Executor:
                 chunks.append(idx[lo : lo + batch_size])
         return chunks
 
-    def _project_rows(self, x: torch.Tensor, rels: list[int], negated: bool, want_arg: bool, strategy: str = "auto"):
+    def _project_rows(self, x: "torch.Tensor | SparseRows", rels: list[int], negated: bool, want_arg: bool,
+                      strategy: str = "auto", *, keep_sparse: bool = False):
         """Project each row of ``x`` (B, N) by its own relation ``rels[b]``: ``(y (B, N), argmax (B, N) | None)``.
 
-        All rows on one relation: one ``ops.project`` call (measured slightly faster than
-        ``ops.project_multi`` there); mixed relations: one ``ops.project_multi`` call over
-        the stacked matrices, whatever the number of distinct relations.  ``strategy``: the
-        ops strategy (``"push"`` for one-hot rows, see :meth:`_compute_projection`).
+        The one projection route: :attr:`rows` hands out the blocks of rows the batch reads
+        and each block is one ``ops`` call (:meth:`_Ops.project`).  ``x``: a tensor, or a
+        :class:`SparseRows` (then ``y`` may stay sparse with ``keep_sparse``, when the rows
+        come in one block).  ``strategy``: the dense op's (``"push"`` for one-hot rows, see
+        :meth:`_compute_projection`).
         """
-        if self.frontier_k is not None and self.frontier_k < x.shape[1]:
-            x = self.ops._ops.topk_prune(x, self.frontier_k, validate=False)
-        if self._lazy is not None:
-            return self._project_rows_lazy(x, rels, negated, want_arg)
-
-        def call(xs, r):
-            m = self.matrix(r)
-            if negated:
-                return self.ops.project_negated(xs, m, self.neg_scale, want_arg, strategy)
-            return self.ops.project(xs, m, want_arg, strategy)
-
-        first = rels[0]
-        if all(r == first for r in rels):
-            return call(x, first) if want_arg else (call(x, first), None)
-        # Rows mix relations: one project_multi call over the stacked matrices (bit-identical
-        # to a loop of ops.project per relation, argmax included), no per-relation Python loop.
-        rel_t = torch.tensor(rels, dtype=torch.int64, device=x.device)
-        kw = self.ops._kw()
-        out = self.ops._ops.project_multi(x, rel_t, self._stacked_multi(), negated=negated, strategy=strategy,
-                                          neg_scale=self.neg_scale, return_argmax=want_arg, **kw)
-        return out if want_arg else (out, None)
-
-    def _project_rows_lazy(self, x: torch.Tensor, rels: list[int], negated: bool, want_arg: bool):
-        """:meth:`_project_rows` over a lazy artifact: one ``project_multi`` call over the rows it needs.
-
-        The needed rows are ``(rels[b], h)`` for every active entity ``h`` of row ``b``
-        (``x[b, h] > 0``); they go into a compact stack with local relation ids (one
-        block of N rows per distinct relation, only the needed rows filled).  A
-        projection's result only reads those rows (every other row meets a zero input),
-        so it is the eager result.  Distinct relations are split in groups of at most
-        ``_LAZY_STACK_ROWS // N`` so the stack's row pointers stay small.
-        """
-        n = self.num_entities
-        b_idx, h_idx = (x > 0).nonzero(as_tuple=True)
-        b_np, h_np = b_idx.cpu().numpy(), h_idx.cpu().numpy()
-        rels_np = np.asarray(rels, dtype=np.int64)
-        if len(b_np) > _LAZY_MAX_PAIRS and x.shape[0] > 1:
-            return self._project_rows_lazy_split(x, rels, negated, want_arg, np.bincount(b_np, minlength=x.shape[0]))
-        uniq = np.unique(rels_np)
-        per_group = max(1, _LAZY_STACK_ROWS // n)
-        kw = self.ops._kw()
-        y = arg = None
-        for g0 in range(0, len(uniq), per_group):
-            group = uniq[g0 : g0 + per_group]
-            in_group = np.isin(rels_np, group)
-            rows = np.flatnonzero(in_group)
-            local_of = {int(r): k for k, r in enumerate(group.tolist())}
-            sel = in_group[b_np]
-            keys = np.unique(rels_np[b_np[sel]] * n + h_np[sel])  # sorted by (relation, head)
-            key_rel = keys // n
-            bounds = np.searchsorted(key_rel, group, side="left"), np.searchsorted(key_rel, group, side="right")
-            heads = [keys[lo:hi] % n for lo, hi in zip(*bounds)]
-            crow, col, val = self._lazy.stacked(group.tolist(), heads)
-            stack = self.ops._ops.prepare_stacked(
-                (torch.from_numpy(crow), torch.from_numpy(col), torch.from_numpy(val)),
-                num_entities=n, device=self.device, name="lazy rows")
-            local = torch.tensor([local_of[int(r)] for r in rels_np[rows].tolist()], dtype=torch.int64,
-                                 device=x.device)
-            whole = len(rows) == len(rels_np)
-            xs = x if whole else x[torch.from_numpy(rows).to(x.device)]
-            out = self.ops._ops.project_multi(xs, local, stack, negated=negated, neg_scale=self.neg_scale,
-                                              return_argmax=want_arg, **kw)
-            ys, args = out if want_arg else (out, None)
-            if whole:
-                return ys, args
-            if y is None:
-                y = torch.zeros_like(x)
-                arg = torch.full(x.shape, -1, dtype=torch.int32, device=x.device) if want_arg else None
-            idx = torch.from_numpy(rows).to(x.device)
-            y[idx] = ys
-            if want_arg:
-                arg[idx] = args
+        if self.frontier_k is not None and self.frontier_k < self.num_entities:
+            x = self.ops.topk_prune(x.to_dense() if isinstance(x, SparseRows) else x, self.frontier_k)
+        call = dict(negated=negated, neg_scale=self.neg_scale, want_arg=want_arg, strategy=strategy)
+        blocks = self.rows.blocks(x, rels)
+        first = next(blocks, None)
+        if first is not None and first.rows is None:  # one block, the whole batch in order
+            return self.ops.project(x, first, sparse_ratio=self.sparse_dense_ratio if keep_sparse else None, **call)
+        # Several blocks (lazy rows split by size, shards, ...): each projects its rows into the batch.
+        xd = x.to_dense() if isinstance(x, SparseRows) else x
+        y = torch.zeros_like(xd)
+        arg = torch.full(xd.shape, -1, dtype=torch.int32, device=xd.device) if want_arg else None
+        for block in itertools.chain(() if first is None else (first,), blocks):
+            ys, args = self.ops.project(xd[block.rows], block, sparse_ratio=None, **call)
+            y[block.rows] = ys
+            if arg is not None:
+                arg[block.rows] = args
         return y, arg
-
-    def _project_rows_lazy_split(self, x: torch.Tensor, rels: list[int], negated: bool, want_arg: bool,
-                                 active: np.ndarray):
-        """:meth:`_project_rows_lazy` over consecutive row groups of at most ``_LAZY_MAX_PAIRS`` active entries.
-
-        Bounds the rows computed and stacked per call (a single row with more active
-        entities than the bound is a group of its own); rows are independent, so the
-        result is the same as one call.
-        """
-        y = torch.zeros_like(x)
-        arg = torch.full(x.shape, -1, dtype=torch.int32, device=x.device) if want_arg else None
-        start, total = 0, 0
-        bounds = []
-        for b, cnt in enumerate(active.tolist()):
-            if b > start and total + cnt > _LAZY_MAX_PAIRS:
-                bounds.append((start, b))
-                start, total = b, 0
-            total += cnt
-        bounds.append((start, x.shape[0]))
-        for lo, hi in bounds:
-            ys, args = self._project_rows_lazy(x[lo:hi], rels[lo:hi], negated, want_arg)
-            y[lo:hi] = ys
-            if want_arg:
-                arg[lo:hi] = args
-        return y, arg
-
-    def _sparse_backend(self) -> str | None:
-        """The backend of the sparse-set ops: the executor's, except ``cpp`` where they have no kernel
-        (CUDA: the pure-torch path; see ops.sparse_rows)."""
-        b = self.ops.backend
-        if b == "cpp" and not self.ops._ops.has_kernel("project_multi_sparse", self.device):
-            return "reference"
-        return b
-
-    def _stacked_multi(self):
-        """The artifact's matrices as :class:`ops.StackedMatrices` on this device, prepared once."""
-        if self._stacked_m is None:
-            self._stacked_m = self.ops._ops.prepare_stacked(self.artifact.matrices, num_entities=self.num_entities,
-                                                            device=self.device)
-        return self._stacked_m
 
     # ------------------------------------------------------------------------ forward pass
     def _eval(self, nodes: list[Node], path: tuple[int, ...], run: _Run) -> NodeValue:
@@ -597,24 +526,19 @@ class Executor:
         negated = isinstance(nodes[0], NegatedProjection)
         x = self._eval([q.arg for q in nodes], path + (0,), run)
         rels = [q.relation for q in nodes]
-        if isinstance(x, SparseRows):
-            # A negated projection has full support, and the query's result is dense anyway: a root
-            # projection writes it directly (a sparse result would be written twice).
-            if not negated and path:
-                rel_t = torch.tensor(rels, dtype=torch.int64, device=self.device)
-                stack = self._stacked_multi()
-                # Sparse out while the push is small against the dense output it replaces; past
-                # that, the dense kernel's contiguous writes win (see sparse_dense_ratio).
-                if int(push_sizes(x, rel_t, stack).sum()) * self.sparse_dense_ratio <= x.batch_size * x.n:
-                    return project_multi_sparse(x, rel_t, stack, backend=self._sparse_backend(), validate=False), \
-                        lambda: ()
-            x = NodeValue(x.to_dense())
+        sparse_in = isinstance(x, SparseRows)
         # One-hot rows (anchors) push: the push reads exactly one CSR row per row, which no pull
         # can beat; "auto" sent FB15k-237 anchors with long rows (popular entities) to pull, which
         # reads the whole matrix (benchmarks/results/engine_notes.md, "Anchors push").
-        strategy = "push" if self._lazy is None and isinstance(nodes[0].arg, Anchor) else "auto"
-        y, arg = self._project_rows(x.values, rels, negated, run.want_arg, strategy)
-        return NodeValue(y, arg), lambda: (x,)
+        strategy = "push" if isinstance(nodes[0].arg, Anchor) else "auto"
+        # A negated projection has full support, and the query's result is dense anyway: a root
+        # projection writes it directly (a sparse result would be written twice).
+        y, arg = self._project_rows(x if sparse_in else x.values, rels, negated, run.want_arg, strategy,
+                                    keep_sparse=sparse_in and not negated and bool(path))
+        if isinstance(y, SparseRows):
+            return y, lambda: ()
+        # sparse runs have no hooks, so the dense input is only built if asked for
+        return NodeValue(y, arg), lambda: (NodeValue(x.to_dense()) if sparse_in else x,)
 
     def _compute_combination(self, nodes: list[Node], path: tuple[int, ...], run: _Run):
         """``i``/``u``: the t-norm / t-conorm of the children (``ops.intersect`` / ``ops.union``)."""
@@ -624,7 +548,7 @@ class Executor:
         if any(is_sparse):
             # A t-norm is 0 wherever one argument is: sparse whenever one argument is.  A t-conorm
             # is sparse only when every argument is.
-            kw = dict(tnorm=self.tnorm, backend=self._sparse_backend(), validate=False)
+            kw = dict(tnorm=self.tnorm, **self.ops.sparse_kw(self.device))
             if isinstance(t, Intersection):
                 return intersect_sparse([x if s else x.values for x, s in zip(xs, is_sparse)], **kw), lambda: ()
             if all(is_sparse):
@@ -654,8 +578,7 @@ class Executor:
     def _run_batch(self, roots: list[Node], idx: list[int], *, want_arg: bool, record: bool,
                    trace_values: bool) -> tuple[NodeValue, _Run]:
         trace = BatchTrace(roots, idx, self.artifact, keep_values=trace_values)
-        sparse = (self.sparse and not (want_arg or record or trace_values or self._hooks)
-                  and self._lazy is None and self.frontier_k is None)
+        sparse = self.sparse and not (want_arg or record or trace_values or self._hooks)
         run = _Run(roots, idx, trace, want_arg=want_arg, record=record, sparse=sparse)
         with torch.no_grad():
             value = self._eval(roots, (), run)
@@ -762,21 +685,6 @@ class Executor:
         return results  # type: ignore[return-value]
 
     # ------------------------------------------------------------------------- backward pass
-    def _weight(self, r: int, i: int, j: int) -> float:
-        """M_r[i, j] from the artifact's CSR (binary search in row i); lazy: row i of M_r through the row cache."""
-        if self._lazy is not None:
-            cols, vals = self._lazy.row(r, i)
-            pos = int(cols.searchsorted(j))
-            return float(vals[pos]) if pos < len(cols) and cols[pos] == j else 0.0
-        m = self.artifact.matrices
-        row = r * self.num_entities + i
-        lo, hi = int(m.indptr[row]), int(m.indptr[row + 1])
-        cols = m.indices[lo:hi]
-        pos = int(cols.searchsorted(j))
-        if pos < len(cols) and cols[pos] == j:
-            return float(m.data[lo + pos])
-        return 0.0
-
     def _explain(self, node: Node, path: tuple[int, ...], row: int, ent: int,
                  record: dict[tuple[int, ...], "_Witness"]) -> Explanation:
         value = record[path]
@@ -797,7 +705,7 @@ class Executor:
             src = -1 if value.argmax is None or kg_dropped else int(value.argmax[row, ent])
             if src < 0 or score <= 0:
                 return Explanation(op, ent, name, score, **common)
-            w = self._weight(r, src, ent)
+            w = self.rows.weight(r, src, ent)
             if op == "p":
                 truth = w
             else:  # the same float32 formula as the kernels

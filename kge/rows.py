@@ -1,0 +1,287 @@
+"""Relation rows: what a projection reads from the KG, behind one interface.
+
+A projection of a fuzzy batch ``X`` (B, N) sends row ``b`` through its own relation
+``relations[b]``: ``Y[b, j] = max_i X[b, i] * M_{relations[b]}[i, j]``.  The only
+rows of the stacked ``(R*N, N)`` matrix it reads are ``relations[b]*N + h`` for the
+active heads ``h`` of row ``b`` (``X[b, h] > 0``): every other row meets a zero
+input, in QTO's negated projection too (the factor is multiplied by ``X[b, i]``).
+
+:class:`RelationRows` is the interface the executor (:mod:`engine.exec.executor`)
+projects through.  For a batch it hands out :class:`RowBlock` s: an
+``ops.StackedMatrices`` (stacked CSR plus its transpose, what ``ops.prepare_stacked``
+returns) holding at least the rows the block's batch rows need, the local relation
+id of each of those batch rows in that stack, and which batch rows they are.  The
+executor makes one ``ops.project_multi`` call per block and nothing else, so:
+
+* :class:`EagerRows`: an eager artifact's CSR prepared ONCE into one stack and one
+  transpose (the arrays of the artifact's scipy CSR are shared on CPU, not copied);
+  one block covering the whole batch.  This is the only prepared copy of the KG:
+  per-relation matrices (:meth:`EagerRows.relation`) are views of it.
+* :class:`LazyRows`: a lazy artifact's on-demand rows (:class:`kge.lazy.LazyMatrices`):
+  per block, a compact stack of only the rows the block's active heads need,
+  computed (or taken from the row cache) when the block is drawn.
+* anything future (rows sharded across hosts or devices, memory-mapped rows, ...):
+  implement :meth:`RelationRows.blocks` and :meth:`RelationRows.weight` (and, when
+  the whole stack is at hand, :meth:`RelationRows.full_stack`); the executor needs
+  nothing else (``tests/test_kge_rows.py`` runs it over rows split in two shards).
+
+``Artifact.relation_rows(device=...)`` returns the right implementation, cached per
+device, so every executor of an artifact shares one prepared copy.
+
+``torch`` and ``ops`` are imported inside functions: importing ``kge`` loads no
+compiled extension (tests/test_imports.py).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from ops import PreparedMatrix, StackedMatrices
+
+    from .lazy import LazyMatrices
+
+__all__ = ["RelationRows", "RowBlock", "EagerRows", "LazyRows", "active_pairs", "csr_tensor"]
+
+#: Most rows (distinct relations x N) of the compact stack one lazy block holds: 2^24 int64 row
+#: pointers are 128 MiB; more distinct relations are split into several blocks.
+LAZY_STACK_ROWS = 1 << 24
+#: Most (batch row, active entity) pairs one lazy block turns into calibrated rows at once.  Without a
+#: bound, a batch of 300 FB15k-237 2p queries at threshold 2e-4 asked for ~1M rows in one call, and their
+#: entries plus the stack built from them were OOM-killed at 23 GB on a 24 GB machine; batch rows beyond
+#: this many pairs go to further blocks (rows they share are then served by the row cache).
+LAZY_MAX_PAIRS = 1 << 16
+
+
+@dataclass(frozen=True, eq=False)
+class RowBlock:
+    """The rows one projection call reads, and the batch rows it projects.
+
+    Attributes:
+        stack: an ``ops.StackedMatrices`` (R' stacked relation matrices, (R'*N, N), plus the
+            transpose) on the rows' device; R' may be the artifact's R or a compact subset.
+        rel: (B',) int64 tensor on the rows' device: batch row ``rows[k]`` goes through stack
+            relation ``rel[k]`` (a local id in [0, R')).
+        rows: (B',) int64 tensor on the rows' device, the batch rows this block covers,
+            ascending; ``None``: all B rows, in order (then B' = B).
+    """
+
+    stack: "StackedMatrices"
+    rel: "torch.Tensor"
+    rows: "torch.Tensor | None" = None
+
+
+def active_pairs(x: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(b, h)`` with ``x[b, h] > 0`` of a (B, N) tensor or an ``ops.sparse_rows.SparseRows``, as two
+    int64 numpy arrays ordered by (b, h)."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        b, h = (x > 0).nonzero(as_tuple=True)
+    else:  # SparseRows: stored entries may be 0, which is no active head
+        keep = x.val > 0
+        b, h = x.row_ids()[keep], x.col[keep]
+    return b.cpu().numpy(), h.cpu().numpy()
+
+
+def csr_tensor(block: Any, device: "str | torch.device" = "cpu") -> "torch.Tensor":
+    """A scipy CSR (N, N) (float32 data, int32 indices) as a torch sparse CSR tensor on ``device``, int32
+    pointers; on CPU, indices and values share the scipy arrays' memory."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        # torch flags all CSR tensors as "beta"; they are only containers here.
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.sparse_csr_tensor(torch.from_numpy(block.indptr.astype(np.int32)), torch.from_numpy(block.indices),
+                                    torch.from_numpy(block.data), size=block.shape, dtype=torch.float32)
+    return t.to(device)
+
+
+class RelationRows(ABC):
+    """The relation matrices of a KG as a projection reads them (see the module docstring).
+
+    Shapes: ``N = num_entities``, ``R = num_relations``; relation ``r``'s matrix ``M_r`` is
+    (N, N) with values in [0, 1].  An implementation promises, for every batch, blocks whose
+    stacks hold ``M_{relations[b]}[h, :]`` exactly for every active head ``h`` of every
+    batch row ``b`` they cover (other rows may be absent or anything: they meet a zero input),
+    and covering each batch row exactly once.  That is all the executor relies on; a sharded
+    implementation must only implement this interface.
+    """
+
+    num_entities: int
+    num_relations: int
+    device: "torch.device"
+
+    @abstractmethod
+    def blocks(self, x: Any, relations: Sequence[int] | np.ndarray) -> Iterator[RowBlock]:
+        """Blocks covering a batch's rows, each batch row in exactly one block.
+
+        Args:
+            x: the projection's input, a (B, N) float32 tensor or an ``ops.sparse_rows.SparseRows``
+                of B rows, on :attr:`device`; only its support (``x[b, h] > 0``) matters.
+            relations: (B,) relation ids in [0, R), one per batch row.
+
+        A generator may compute each block's rows when it is drawn (and free them after):
+        consume the blocks one at a time.  An empty batch may yield no block.
+        """
+
+    @abstractmethod
+    def weight(self, r: int, i: int, j: int) -> float:
+        """``M_r[i, j]`` (0.0 where M_r has no entry), as a Python float (read on the host)."""
+
+    def full_stack(self) -> "StackedMatrices | None":
+        """The whole ``(R*N, N)`` stack when it is held (eager rows), else ``None``."""
+        return None
+
+    def relation(self, r: int) -> "PreparedMatrix":
+        """``M_r`` as an ``ops.PreparedMatrix`` (N, N) on :attr:`device` (whole-relation consumers, e.g. a
+        reference loop of ``ops.project``).  Default: a view of :meth:`full_stack`; implementations without
+        a full stack override it."""
+        stack = self.full_stack()
+        if stack is None:
+            raise NotImplementedError(f"{type(self).__name__} holds no full stack: override relation()")
+        return stack.relation(r)
+
+
+class EagerRows(RelationRows):
+    """An eager artifact's stacked CSR, prepared once (validated, transposed) on ``device``.
+
+    Args:
+        matrices: scipy CSR (R*N, N): int64 ``indptr``, int32 ``indices``, float32 ``data`` (the
+            artifact's ``matrices``); shared, not copied, on CPU.
+        num_entities: N.
+        device: where the prepared stack lives (default ``"cpu"``).
+
+    The stack (the CSR plus one stacked transpose) is built on the first :meth:`blocks` /
+    :meth:`full_stack` call and then shared by every projection.
+    """
+
+    def __init__(self, *, matrices: Any, num_entities: int, device: "str | torch.device" = "cpu") -> None:
+        import torch
+
+        self.matrices = matrices
+        self.num_entities = int(num_entities)
+        self.num_relations = int(matrices.shape[0]) // max(1, self.num_entities)
+        self.device = torch.device(device)
+        self._stack: StackedMatrices | None = None
+
+    def full_stack(self) -> "StackedMatrices":
+        if self._stack is None:
+            import ops
+
+            self._stack = ops.prepare_stacked(self.matrices, num_entities=self.num_entities, device=self.device)
+        return self._stack
+
+    def blocks(self, x: Any, relations: Sequence[int] | np.ndarray) -> Iterator[RowBlock]:
+        import torch
+
+        rel = torch.as_tensor(np.asarray(relations, dtype=np.int64), device=self.device)
+        yield RowBlock(self.full_stack(), rel)
+
+    def weight(self, r: int, i: int, j: int) -> float:
+        # Binary search in row i of M_r on the host arrays: explanations read single entries.
+        m = self.matrices
+        row = int(r) * self.num_entities + int(i)
+        lo, hi = int(m.indptr[row]), int(m.indptr[row + 1])
+        cols = m.indices[lo:hi]
+        pos = int(cols.searchsorted(j))
+        return float(m.data[lo + pos]) if pos < len(cols) and cols[pos] == j else 0.0
+
+    def __repr__(self) -> str:
+        return (f"EagerRows(n={self.num_entities}, num_relations={self.num_relations}, device={self.device}, "
+                f"prepared={self._stack is not None})")
+
+
+class LazyRows(RelationRows):
+    """A lazy artifact's rows (:class:`kge.lazy.LazyMatrices`), computed on ``device`` when a block needs them.
+
+    Args:
+        matrices: the artifact's :class:`~kge.lazy.LazyMatrices`; rows are computed by its twin on
+            ``device`` (:meth:`~kge.lazy.LazyMatrices.on`), sharing its row cache and counters.
+        device: where rows are computed and the compact stacks live (default ``"cpu"``).
+        max_pairs: most (batch row, active head) pairs per block (default :data:`LAZY_MAX_PAIRS`;
+            a single row with more is a block of its own).
+        stack_rows: most stack rows (distinct relations x N) per block (default :data:`LAZY_STACK_ROWS`).
+
+    A block holds, for the distinct relations of its batch rows (renumbered 0..R'-1 in ascending
+    id order), exactly the rows of their active heads; rows of inactive heads are empty, which
+    changes no score and no argmax (they meet a zero input).
+    """
+
+    def __init__(self, *, matrices: "LazyMatrices", device: "str | torch.device" = "cpu",
+                 max_pairs: int | None = None, stack_rows: int | None = None) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self.matrices = matrices.on(str(self.device))
+        self.num_entities = self.matrices.num_entities
+        self.num_relations = self.matrices.num_relations
+        self.max_pairs = max_pairs
+        self.stack_rows = stack_rows
+
+    def blocks(self, x: Any, relations: Sequence[int] | np.ndarray) -> Iterator[RowBlock]:
+        b_np, h_np = active_pairs(x)
+        rels = np.asarray(relations, dtype=np.int64).reshape(-1)
+        max_pairs = LAZY_MAX_PAIRS if self.max_pairs is None else self.max_pairs
+        if len(b_np) <= max_pairs or len(rels) <= 1:
+            yield from self._blocks(np.arange(len(rels)), rels, b_np, h_np, whole=True)
+            return
+        # Consecutive row ranges of at most max_pairs active entries (a row with more is a range of its
+        # own); the pairs are ordered by row, so each range's pairs are one slice.
+        counts = np.bincount(b_np, minlength=len(rels))
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        lo, total = 0, 0
+        for b, cnt in enumerate(counts.tolist() + [None]):
+            if cnt is None or (b > lo and total + cnt > max_pairs):
+                p0, p1 = starts[lo], starts[b]
+                yield from self._blocks(np.arange(lo, b), rels[lo:b], b_np[p0:p1] - lo, h_np[p0:p1], whole=False)
+                lo, total = b, 0
+            total += cnt or 0
+
+    def _blocks(self, rows: np.ndarray, rels: np.ndarray, b_np: np.ndarray, h_np: np.ndarray, *,
+                whole: bool) -> Iterator[RowBlock]:
+        """Blocks for batch rows ``rows`` (relations ``rels``; active pairs ``(b_np, h_np)`` with ``b_np``
+        local to ``rows``), in groups of distinct relations whose stack has at most ``stack_rows`` rows."""
+        import torch
+
+        import ops
+
+        n = self.num_entities
+        uniq = np.unique(rels)
+        per_group = max(1, (LAZY_STACK_ROWS if self.stack_rows is None else self.stack_rows) // n)
+        for g0 in range(0, len(uniq), per_group):
+            group = uniq[g0 : g0 + per_group]
+            in_group = np.isin(rels, group)
+            sel = in_group[b_np]
+            keys = np.unique(rels[b_np[sel]] * n + h_np[sel])  # sorted by (relation, head)
+            key_rel = keys // n
+            bounds = np.searchsorted(key_rel, group, side="left"), np.searchsorted(key_rel, group, side="right")
+            heads = [keys[lo:hi] % n for lo, hi in zip(*bounds)]
+            crow, col, val = self.matrices.stacked(group.tolist(), heads)
+            stack = ops.prepare_stacked((torch.from_numpy(crow), torch.from_numpy(col), torch.from_numpy(val)),
+                                        num_entities=n, device=self.device, name="lazy rows")
+            local = torch.from_numpy(np.searchsorted(group, rels[in_group])).to(self.device)
+            covered = rows[in_group]
+            all_rows = whole and len(covered) == len(rows)
+            yield RowBlock(stack, local, None if all_rows else torch.from_numpy(covered).to(self.device))
+
+    def weight(self, r: int, i: int, j: int) -> float:
+        cols, vals = self.matrices.row(r, i)
+        pos = int(cols.searchsorted(j))
+        return float(vals[pos]) if pos < len(cols) and cols[pos] == j else 0.0
+
+    def relation(self, r: int) -> "PreparedMatrix":
+        """All N rows of ``M_r``, computed now (not through the row cache) and prepared on :attr:`device`."""
+        import ops
+
+        return ops.prepare(csr_tensor(self.matrices.relation_block(r), self.device))
+
+    def __repr__(self) -> str:
+        return f"LazyRows({self.matrices!r})"
