@@ -43,6 +43,7 @@ the tree's commit.  Threads: ``--threads`` (default 1) for every run, recorded a
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import os
@@ -51,6 +52,7 @@ import resource
 import subprocess
 import sys
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -263,9 +265,19 @@ def _run_mode(executor, mode: Mode, nodes: list, groups: dict[str, list[int]], b
     return scores, recs  # type: ignore[return-value]
 
 
+def _wanted(art_name: str, modes: Sequence[str]) -> list[Mode]:
+    """The modes to run on ``art_name``: ``MODE`` (every artifact) or ``ARTIFACT/MODE`` entries."""
+    names = {m for m in modes if "/" not in m} | {m.split("/", 1)[1] for m in modes if m.startswith(art_name + "/")}
+    return [m for m in MODES if m.name in names]
+
+
 def record_run(artifacts: dict[str, Path], queries: Path, *, modes: Sequence[str] = MODE_NAMES,
-               threads: int = 1, progress: bool = True, tree: Path | None = None) -> tuple[dict, dict]:
+               threads: int = 1, progress: bool = True, tree: Path | None = None,
+               row_cache_gb: float | None = None) -> tuple[dict, dict]:
     """Run every ``(artifact, mode)``; returns ``(record, scores)``.
+
+    ``modes``: names (every artifact) or ``artifact/mode``; ``row_cache_gb``: lazy artifacts'
+    row-cache budget (``None``: what the build recorded; the cache changes only the time).
 
     ``record``: JSON-ready dict (provenance, per artifact and mode the per-query hashes and
     top-10s); ``scores``: ``"artifact/mode"`` -> float32 (Q_mode, N) matrix (Q_mode = the
@@ -281,28 +293,27 @@ def record_run(artifacts: dict[str, Path], queries: Path, *, modes: Sequence[str
     torch.set_num_threads(threads)
     structures, exprs = load_queries(queries)
     sub = subset_indices(structures)
-    wanted = [m for m in MODES if m.name in modes]
     rec: dict[str, Any] = {
         "format": FORMAT, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": _machine(),
-        "threads": threads, "tree": _tree_info(tree), "argv": sys.argv,
+        "threads": threads, "tree": _tree_info(tree), "argv": sys.argv, "row_cache_gb": row_cache_gb,
         "queries": {"path": str(queries), "sha256": _file_sha(queries), "structures": structures, "exprs": exprs,
                     "subset": sub},
         "artifacts": {}, "runs": {},
     }
     scores: dict[str, Any] = {}
     nodes = [parse(e, where=f"{queries}:{k + 1}") for k, e in enumerate(exprs)]
-    total = len(artifacts) * len(wanted)
+    total = sum(len(_wanted(a, modes)) for a in artifacts)
     with tqdm(total=total * len(set(structures)), desc="artifact x mode x structure", unit="call",
               disable=not progress, file=sys.stderr) as bar:
         for art_name, art_dir in artifacts.items():
-            art = Artifact.load(art_dir, verify=True, load_embeddings=False)
+            art = Artifact.load(art_dir, verify=True, load_embeddings=False, row_cache_gb=row_cache_gb)
             meta = json.loads((Path(art_dir) / "meta.json").read_text())
             rec["artifacts"][art_name] = {"path": str(art_dir), "lazy": bool(art.is_lazy),
                                           "meta_sha256": _file_sha(Path(art_dir) / "meta.json"),
                                           "entities": art.num_entities, "relations": art.num_relations,
                                           "matrices": meta.get("matrices"),
                                           "threshold": meta.get("calibration", {}).get("threshold")}
-            for mode in wanted:
+            for mode in _wanted(art_name, modes):
                 idx = sub if mode.subset else list(range(len(nodes)))
                 groups: dict[str, list[int]] = {}
                 for j, k in enumerate(idx):
@@ -358,6 +369,29 @@ def load_record(path: Path) -> tuple[dict, dict | None]:
     if sp.is_file():
         with np.load(sp) as z:
             scores = {k.replace("__", "/"): z[k] for k in z.files}
+    return rec, scores
+
+
+def merge_records(items: Sequence[tuple[dict, dict | None]]) -> tuple[dict, dict | None]:
+    """Records of the same query file made by separate ``run`` calls (e.g. one per artifact) as one."""
+    from kgreason.errors import UserError
+
+    rec = copy.deepcopy(items[0][0])
+    scores = None if items[0][1] is None else dict(items[0][1])
+    for other, other_scores in items[1:]:
+        if other["queries"]["sha256"] != rec["queries"]["sha256"]:
+            raise UserError(f"records on different query files: {rec['queries']['path']} vs {other['queries']['path']}")
+        clash = set(rec["runs"]) & set(other["runs"])
+        if clash:
+            raise UserError(f"two records both hold {', '.join(sorted(clash))}")
+        rec["runs"].update(other["runs"])
+        rec["artifacts"].update(other["artifacts"])
+        rec.setdefault("parts", []).append({"tree": other["tree"], "created": other["created"],
+                                            "runs": sorted(other["runs"])})
+        if scores is not None and other_scores is not None:
+            scores.update(other_scores)
+        else:
+            scores = None
     return rec, scores
 
 
@@ -526,6 +560,10 @@ def _maxrss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+_SKIP = (str, bytes, int, float, bool, type(None), type, types.ModuleType, types.FunctionType, types.MethodType,
+         types.BuiltinFunctionType, types.BuiltinMethodType)
+
+
 def held_bytes(roots: dict[str, Any]) -> dict[str, int]:
     """Bytes of the distinct array storages (numpy, torch) reachable from each root, first root first.
 
@@ -565,8 +603,7 @@ def held_bytes(roots: dict[str, Any]) -> dict[str, int]:
                 return 0
             seen_mem.add(ptr)
             return int(base.nbytes)
-        if isinstance(obj, (str, bytes, int, float, bool, type(None), type)) or callable(obj) and not hasattr(
-                obj, "__dict__"):
+        if isinstance(obj, _SKIP):  # modules (the executor holds the ops module), code, scalars
             return 0
         if isinstance(obj, dict):
             return sum(visit(v, depth + 1) for v in list(obj.values()))
@@ -650,6 +687,20 @@ def _memory_table(mem: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def _provenance(rec: dict) -> str:
+    """Which tree, commit and time made each part of a (merged) record."""
+    parts = [{"tree": rec["tree"], "created": rec["created"],
+              "runs": sorted(k for k in rec["runs"] if all(k not in p["runs"] for p in rec.get("parts", [])))}]
+    parts += rec.get("parts", [])
+    out = []
+    for p in parts:
+        t = p["tree"]
+        dirty = f" + {len(t['dirty'])} uncommitted files" if t.get("dirty") else ""
+        arts = sorted({k.split("/")[0] for k in p["runs"]})
+        out.append(f"`{t.get('root')}` at {str(t.get('commit'))[:10]}{dirty} ({', '.join(arts)}; {p['created']})")
+    return "; ".join(out)
+
+
 def write_report(path: Path, *, base: dict, now: dict, cells: Sequence[Cell], agreement: Sequence[dict],
                  determinism: Sequence[Cell] | None = None, memory: dict[str, dict] | None = None,
                  command: str = "") -> str:
@@ -671,11 +722,10 @@ def write_report(path: Path, *, base: dict, now: dict, cells: Sequence[Cell], ag
         "Identical = the sha256 of the root's float32 score vector (N,) equal, and for the explain modes also "
         "the sha256 of the answers' JSON (explanation trees: every argmax witness, atom weight/truth, provenance) "
         "and of every node's (N,) values.",
-        f"- Before: `{base['tree'].get('root')}` at {base['tree'].get('commit')}, recorded {base['created']}; "
-        f"after: `{now['tree'].get('root')}` at {now['tree'].get('commit')}"
-        + (f" (uncommitted changes: {len(now['tree'].get('dirty') or [])} files)" if now['tree'].get('dirty') else "")
-        + f", recorded {now['created']}.",
-        f"- Machine: {now['machine']}; {now['threads']} thread(s) for both runs.",
+        f"- Before: {_provenance(base)}.",
+        f"- After: {_provenance(now)}.",
+        f"- Machine: {now['machine']}; {now['threads']} thread(s) for every run"
+        + (f"; lazy row cache {now.get('row_cache_gb')} GiB" if now.get("row_cache_gb") else "") + ".",
         f"- Queries: `{base['queries']['path']}` (sha256 {base['queries']['sha256'][:16]}…), "
         f"{len(base['queries']['exprs']):,} queries: "
         + ", ".join(f"{s} {n}" for s, n in counts.items())
@@ -733,13 +783,20 @@ class RunArgs:
     artifacts: tuple[tuple[str, Path], ...]
     modes: tuple[str, ...]
     threads: int
+    row_cache_gb: float | None
     save: Path | None
-    compare: Path | None
-    determinism: Path | None
-    report: Path | None
-    memory: tuple[tuple[str, Path], ...]
+    compare: tuple[Path, ...]
     progress: bool
     tree: Path | None
+
+
+@dataclass(frozen=True)
+class ReportArgs:
+    before: tuple[Path, ...]
+    after: tuple[Path, ...]
+    determinism: tuple[Path, ...]
+    memory: tuple[tuple[str, Path], ...]
+    out: Path
 
 
 @dataclass(frozen=True)
@@ -775,7 +832,16 @@ def _named_path(value: str, flag: str) -> tuple[str, Path]:
     return name, Path(path)
 
 
-def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | MemoryArgs:
+def _files(paths: Sequence[Path], flag: str) -> tuple[Path, ...]:
+    from kgreason.errors import UserError
+
+    for f in paths:
+        if not f.is_file():
+            raise UserError(f"{flag} {f}: no such file")
+    return tuple(paths)
+
+
+def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | ReportArgs | MemoryArgs:
     from kgreason.cli import ArgumentParser, check_seed
     from kgreason.errors import UserError, unknown_name
 
@@ -792,14 +858,21 @@ def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | MemoryArgs:
     r.add_argument("--artifact", action="append", required=True, metavar="NAME=DIR",
                    help="artifact to run on (repeatable), e.g. eager=artifacts/fb-quick-eager")
     r.add_argument("--modes", nargs="+", default=list(MODE_NAMES), metavar="MODE",
-                   help=f"modes (default all: {' '.join(MODE_NAMES)})")
+                   help=f"modes, MODE for every artifact or NAME/MODE for one (default all: {' '.join(MODE_NAMES)})")
+    r.add_argument("--row-cache-gb", type=float, default=None,
+                   help="lazy artifacts' row-cache budget in GiB (default: what the build recorded; time only)")
     r.add_argument("--save", type=Path, help="write the record here (and FILE.scores.npz)")
-    r.add_argument("--compare", type=Path, help="compare with this saved record and print the table")
-    r.add_argument("--determinism", type=Path, help="with --report: a second before-record, compared with --compare's")
-    r.add_argument("--report", type=Path, help="with --compare: write the markdown report here")
-    r.add_argument("--memory", action="append", default=[], metavar="NAME=FILE",
-                   help="with --report: a `memory` result to include (repeatable), e.g. before=mem0.json")
+    r.add_argument("--compare", type=Path, nargs="+", default=(),
+                   help="compare with these saved records (merged: e.g. one per artifact) and print the table")
     r.add_argument("--no-progress", action="store_true")
+    rp = sub.add_parser("report", help="markdown report from saved records (no executor run)")
+    rp.add_argument("--before", type=Path, nargs="+", required=True, help="records of the before tree (merged)")
+    rp.add_argument("--after", type=Path, nargs="+", required=True, help="records of the after tree (merged)")
+    rp.add_argument("--determinism", type=Path, nargs="+", default=(),
+                    help="a second set of before-records, compared with --before (run-to-run determinism)")
+    rp.add_argument("--memory", action="append", default=[], metavar="NAME=FILE",
+                    help="a `memory` result to include (repeatable), e.g. before=mem0.json")
+    rp.add_argument("--out", type=Path, required=True, help="markdown file to write")
     m = sub.add_parser("memory", help="RSS of loading the eager artifact and running queries (fresh process)")
     m.add_argument("--artifact", type=Path, required=True, help="eager artifact folder")
     m.add_argument("--queries", type=Path, required=True, help="queries file written by `sample`")
@@ -818,6 +891,11 @@ def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | MemoryArgs:
             raise UserError(f"--out {a.out}: exists; every run must reuse the same queries file, so it is never "
                             "overwritten (remove it first to sample anew)")
         return SampleArgs(a.artifact, a.out, a.per_structure, a.seed, not a.no_progress)
+    if a.cmd == "report":
+        mem = tuple(_named_path(v, "--memory") for v in a.memory)
+        _files([f for _, f in mem], "--memory")
+        return ReportArgs(_files(a.before, "--before"), _files(a.after, "--after"),
+                          _files(a.determinism, "--determinism"), mem, a.out)
     if a.threads < 1:
         raise UserError(f"--threads must be >= 1, got {a.threads}")
     if not a.queries.is_file():
@@ -831,17 +909,47 @@ def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | MemoryArgs:
         if not (d / "meta.json").is_file():
             raise UserError(f"--artifact {n}={d}: not an artifact folder (no meta.json)")
     for mode in a.modes:
-        if mode not in MODE_NAMES:
-            raise unknown_name("mode", mode, MODE_NAMES, "--modes")
-    if a.save is None and a.compare is None:
+        art, _, name = mode.rpartition("/")
+        if name not in MODE_NAMES:
+            raise unknown_name("mode", name, MODE_NAMES, "--modes")
+        if art and art not in {n for n, _ in arts}:
+            raise unknown_name("artifact", art, [n for n, _ in arts], "--modes")
+    if a.row_cache_gb is not None and not (0 < a.row_cache_gb < float("inf")):
+        raise UserError(f"--row-cache-gb must be a number of GiB > 0, got {a.row_cache_gb}")
+    if a.save is None and not a.compare:
         raise UserError("run: give --save FILE, --compare FILE or both")
-    if (a.report or a.determinism or a.memory) and a.compare is None:
-        raise UserError("--report, --determinism and --memory need --compare")
-    if a.save is not None and a.compare is not None and a.save.resolve() == a.compare.resolve():
-        raise UserError(f"--save {a.save} is the --compare record")
-    mem = tuple(_named_path(v, "--memory") for v in a.memory)
-    return RunArgs(a.queries, arts, tuple(dict.fromkeys(a.modes)), a.threads, a.save, a.compare, a.determinism,
-                   a.report, mem, not a.no_progress, a.tree)
+    if a.save is not None and any(a.save.resolve() == c.resolve() for c in a.compare):
+        raise UserError(f"--save {a.save} is a --compare record")
+    return RunArgs(a.queries, arts, tuple(dict.fromkeys(a.modes)), a.threads, a.row_cache_gb, a.save,
+                   _files(a.compare, "--compare"), not a.no_progress, a.tree)
+
+
+def _load_merged(paths: Sequence[Path]) -> tuple[dict, dict | None]:
+    return merge_records([load_record(p) for p in paths])
+
+
+def _report(args: ReportArgs) -> int:
+    from kgreason.errors import UserError
+
+    base, base_scores = _load_merged(args.before)
+    now, now_scores = _load_merged(args.after)
+    cells = compare_records(base, base_scores, now, now_scores)
+    det = None
+    if args.determinism:
+        other, other_scores = _load_merged(args.determinism)
+        det = compare_records(base, base_scores, other, other_scores)
+    mem = {}
+    for name, path in args.memory:
+        try:
+            mem[name] = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--memory {name}={path}: cannot read it ({type(exc).__name__})") from None
+    write_report(args.out, base=base, now=now, cells=cells, agreement=within_run_agreement(now, now_scores),
+                 determinism=det, memory=mem or None,
+                 command=" ".join(["python", "benchmarks/executor_identity.py", *sys.argv[2:]]))
+    print(format_comparison(cells, exprs=now["queries"]["exprs"]))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0 if all(c.differing == 0 for c in cells) else 1
 
 
 def _main(argv: Sequence[str], tree: Path | None) -> int:
@@ -850,6 +958,8 @@ def _main(argv: Sequence[str], tree: Path | None) -> int:
         n = sample(args.artifact, args.out, per_structure=args.per_structure, seed=args.seed, progress=args.progress)
         print(f"wrote {n:,} queries to {args.out}", file=sys.stderr)
         return 0
+    if isinstance(args, ReportArgs):
+        return _report(args)
     if isinstance(args, MemoryArgs):
         res = measure_memory(args.artifact, args.queries, threads=args.threads, tree=tree)
         text = json.dumps(res, indent=1)
@@ -859,13 +969,11 @@ def _main(argv: Sequence[str], tree: Path | None) -> int:
             write_output(args.save, text + "\n", what="--save")
         print(text)
         return 0
-    from kgreason.errors import UserError
-
     base = base_scores = None
-    if args.compare is not None:  # read first: a bad record is an error before minutes of running
-        base, base_scores = load_record(args.compare)
+    if args.compare:  # read first: a bad record is an error before minutes of running
+        base, base_scores = _load_merged(args.compare)
     rec, scores = record_run(dict(args.artifacts), args.queries, modes=args.modes, threads=args.threads,
-                             progress=args.progress, tree=tree)
+                             progress=args.progress, tree=tree, row_cache_gb=args.row_cache_gb)
     if args.save is not None:
         save_record(args.save, rec, scores)
         print(f"saved {args.save} and {_scores_path(args.save)}", file=sys.stderr)
@@ -879,20 +987,6 @@ def _main(argv: Sequence[str], tree: Path | None) -> int:
         print(f"note: runs on one side only (not compared): {', '.join(missing)}", file=sys.stderr)
     cells = compare_records(base, base_scores, rec, scores)
     print(format_comparison(cells, exprs=rec["queries"]["exprs"]))
-    if args.report is not None:
-        det = None
-        if args.determinism is not None:
-            other, other_scores = load_record(args.determinism)
-            det = compare_records(base, base_scores, other, other_scores)
-        mem = {}
-        for name, path in args.memory:
-            try:
-                mem[name] = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                raise UserError(f"--memory {name}={path}: cannot read it ({type(exc).__name__})") from None
-        write_report(args.report, base=base, now=rec, cells=cells, agreement=within_run_agreement(rec, scores),
-                     determinism=det, memory=mem or None, command=" ".join(["python"] + sys.argv))
-        print(f"wrote {args.report}", file=sys.stderr)
     return 0 if all(c.differing == 0 for c in cells) else 1
 
 

@@ -137,6 +137,23 @@ def test_report_and_cli(ident, recorded, umls_tiny_artifact, tmp_path):
     assert f"**Result: {n:,} of {n:,} (query, artifact, mode) outputs identical; 0 differ.**" in text
     assert sum(line.startswith("| 2p | ") for line in text.splitlines()) == 2  # one pivot row per artifact
     assert "| Engine.load | 4 | 4 | 1 | 0 | 4 | 4 | 1 | 0 |" in text
+    # Records made per artifact merge into one; the report CLI reads saved records only.
+    parts = []
+    for art in ("eager", "lazy"):
+        r = copy.deepcopy(rec)
+        r["runs"] = {k: v for k, v in rec["runs"].items() if k.startswith(art + "/")}
+        r["artifacts"] = {art: rec["artifacts"][art]}
+        parts.append((r, {k: v for k, v in scores.items() if k.startswith(art + "/")}))
+        ident.save_record(tmp_path / f"{art}.json", *parts[-1])
+    merged, merged_scores = ident.merge_records(parts)
+    assert merged["runs"] == rec["runs"] and set(merged_scores) == set(scores)
+    with pytest.raises(Exception, match="both hold"):
+        ident.merge_records([parts[0], parts[0]])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        rc = ident.main(["report", "--before", str(tmp_path / "base.json"), "--after", str(tmp_path / "eager.json"),
+                         str(tmp_path / "lazy.json"), "--out", str(tmp_path / "r2.md")])
+    assert rc == 0 and f"total: {n:,} of {n:,}" in out.getvalue()
     # CLI: bad input is one line and status 2, nothing run.
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -154,3 +171,17 @@ def test_report_and_cli(ident, recorded, umls_tiny_artifact, tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"format": "other"}))
     with pytest.raises(Exception, match="not a record written by --save"):
         ident.load_record(tmp_path / "bad.json")
+
+
+def test_held_bytes_counts_each_storage_once(ident):
+    import types
+
+    import torch
+
+    a = np.zeros(1000, np.float32)
+    t = torch.zeros(500, dtype=torch.float64)
+    art = types.SimpleNamespace(m=a, view=a[10:], again={"x": [a]})
+    ex = types.SimpleNamespace(shared=torch.from_numpy(a), own=t, csr=torch.zeros(3, 3).to_sparse_csr(), mod=np)
+    held = ident.held_bytes({"artifact": art, "executor": ex})
+    csr = 4 * 8 + 0 + 0  # crow int64 (4,); no entries
+    assert held == {"artifact": 4000, "executor": 4000 + csr}
