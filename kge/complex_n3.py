@@ -1,10 +1,13 @@
 """A fast 1-N ComplEx-N3 trainer (Lacroix, Usunier and Obozinski 2018), CPU and CUDA through one code path.
 
-pykeen stays the model family and the evaluator: the embeddings trained here
-are pykeen ComplEx embeddings (``score(h, r, t) = Re(<e_h, w_r, conj(e_t)>)``),
-:func:`to_pykeen_model` loads them into a pykeen ``ComplEx`` and every reported
-link-prediction MRR comes from pykeen's filtered ``RankBasedEvaluator``.  What
-is our own is the training loop, because it is where pykeen's LCWA loop spends
+This is the trainer of every size preset (``TrainConfig.training_loop="1n"``,
+:mod:`kge.train`); pykeen's own loops run only when ``--training-loop lcwa|slcwa``
+asks for them.  pykeen stays the model family and the evaluator: the embeddings
+trained here are pykeen ComplEx embeddings (``score(h, r, t) = Re(<e_h, w_r, conj(e_t)>)``),
+:func:`to_pykeen_model` loads them into a pykeen ``ComplEx``, and the held-out
+link-prediction MRR of a build comes from pykeen's filtered ``RankBasedEvaluator``
+below ``kge.train.HUGE_FROM`` entities (from :func:`filtered_tail_ranks`, the same
+tail-side numbers, above).  What is our own is the training loop, because it is where pykeen's LCWA loop spends
 ~7x the time its FLOPs need on a CPU (the issue's measurement: ~1.7 s for a
 1,024-row batch that is ~23 GFLOP).  Why this loop is faster:
 

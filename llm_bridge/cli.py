@@ -26,10 +26,18 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from kgreason.errors import UserError
 
-from llm_bridge.config import LLMConfig, add_llm_arguments, config_from_args
-from llm_bridge.linking import DEFAULT_THRESHOLD
+from llm_bridge.config import (CONFIDENCE_MODES, MAX_INPUTS, MERGE_RULES, MODES, RELATION_QUESTION_MODES, LGOTSettings,
+                               LLMConfig, add_llm_arguments, config_from_args, from_flags)
 
-__all__ = ["LLMOptions", "add_arguments", "options_from_args", "llm_hooks", "compact_notes"]
+__all__ = ["LLMOptions", "add_arguments", "options_from_args", "llm_hooks", "compact_notes", "LGOT_FLAGS"]
+
+#: The flag of each :class:`~llm_bridge.config.LGOTSettings` field (its defaults and checks are the settings').
+LGOT_FLAGS = {"mode": "--llm-mode", "theta": "--llm-theta", "alpha": "--llm-alpha", "merge": "--llm-merge",
+              "inputs": "--llm-inputs", "confidence": "--llm-confidence",
+              "relation_questions": "--llm-relation-questions", "link_threshold": "--llm-link-threshold",
+              "answer_check": "--llm-answer-check", "check_penalty": "--llm-check-penalty",
+              "input_ratio": "--llm-input-ratio"}
+_D = LGOTSettings()
 
 # Flags that mean nothing without --llm (their dest names).
 _LLM_DESTS = ("llm_base_url", "llm_model", "llm_api_key_env", "llm_temperature", "llm_n", "llm_max_tokens",
@@ -45,7 +53,7 @@ class LLMOptions:
     """What ``--llm`` asked for: the client's :class:`~llm_bridge.config.LLMConfig` and the bridge's settings."""
 
     config: LLMConfig
-    settings: Any  # llm_bridge.lgot.LGOTSettings (imported lazily: it imports torch and the engine)
+    settings: LGOTSettings
     names_file: str | None = None
     questions_dir: str | None = None
 
@@ -55,24 +63,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = add_llm_arguments(parser)
     g.add_argument("--llm", action="store_true",
                    help="answer every sub-question with the LLM too (LGOT); see --llm-mode")
-    g.add_argument("--llm-mode", choices=("lgot", "llm-only"), default=None,
+    g.add_argument("--llm-mode", choices=MODES, default=None,
                    help="lgot: merge filtered LLM answers into the KG's fuzzy sets; llm-only: the LLM's answers "
-                        "alone (default lgot)")
+                        f"alone (default {_D.mode})")
     g.add_argument("--llm-theta", metavar="T", type=float, default=None,
-                   help="likelihood-ratio filter: keep an LLM answer if p(e)/p_max >= T (default 0.3)")
+                   help=f"likelihood-ratio filter: keep an LLM answer if p(e)/p_max >= T (default {_D.theta:g})")
     g.add_argument("--llm-alpha", metavar="A", type=float, default=None,
-                   help="merge weight: T[e] = max(T[e], A*p(e)) (default 0.1)")
-    g.add_argument("--llm-merge", choices=("max", "add"), default=None,
+                   help=f"merge weight: T[e] = max(T[e], A*p(e)) (default {_D.alpha:g})")
+    g.add_argument("--llm-merge", choices=MERGE_RULES, default=None,
                    help="merge rule: max (default) or LGOT's additive min(1, T[e] + A*p(e))")
     g.add_argument("--llm-inputs", metavar="K", type=int, default=None,
-                   help="input entities per prompt: the top K of the input node (default min(--top-k, 10))")
+                   help=f"input entities per prompt: the top K of the input node (default min(--top-k, {MAX_INPUTS}))")
     g.add_argument("--llm-input-ratio", metavar="R", type=float, default=None,
                    help="an entity feeds the next sub-question's prompt only if its value is >= R x the row's best "
-                        "(default 0.3: near-zero KG predictions no longer pad the prompt; "
+                        f"(default {_D.input_ratio:g}: near-zero KG predictions no longer pad the prompt; "
                         "benchmarks/results/lgot/metaqa.md)")
-    g.add_argument("--llm-confidence", choices=("samples", "logprobs-first", "logprobs-mean"), default=None,
+    g.add_argument("--llm-confidence", choices=CONFIDENCE_MODES, default=None,
                    help="p(e) from sample counts (default) or token log-probabilities (needs --llm-logprobs)")
-    g.add_argument("--llm-relation-questions", choices=("llm", "fallback"), default=None,
+    g.add_argument("--llm-relation-questions", choices=RELATION_QUESTION_MODES, default=None,
                    help="relation question templates: asked of the LLM once per relation (default) or built "
                         "from the relation's name")
     g.add_argument("--llm-names-file", metavar="FILE", default=None,
@@ -80,13 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the artifact's source, if any)")
     g.add_argument("--llm-link-threshold", metavar="S", type=float, default=None,
                    help=f"fuzzy linking: accept a match with token-aligned score >= S in [0, 100] (default "
-                        f"{DEFAULT_THRESHOLD:g}, calibrated: benchmarks/results/lgot/linking.md)")
+                        f"{_D.link_threshold:g}, calibrated: benchmarks/results/lgot/linking.md)")
     g.add_argument("--llm-answer-check", metavar="K", type=int, default=None,
                    help="answer check (LGOT 3.3.1): ask the LLM whether each of the top K entities (K <= 10) of "
                         "every projection answers its sub-question; rejected ones are scaled by --llm-check-penalty "
-                        "(default 0: off)")
+                        f"(default {_D.answer_check}: off)")
     g.add_argument("--llm-check-penalty", metavar="P", type=float, default=None,
-                   help="factor in [0, 1] for an entity the answer check rejects (default 0.5)")
+                   help=f"factor in [0, 1] for an entity the answer check rejects (default {_D.check_penalty:g})")
 
 
 def options_from_args(ns: argparse.Namespace, *, top_k: int = 10) -> LLMOptions | None:
@@ -98,30 +106,14 @@ def options_from_args(ns: argparse.Namespace, *, top_k: int = 10) -> LLMOptions 
         if given:
             raise UserError(f"--{given[0].replace('_', '-')} needs --llm")
         return None
-    from llm_bridge.lgot import LGOTSettings
-
     config = config_from_args(ns)
-    values = {
-        "mode": ns.llm_mode, "theta": ns.llm_theta, "alpha": ns.llm_alpha, "merge": ns.llm_merge,
-        "confidence": ns.llm_confidence, "relation_questions": ns.llm_relation_questions,
-        "link_threshold": ns.llm_link_threshold,
-        "answer_check": ns.llm_answer_check, "check_penalty": ns.llm_check_penalty,
-        "input_ratio": ns.llm_input_ratio,
-        "inputs": ns.llm_inputs if ns.llm_inputs is not None else max(1, min(int(top_k), 10)),
-    }
-    flags = {"theta": "--llm-theta", "alpha": "--llm-alpha", "inputs": "--llm-inputs",
-             "link_threshold": "--llm-link-threshold", "answer_check": "--llm-answer-check",
-             "check_penalty": "--llm-check-penalty", "input_ratio": "--llm-input-ratio"}
-    ranges = {"inputs": (1, 10), "answer_check": (0, 10), "link_threshold": (0.0, 100.0)}
-    for key, flag in flags.items():
-        v = values[key]
-        lo, hi = ranges.get(key, (0.0, 1.0))
-        if v is not None and not lo <= v <= hi:
-            raise UserError(f"{flag} must be in [{lo:g}, {hi:g}], got {v:g}")
-    if values["confidence"] in ("logprobs-first", "logprobs-mean") and not config.logprobs:
-        raise UserError(f"--llm-confidence {values['confidence']} needs --llm-logprobs")
-    # unset flags take LGOTSettings' own defaults: the bridge's defaults live in one place
-    settings = LGOTSettings(**{k: v for k, v in values.items() if v is not None})
+    values = {k: getattr(ns, flag[2:].replace("-", "_")) for k, flag in LGOT_FLAGS.items()}
+    if values["inputs"] is None:  # LGOT's min(k, 10): the CLI knows k
+        values["inputs"] = max(1, min(int(top_k), MAX_INPUTS))
+    # unset flags take LGOTSettings' own defaults, and its checks say what is wrong, naming the flag
+    settings = from_flags(LGOTSettings, {k: v for k, v in values.items() if v is not None}, LGOT_FLAGS)
+    if settings.confidence in ("logprobs-first", "logprobs-mean") and not config.logprobs:
+        raise UserError(f"--llm-confidence {settings.confidence} needs --llm-logprobs")
     if ns.llm_names_file is not None:
         _check_names_file(ns.llm_names_file)
     return LLMOptions(config=config, settings=settings, names_file=ns.llm_names_file)

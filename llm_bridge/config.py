@@ -1,4 +1,13 @@
-"""Settings of the LLM client: one frozen :class:`LLMConfig`, from code, the environment or CLI flags.
+"""Settings of the LLM bridge, in one place: the client's :class:`LLMConfig` and the LGOT hook's
+:class:`LGOTSettings`; every default and every range check of the bridge lives here.
+
+An entry point never re-checks a value: a CLI builds the settings with
+:func:`from_flags`, so a bad ``--llm-alpha 2`` and a bad ``LGOTSettings(alpha=2)``
+fail the same check with the same words, the message naming the flag or the field
+(``--llm-alpha must be in [0, 1], got 2.0`` / ``LGOT settings: alpha must be in [0, 1], got 2.0``).
+Help texts read their defaults from the dataclasses.
+
+Client settings: one frozen :class:`LLMConfig`, from code, the environment or CLI flags.
 
 Sources, later ones winning::
 
@@ -20,6 +29,7 @@ import argparse
 import dataclasses
 import math
 import os
+import numbers
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -28,9 +38,20 @@ from urllib.parse import urlsplit
 
 from kgreason.errors import UserError
 from kgreason.files import user_cache_dir
+from llm_bridge.linking import DEFAULT_THRESHOLD
+from llm_bridge.prompts import MAX_ANSWERS
 
 __all__ = [
     "LLMConfig",
+    "LGOTSettings",
+    "SettingError",
+    "from_flags",
+    "number_problem",
+    "MODES",
+    "MERGE_RULES",
+    "CONFIDENCE_MODES",
+    "RELATION_QUESTION_MODES",
+    "MAX_INPUTS",
     "DEFAULT_MODEL",
     "JSON_OUTPUT_MODES",
     "default_cache_path",
@@ -80,6 +101,45 @@ def check_base_url(url: object) -> str:
     if parts.query or parts.fragment:
         raise ValueError(f"must not carry a query or fragment, got {url!r}")
     return url.rstrip("/")
+
+
+class SettingError(UserError):
+    """A bad value of one setting: ``"{owner}: {field} {problem}"``, e.g.
+    ``LGOT settings: alpha must be in [0, 1], got 2.0``; :meth:`named` words it for a flag."""
+
+    def __init__(self, owner: str, field: str, problem: str) -> None:
+        super().__init__(f"{owner}: {field} {problem}")
+        self.owner, self.field, self.problem = owner, field, problem
+
+    def named(self, flags: Mapping[str, str]) -> UserError:
+        """The same error naming ``flags[field]`` (``--llm-alpha must be ...``); itself for a field not in ``flags``."""
+        return UserError(f"{flags[self.field]} {self.problem}") if self.field in flags else self
+
+
+def from_flags(cls: type, values: Mapping[str, Any], flags: Mapping[str, str]) -> Any:
+    """``cls(**values)`` (:class:`LLMConfig`, :class:`LGOTSettings`) for a command line: a bad value is the
+    dataclass's own check, its message naming the value's flag (``flags``: field -> flag) instead of the field."""
+    try:
+        return cls(**values)
+    except SettingError as exc:
+        raise exc.named({k: f for k, f in flags.items() if values.get(k) is not None}) from None
+
+
+def number_problem(value: Any, *, integer: bool, low: float, high: float = math.inf, low_open: bool = False,
+                   optional: bool = False) -> str | None:
+    """What is wrong with ``value`` as a number in ``[low, high]`` (``(low, ...`` with ``low_open``), or None.
+
+    ``must be an integer, got 2.5`` / ``must be a number, got 'x'`` for the wrong type, else
+    ``must be in [0, 1], got 1.5`` (non-finite values are out of range).  ``optional``: None is fine.
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral if integer else numbers.Real):
+        return f"must be {'an integer' if integer else 'a number'}, got {value!r}"
+    if not (math.isfinite(value) and (value > low if low_open else value >= low) and value <= high):
+        lo, hi = "(" if low_open else "[", "]" if high != math.inf else ")"
+        return f"must be in {lo}{low:g}, {high:g}{hi}, got {value!r}"
+    return None
 
 
 def _mask(key: str | None) -> str | None:
@@ -146,7 +206,7 @@ class LLMConfig:
 
     def __post_init__(self) -> None:
         def bad(name: str, message: str) -> UserError:
-            return UserError(f"LLM config: {name} {message}")
+            return SettingError("LLM config", name, message)
 
         if self.base_url is not None:
             try:
@@ -163,21 +223,10 @@ class LLMConfig:
         if not isinstance(self.model, str) or not self.model.strip():
             raise bad("model", "must be a non-empty name")
 
-        def number(name: str, *, integer: bool, low: float, high: float = math.inf,
-                   low_open: bool = False, optional: bool = False) -> None:
-            value = getattr(self, name)
-            if value is None and optional:
-                return
-            ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-            if isinstance(value, bool) or not ok_type:
-                kind = "an integer" if integer else "a number"
-                raise bad(name, f"must be {kind}, got {value!r}")
-            if not integer and not math.isfinite(value):
-                raise bad(name, f"must be finite, got {value!r}")
-            if value < low or (low_open and value == low) or value > high:
-                lo = "(" if low_open else "["
-                hi = "]" if high != math.inf else ")"
-                raise bad(name, f"must be in {lo}{low:g}, {high:g}{hi}, got {value!r}")
+        def number(name: str, **bounds: Any) -> None:
+            problem = number_problem(getattr(self, name), **bounds)
+            if problem:
+                raise bad(name, problem)
 
         number("temperature", integer=False, low=0.0, high=2.0)
         number("n", integer=True, low=1, high=128)
@@ -260,13 +309,82 @@ class LLMConfig:
                 base_url = values["base_url"] = check_base_url(base_url)
             except ValueError as exc:
                 source = "base_url" if overrides.get("base_url") is not None else "OPENAI_BASE_URL"
-                raise UserError(f"LLM config: {source} {exc}") from None
+                raise SettingError("LLM config", source, str(exc)) from None
         if base_url and "model" not in values and urlsplit(str(base_url)).hostname != "api.openai.com":
             # The response cache is keyed by model name, not by address: a local server's answers filed
             # under the default OpenAI model name would later be replayed as that model's.
             raise UserError(f"--llm-model (or KGREASON_LLM_MODEL) is required with --llm-base-url {base_url}: "
                             f"name the model that server runs (the default {DEFAULT_MODEL} is an OpenAI model)")
         return cls(**values)
+
+
+#: How the LGOT hook combines the LLM with the KG: LGOT's merge, or the LLM's answers alone.
+MODES = ("lgot", "llm-only")
+#: ``max``: ``T[e] = max(T[e], alpha * p(e))``; ``add``: LGOT's ``min(1, T[e] + alpha * p(e))``.
+MERGE_RULES = ("max", "add")
+#: p(e) from sample counts, or from token log-probabilities (first token / mean over the span).
+CONFIDENCE_MODES = ("samples", "logprobs-first", "logprobs-mean")
+#: Relation question templates: asked of the LLM once per relation (LGOT §3.1), or the name-based fallback.
+RELATION_QUESTION_MODES = ("llm", "fallback")
+#: Most input entities per prompt (LGOT's ``min(k, 10)``).
+MAX_INPUTS = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class LGOTSettings:
+    """How the bridge answers and merges (defaults: LGOT's), checked on construction.
+
+    ``mode``: ``"lgot"`` or ``"llm-only"``; ``theta``: likelihood-ratio threshold
+    in [0, 1]; ``alpha``: merge weight in [0, 1]; ``merge``: ``"max"`` or
+    ``"add"``; ``inputs``: input entities per prompt (at most 10, LGOT's
+    ``min(k, 10)``); ``max_answers``: answers asked for per prompt;
+    ``confidence``: one of :data:`CONFIDENCE_MODES` (log-probability modes fall
+    back to counts for replies without log-probabilities);
+    ``relation_questions``: ``"llm"`` or ``"fallback"``; ``link_threshold``:
+    fuzzy-linking score in [0, 100]; ``answer_check``: 0 (off) or K in [1, 10]:
+    ask the answer-check prompt (LGOT §3.3.1) about the top K entities of every
+    projection row after the merge; ``check_penalty`` in [0, 1]: the factor a
+    rejected entity's value is multiplied by (rejected: ``p_yes < 0.5`` over
+    the valid yes/no votes, at least one; see :mod:`llm_bridge.lgot`); ``input_ratio``
+    in [0, 1]: an entity feeds the next prompt only when its value is at least
+    ``input_ratio`` times the row's best value (the likelihood-ratio filter of
+    the answers, applied to the inputs; 0 = the plain top ``inputs``).
+
+    Used by :class:`llm_bridge.lgot.LGOTHook` (which re-exports it), the ``--llm-*``
+    flags of :mod:`llm_bridge.cli` and the experiments' ``--theta``/``--alpha``/...
+    flags, all through :func:`from_flags`: their defaults and checks are these.
+    """
+
+    mode: str = "lgot"
+    theta: float = 0.3
+    alpha: float = 0.1
+    merge: str = "max"
+    inputs: int = 10
+    max_answers: int = MAX_ANSWERS
+    confidence: str = "samples"
+    relation_questions: str = "llm"
+    link_threshold: float = DEFAULT_THRESHOLD
+    answer_check: int = 0
+    check_penalty: float = 0.5
+    input_ratio: float = 0.3
+
+    def __post_init__(self) -> None:
+        def bad(name: str, problem: str | None) -> None:
+            if problem:
+                raise SettingError("LGOT settings", name, problem)
+
+        for name, choices in (("mode", MODES), ("merge", MERGE_RULES), ("confidence", CONFIDENCE_MODES),
+                              ("relation_questions", RELATION_QUESTION_MODES)):
+            value = getattr(self, name)
+            bad(name, None if value in choices else f"must be one of {', '.join(choices)}, got {value!r}")
+        for name in ("theta", "alpha", "check_penalty", "input_ratio"):
+            bad(name, number_problem(getattr(self, name), integer=False, low=0.0, high=1.0))
+        for name, low, high in (("inputs", 1, MAX_INPUTS), ("max_answers", 1, 100), ("answer_check", 0, 10)):
+            bad(name, number_problem(getattr(self, name), integer=True, low=low, high=high))
+        bad("link_threshold", number_problem(self.link_threshold, integer=False, low=0.0, high=100.0))
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def _check_names(values: Mapping[str, Any], where: str) -> None:
@@ -292,20 +410,20 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
     g.add_argument("--llm-api-key-env", metavar="VAR", default=None,
                    help="environment variable holding the API key (default: OPENAI_API_KEY); "
                         "keys are never accepted on the command line")
-    g.add_argument("--llm-temperature", metavar="T", type=float, default=None, help="sampling temperature (default 0.2)")
-    g.add_argument("--llm-n", metavar="N", type=int, default=None, help="samples per prompt (default 6)")
-    g.add_argument("--llm-max-tokens", metavar="N", type=int, default=None, help="completion tokens per sample (default 256)")
+    g.add_argument("--llm-temperature", metavar="T", type=float, default=None, help=f"sampling temperature (default {LLMConfig.temperature:g})")
+    g.add_argument("--llm-n", metavar="N", type=int, default=None, help=f"samples per prompt (default {LLMConfig.n})")
+    g.add_argument("--llm-max-tokens", metavar="N", type=int, default=None, help=f"completion tokens per sample (default {LLMConfig.max_tokens})")
     g.add_argument("--llm-timeout", metavar="SECONDS", type=float, default=None,
-                   help="timeout of one HTTP attempt (connect, each read; default 60)")
+                   help=f"timeout of one HTTP attempt (connect, each read; default {LLMConfig.timeout_s:g})")
     g.add_argument("--llm-deadline", metavar="SECONDS", type=float, default=None,
                    help="most time one stage of LLM calls may take, retries included; unanswered prompts then "
-                        "fall back to KG-only (default 180)")
+                        f"fall back to KG-only (default {LLMConfig.deadline_s:g})")
     g.add_argument("--llm-max-response-bytes", metavar="N", type=int, default=None,
                    help=f"largest HTTP response read; longer ones count as bad responses "
-                        f"(default {DEFAULT_MAX_RESPONSE_BYTES})")
+                        f"(default {LLMConfig.max_response_bytes})")
     g.add_argument("--llm-max-retries", metavar="N", type=int, default=None,
-                   help="retries on 408/409/429/5xx/connection errors/timeouts (default 4)")
-    g.add_argument("--llm-concurrency", metavar="N", type=int, default=None, help="requests in flight at once (default 8)")
+                   help=f"retries on 408/409/429/5xx/connection errors/timeouts (default {LLMConfig.max_retries})")
+    g.add_argument("--llm-concurrency", metavar="N", type=int, default=None, help=f"requests in flight at once (default {LLMConfig.concurrency})")
     g.add_argument("--llm-budget-calls", metavar="N", type=int, default=None,
                    help="most LLM requests per run; then the bridge falls back to KG-only (default: no limit)")
     g.add_argument("--llm-budget-tokens", metavar="N", type=int, default=None,
@@ -314,7 +432,8 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                    help="ask the server for token log-probabilities")
     g.add_argument("--llm-json", choices=JSON_OUTPUT_MODES, default=None,
                    help="JSON-constrained answers: 'object' sends response_format json_object, 'schema' adds "
-                        "llama.cpp's schema (a list of strings); dropped if the server rejects it (default off)")
+                        f"llama.cpp's schema (a list of strings); dropped if the server rejects it "
+                        f"(default {LLMConfig.json_output})")
     g.add_argument("--llm-cache", metavar="PATH", default=None,
                    help=f"SQLite response cache (default: {default_cache_path()})")
     g.add_argument("--no-llm-cache", action="store_true", default=False,
@@ -358,11 +477,6 @@ def config_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = Non
              "api_key": f"--llm-api-key-env {key_var}:"}
     try:
         return LLMConfig.from_env(env, **overrides)
-    except UserError as exc:
+    except SettingError as exc:
         # Name the flag rather than the dataclass field when the value came from one.
-        msg = str(exc)
-        for fname, flag in names.items():
-            prefix = f"LLM config: {fname} "
-            if msg.startswith(prefix) and overrides.get(fname) is not None:
-                raise UserError(f"{flag} {msg[len(prefix):]}") from None
-        raise
+        raise exc.named({k: f for k, f in names.items() if overrides.get(k) is not None}) from None

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import math
 import os
@@ -60,6 +61,7 @@ import numpy as np
 from kgreason.cli import ArgumentParser as _Parser, check_device, check_seed  # _Parser: one-line UserError
 from kgreason.errors import UserError, cli_main, unknown_name
 from kgreason.files import check_not_input, check_output_file, write_output
+from llm_bridge.config import LGOTSettings, from_flags
 
 __all__ = ["ExperimentArgs", "parse_args", "main", "run_experiment", "evaluate_method", "chance_hits",
            "sim_model_name", "output_paths", "DEFAULT_STRUCTURES"]
@@ -67,8 +69,10 @@ __all__ = ["ExperimentArgs", "parse_args", "main", "run_experiment", "evaluate_m
 DEFAULT_STRUCTURES = ("1p", "2p", "3p", "2i", "2u", "pin")
 DEFAULT_RECALL = (0.2, 0.5, 0.9)
 DEFAULT_HALLUCINATION = (0.0, 0.2, 0.5)
-DEFAULT_THETA = (0.3,)
-DEFAULT_ALPHA = (0.1,)
+DEFAULT_THETA = (LGOTSettings.theta,)  # the bridge's defaults (llm_bridge.config)
+DEFAULT_ALPHA = (LGOTSettings.alpha,)
+#: The flag of each LGOTSettings field this experiment sets: the settings check the values (llm_bridge.config).
+LGOT_FLAGS = {"theta": "--theta", "alpha": "--alpha", "answer_check": "--answer-check"}
 HITS = (1, 3, 10)
 TIE = "average"  # headline tie rule (BetaE's argsort on average); all three are in the JSON
 METHODS = ("kg-only", "llm-only", "lgot")
@@ -138,13 +142,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="simulated LLM hallucination rates in [0, 1) (default 0 0.2 0.5)")
     p.add_argument("--noise", type=float, default=None, metavar="S",
                    help="simulated LLM per-answer recall noise (default 0.1)")
-    p.add_argument("--theta", nargs="+", type=_probability, default=list(DEFAULT_THETA), metavar="T",
-                   help="likelihood-ratio filter thresholds (default 0.3; e.g. 0 0.3 to compare)")
-    p.add_argument("--alpha", nargs="+", type=_probability, default=list(DEFAULT_ALPHA), metavar="A",
-                   help="LGOT merge weights: T[e] = max(T[e], A*p(e)) (default 0.1)")
-    p.add_argument("--answer-check", type=int, default=0, metavar="K",
+    p.add_argument("--theta", nargs="+", type=float, default=list(DEFAULT_THETA), metavar="T",
+                   help=f"likelihood-ratio filter thresholds (default {LGOTSettings.theta:g}; e.g. 0 0.3 to compare)")
+    p.add_argument("--alpha", nargs="+", type=float, default=list(DEFAULT_ALPHA), metavar="A",
+                   help=f"LGOT merge weights: T[e] = max(T[e], A*p(e)) (default {LGOTSettings.alpha:g})")
+    p.add_argument("--answer-check", type=int, default=LGOTSettings.answer_check, metavar="K",
                    help="LGOT's answer check: ask about the top K (<= 10) entities of every projection and scale the "
-                        "rejected ones by 0.5 (default 0: off; LGOTSettings.answer_check)")
+                        f"rejected ones by {LGOTSettings.check_penalty:g} (default {LGOTSettings.answer_check}: off; "
+                        "LGOTSettings.answer_check)")
     p.add_argument("--batch-size", type=int, default=64, metavar="N",
                    help="queries per executor batch, i.e. per round of LLM calls (default 64)")
     p.add_argument("--max-answers", type=int, default=100, metavar="N",
@@ -188,8 +193,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ExperimentArgs:
     check_device(ns.device)
     if ns.per_structure < 1:
         raise UserError(f"--per-structure must be >= 1, got {ns.per_structure}")
-    if not 0 <= ns.answer_check <= 10:
-        raise UserError(f"--answer-check must be in [0, 10], got {ns.answer_check}")
+    for theta, alpha in itertools.product(ns.theta, ns.alpha):  # LGOTSettings' own checks, naming the flags
+        from_flags(LGOTSettings, dict(theta=theta, alpha=alpha, answer_check=ns.answer_check), LGOT_FLAGS)
     if ns.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {ns.batch_size}")
     if ns.max_answers < 1:

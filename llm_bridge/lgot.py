@@ -92,7 +92,6 @@ entities); at set-operator nodes, key ``"llm_set"``.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -102,11 +101,12 @@ import torch
 from kgreason.errors import UserError
 
 from engine.exec.hooks import NodeContext, NodeValue
-from llm_bridge.linking import DEFAULT_THRESHOLD, EntityLinker
+# The settings, their defaults and checks live in llm_bridge.config (re-exported here).
+from llm_bridge.config import CONFIDENCE_MODES, MERGE_RULES, MODES, RELATION_QUESTION_MODES, LGOTSettings
+from llm_bridge.linking import EntityLinker
 from llm_bridge.nested import nest
 from llm_bridge.parse import Confidence, extract_entities, logprob_confidence, parse_yes_no, sample_confidence
-from llm_bridge.prompts import (MAX_ANSWERS, answer_check_messages, fill_question, projection_messages,
-                                projection_response_format)
+from llm_bridge.prompts import answer_check_messages, fill_question, projection_messages, projection_response_format
 from llm_bridge.relations import RelationQuestions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -125,72 +125,7 @@ __all__ = [
     "LGOTHook",
 ]
 
-MODES = ("lgot", "llm-only")
-MERGE_RULES = ("max", "add")
-#: p(e) from sample counts, or from token log-probabilities (first token / mean over the span).
-CONFIDENCE_MODES = ("samples", "logprobs-first", "logprobs-mean")
-#: Relation question templates: asked of the LLM once per relation (LGOT §3.1), or the name-based fallback.
-RELATION_QUESTION_MODES = ("llm", "fallback")
 _TOL = 1e-9  # a ratio this close to theta counts as equal to it (kept)
-
-
-@dataclass(frozen=True, kw_only=True)
-class LGOTSettings:
-    """How the bridge answers and merges (defaults: LGOT's).
-
-    ``mode``: ``"lgot"`` or ``"llm-only"``; ``theta``: likelihood-ratio threshold
-    in [0, 1]; ``alpha``: merge weight in [0, 1]; ``merge``: ``"max"`` or
-    ``"add"``; ``inputs``: input entities per prompt (at most 10, LGOT's
-    ``min(k, 10)``); ``max_answers``: answers asked for per prompt;
-    ``confidence``: one of :data:`CONFIDENCE_MODES` (log-probability modes fall
-    back to counts for replies without log-probabilities);
-    ``relation_questions``: ``"llm"`` or ``"fallback"``; ``link_threshold``:
-    fuzzy-linking score in [0, 100]; ``answer_check``: 0 (off) or K in [1, 10]:
-    ask the answer-check prompt (LGOT §3.3.1) about the top K entities of every
-    projection row after the merge; ``check_penalty`` in [0, 1]: the factor a
-    rejected entity's value is multiplied by (rejected: ``p_yes < 0.5`` over
-    the valid yes/no votes, at least one; see the module doc); ``input_ratio``
-    in [0, 1]: an entity feeds the next prompt only when its value is at least
-    ``input_ratio`` times the row's best value (the likelihood-ratio filter of
-    the answers, applied to the inputs; 0 = the plain top ``inputs``).
-    """
-
-    mode: str = "lgot"
-    theta: float = 0.3
-    alpha: float = 0.1
-    merge: str = "max"
-    inputs: int = 10
-    max_answers: int = MAX_ANSWERS
-    confidence: str = "samples"
-    relation_questions: str = "llm"
-    link_threshold: float = DEFAULT_THRESHOLD
-    answer_check: int = 0
-    check_penalty: float = 0.5
-    input_ratio: float = 0.3
-
-    def __post_init__(self) -> None:
-        def check(ok: bool, what: str) -> None:
-            if not ok:
-                raise UserError(f"LGOT settings: {what}")
-
-        check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        check(self.merge in MERGE_RULES, f"merge must be one of {', '.join(MERGE_RULES)}, got {self.merge!r}")
-        check(self.confidence in CONFIDENCE_MODES,
-              f"confidence must be one of {', '.join(CONFIDENCE_MODES)}, got {self.confidence!r}")
-        check(self.relation_questions in RELATION_QUESTION_MODES,
-              f"relation_questions must be one of {', '.join(RELATION_QUESTION_MODES)}, got {self.relation_questions!r}")
-        for name in ("theta", "alpha", "check_penalty", "input_ratio"):
-            v = getattr(self, name)
-            check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0.0 <= v <= 1.0,
-                  f"{name} must be in [0, 1], got {v!r}")
-        for name, lo, hi in (("inputs", 1, 10), ("max_answers", 1, 100), ("answer_check", 0, 10)):
-            v = getattr(self, name)
-            check(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi,
-                  f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
-        check(0.0 <= float(self.link_threshold) <= 100.0, f"link_threshold must be in [0, 100], got {self.link_threshold!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 # ------------------------------------------------------------------------------ pure functions

@@ -53,6 +53,7 @@ import numpy as np
 from kgreason.cli import ArgumentParser as _Parser, check_seed  # one-line UserError parser
 from kgreason.errors import UserError, cli_main
 from kgreason.files import check_output_file, write_output
+from .config import MERGE_RULES, LGOTSettings, from_flags
 from .experiment import jsonable
 
 __all__ = ["MetaQAArgs", "parse_args", "run", "hits_at_k", "main", "PAPER"]
@@ -78,10 +79,10 @@ class MetaQAArgs:
     quality: tuple[tuple[float, float], ...] = DEFAULT_QUALITY
     noise: float = 0.1
     messy: bool = True
-    theta: float = 0.3
-    alpha: float = 0.1
-    merge: str = "max"
-    input_ratio: float = 0.3
+    theta: float = LGOTSettings.theta  # the bridge's defaults (llm_bridge.config)
+    alpha: float = LGOTSettings.alpha
+    merge: str = LGOTSettings.merge
+    input_ratio: float = LGOTSettings.input_ratio
     samples: int = 6
     batch_size: int = 64
     cache: Path = Path("artifacts/metaqa-lgot-cache.sqlite")
@@ -102,14 +103,8 @@ def _quality(text: str) -> tuple[float, float]:
     return r, h
 
 
-def _unit(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (math.isfinite(v) and 0 <= v <= 1):
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return v
+#: The flag of each LGOTSettings field this experiment sets: the settings check the values (llm_bridge.config).
+LGOT_FLAGS = {"theta": "--theta", "alpha": "--alpha", "merge": "--merge", "input_ratio": "--input-ratio"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -125,12 +120,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="simulated LLM qualities, recall/hallucination (default 0.3/0.3 0.5/0.2 0.7/0.1 0.9/0.05)")
     p.add_argument("--noise", type=float, default=0.1, help="simulator --noise (consistency spread), default 0.1")
     p.add_argument("--no-messy", action="store_true", help="the simulator writes exact names (default: messy)")
-    p.add_argument("--theta", type=_unit, default=0.3, help="LGOT likelihood-ratio threshold (default 0.3)")
-    p.add_argument("--alpha", type=_unit, default=0.1, help="LGOT merge weight (default 0.1)")
-    p.add_argument("--merge", choices=("max", "add"), default="max", help="LGOT merge rule (default max)")
-    p.add_argument("--input-ratio", type=_unit, default=0.3,
+    p.add_argument("--theta", type=float, default=LGOTSettings.theta,
+                   help=f"LGOT likelihood-ratio threshold (default {LGOTSettings.theta:g})")
+    p.add_argument("--alpha", type=float, default=LGOTSettings.alpha,
+                   help=f"LGOT merge weight (default {LGOTSettings.alpha:g})")
+    p.add_argument("--merge", choices=MERGE_RULES, default=LGOTSettings.merge,
+                   help=f"LGOT merge rule (default {LGOTSettings.merge})")
+    p.add_argument("--input-ratio", type=float, default=LGOTSettings.input_ratio,
                    help="LGOT: an entity feeds the next prompt only at >= this times the row's best value "
-                        "(default 0.3; 0 = the plain top 10)")
+                        f"(default {LGOTSettings.input_ratio:g}; 0 = the plain top 10)")
     p.add_argument("--samples", type=int, default=6, help="LLM samples per prompt, n (default 6)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--cache", type=Path, default=Path("artifacts/metaqa-lgot-cache.sqlite"),
@@ -144,6 +142,7 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> MetaQAArgs:
     a = _parser().parse_args(argv)
     check_seed(a.seed)
+    from_flags(LGOTSettings, {k: getattr(a, k) for k in LGOT_FLAGS}, LGOT_FLAGS)  # its checks, naming the flags
     if not 1 <= a.per_hop <= 100_000:
         raise UserError(f"--per-hop must be in [1, 100000], got {a.per_hop}")
     if not (math.isfinite(a.noise) and 0 <= a.noise <= 10):
