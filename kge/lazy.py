@@ -16,11 +16,11 @@ stands for the same stacked ``(R*N, N)`` CSR an eager build would have written
   budget smaller than one request's rows only costs recomputation, never
   correctness.
 
-The executor (:mod:`engine.exec.executor`) asks for the rows ``(r, h)`` of the
-active entities ``h`` (nonzero inputs) of each projection and hands
-:meth:`LazyMatrices.stacked` to ``ops.project_multi``; rows of inactive heads
-are multiplied by 0 in both plain and negated projection, so leaving them
-out changes no score and no argmax.  Whole relations
+Projections read them through :class:`kge.rows.LazyRows` (``artifact.relation_rows()``):
+per block of a batch, the rows ``(r, h)`` of the active entities ``h`` (nonzero
+inputs), as the compact stack :meth:`LazyMatrices.stacked` builds; rows of
+inactive heads are multiplied by 0 in both plain and negated projection, so
+leaving them out changes no score and no argmax.  Whole relations
 (:meth:`LazyMatrices.relation_block`) and the whole stack
 (:meth:`LazyMatrices.materialize`) can be computed explicitly, with a size
 check (they cost ``N`` resp. ``R*N`` rows).

@@ -182,7 +182,9 @@ class EagerRows(RelationRows):
     def blocks(self, x: Any, relations: Sequence[int] | np.ndarray) -> Iterator[RowBlock]:
         import torch
 
-        rel = torch.as_tensor(np.asarray(relations, dtype=np.int64), device=self.device)
+        # from a list, torch.tensor is several times faster than through numpy (batch-1 projections notice)
+        rel = (torch.from_numpy(relations.astype(np.int64, copy=False)).to(self.device)
+               if isinstance(relations, np.ndarray) else torch.tensor(relations, dtype=torch.int64, device=self.device))
         yield RowBlock(self.full_stack(), rel)
 
     def weight(self, r: int, i: int, j: int) -> float:
