@@ -146,7 +146,10 @@ def _tree_info(tree: Path | None) -> dict[str, Any]:
                                 "csrc", "kgreason"], capture_output=True, text=True, check=True).stdout.strip()
         info["dirty"] = [line for line in dirty.splitlines()]
     except (OSError, subprocess.CalledProcessError):
-        info["commit"] = None
+        # Not a git checkout: a `git archive` snapshot may name its commit in .source-commit
+        # (`git get-tar-commit-id`), so a record of a snapshot still says which code ran.
+        src = root / ".source-commit"
+        info["commit"] = src.read_text().strip() if src.is_file() else None
     return info
 
 
@@ -273,11 +276,13 @@ def _wanted(art_name: str, modes: Sequence[str]) -> list[Mode]:
 
 def record_run(artifacts: dict[str, Path], queries: Path, *, modes: Sequence[str] = MODE_NAMES,
                threads: int = 1, progress: bool = True, tree: Path | None = None,
-               row_cache_gb: float | None = None) -> tuple[dict, dict]:
+               row_cache_gb: float | None = None, limit: int | None = None) -> tuple[dict, dict]:
     """Run every ``(artifact, mode)``; returns ``(record, scores)``.
 
     ``modes``: names (every artifact) or ``artifact/mode``; ``row_cache_gb``: lazy artifacts'
-    row-cache budget (``None``: what the build recorded; the cache changes only the time).
+    row-cache budget (``None``: what the build recorded; the cache changes only the time);
+    ``limit``: run every mode on the round-robin subset of that many queries (:func:`subset_indices`;
+    the ``b1-*`` modes keep their 100, which it contains) instead of all of them.
 
     ``record``: JSON-ready dict (provenance, per artifact and mode the per-query hashes and
     top-10s); ``scores``: ``"artifact/mode"`` -> float32 (Q_mode, N) matrix (Q_mode = the
@@ -293,16 +298,18 @@ def record_run(artifacts: dict[str, Path], queries: Path, *, modes: Sequence[str
     torch.set_num_threads(threads)
     structures, exprs = load_queries(queries)
     sub = subset_indices(structures)
+    every = list(range(len(exprs))) if limit is None else subset_indices(structures, max(limit, len(sub)))
     rec: dict[str, Any] = {
         "format": FORMAT, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": _machine(),
         "threads": threads, "tree": _tree_info(tree), "argv": sys.argv, "row_cache_gb": row_cache_gb,
+        "limit": limit,
         "queries": {"path": str(queries), "sha256": _file_sha(queries), "structures": structures, "exprs": exprs,
                     "subset": sub},
         "artifacts": {}, "runs": {},
     }
     scores: dict[str, Any] = {}
     nodes = [parse(e, where=f"{queries}:{k + 1}") for k, e in enumerate(exprs)]
-    total = sum(len(_wanted(a, modes)) for a in artifacts)
+    total = sum(len(_wanted(a, modes)) for a in artifacts)  # calls per (artifact, mode): one per structure
     with tqdm(total=total * len(set(structures)), desc="artifact x mode x structure", unit="call",
               disable=not progress, file=sys.stderr) as bar:
         for art_name, art_dir in artifacts.items():
@@ -314,7 +321,7 @@ def record_run(artifacts: dict[str, Path], queries: Path, *, modes: Sequence[str
                                           "matrices": meta.get("matrices"),
                                           "threshold": meta.get("calibration", {}).get("threshold")}
             for mode in _wanted(art_name, modes):
-                idx = sub if mode.subset else list(range(len(nodes)))
+                idx = sub if mode.subset else every
                 groups: dict[str, list[int]] = {}
                 for j, k in enumerate(idx):
                     groups.setdefault(structures[k], []).append(j)
@@ -784,6 +791,7 @@ class RunArgs:
     modes: tuple[str, ...]
     threads: int
     row_cache_gb: float | None
+    limit: int | None
     save: Path | None
     compare: tuple[Path, ...]
     progress: bool
@@ -861,6 +869,8 @@ def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | ReportArgs | Memor
                    help=f"modes, MODE for every artifact or NAME/MODE for one (default all: {' '.join(MODE_NAMES)})")
     r.add_argument("--row-cache-gb", type=float, default=None,
                    help="lazy artifacts' row-cache budget in GiB (default: what the build recorded; time only)")
+    r.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="every mode on a round-robin subset of N queries (at least the b1 modes' 100) instead of all")
     r.add_argument("--save", type=Path, help="write the record here (and FILE.scores.npz)")
     r.add_argument("--compare", type=Path, nargs="+", default=(),
                    help="compare with these saved records (merged: e.g. one per artifact) and print the table")
@@ -920,7 +930,9 @@ def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | ReportArgs | Memor
         raise UserError("run: give --save FILE, --compare FILE or both")
     if a.save is not None and any(a.save.resolve() == c.resolve() for c in a.compare):
         raise UserError(f"--save {a.save} is a --compare record")
-    return RunArgs(a.queries, arts, tuple(dict.fromkeys(a.modes)), a.threads, a.row_cache_gb, a.save,
+    if a.limit is not None and a.limit < 1:
+        raise UserError(f"--limit must be >= 1, got {a.limit}")
+    return RunArgs(a.queries, arts, tuple(dict.fromkeys(a.modes)), a.threads, a.row_cache_gb, a.limit, a.save,
                    _files(a.compare, "--compare"), not a.no_progress, a.tree)
 
 
@@ -973,7 +985,8 @@ def _main(argv: Sequence[str], tree: Path | None) -> int:
     if args.compare:  # read first: a bad record is an error before minutes of running
         base, base_scores = _load_merged(args.compare)
     rec, scores = record_run(dict(args.artifacts), args.queries, modes=args.modes, threads=args.threads,
-                             progress=args.progress, tree=tree, row_cache_gb=args.row_cache_gb)
+                             progress=args.progress, tree=tree, row_cache_gb=args.row_cache_gb,
+                             limit=args.limit)
     if args.save is not None:
         save_record(args.save, rec, scores)
         print(f"saved {args.save} and {_scores_path(args.save)}", file=sys.stderr)

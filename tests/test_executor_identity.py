@@ -185,3 +185,17 @@ def test_held_bytes_counts_each_storage_once(ident):
     held = ident.held_bytes({"artifact": art, "executor": ex})
     csr = 4 * 8 + 0 + 0  # crow int64 (4,); no entries
     assert held == {"artifact": 4000, "executor": 4000 + csr}
+
+
+def test_limit_runs_a_round_robin_subset(ident, recorded, umls_tiny_artifact):
+    _, queries, rec, scores = recorded
+    small, small_scores = ident.record_run({"eager": umls_tiny_artifact}, queries, modes=["dense", "eager/b1-dense"],
+                                           progress=False, limit=20)
+    assert set(small["runs"]) == {"eager/dense", "eager/b1-dense"}
+    idx = small["runs"]["eager/dense"]["indices"]
+    structures = rec["queries"]["structures"]
+    # at least the b1 modes' subset (all of UMLS's 42 queries here), every structure in it
+    assert idx == ident.subset_indices(structures, max(20, len(rec["queries"]["subset"])))
+    assert set(rec["queries"]["subset"]) <= set(idx) and len({structures[k] for k in idx}) == 14
+    full = dict(zip(rec["runs"]["eager/dense"]["indices"], rec["runs"]["eager/dense"]["queries"]))
+    assert [full[k] for k in idx] == small["runs"]["eager/dense"]["queries"]
