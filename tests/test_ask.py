@@ -364,7 +364,8 @@ def test_embedding_costs_are_karpa_h_costs_plus_the_length_penalty(kg, questions
     q, _, _ = questions[0]
     topic = eng.ask(q, retriever=ret).topic_id
     for lam in (0.0, 0.1):
-        asker = Asker(eng, ret, settings=AskSettings(length_penalty=lam, k=1000))
+        asker = Asker(eng, ret, settings=AskSettings(length_penalty=lam, k=1000, length_prior=0.0,
+                                                     answer_type_weight=0.0))
         text = question_text(q)
         got = asker.embedding_retrieve([topic], [text])[0]
         seqs, _ = ret._enumerate(topic, 3)
@@ -502,7 +503,13 @@ def test_sequence_embeddings_are_cached_on_disk(kg, questions):
     asker = Asker(eng, fresh)
     assert asker._sequence_cache_path().is_file()
     again = asker.embedding_retrieve(topics, texts)
-    assert fresh.encoder.misses == len(set(texts))  # only the questions were encoded
+    # Only the questions were encoded, and the answer-type term's short texts (answer phrases, the fixed
+    # question-word centre, one range text per relation); no path text.
+    from engine.exec.ask import WH_CENTRE, answer_phrase
+
+    short = {answer_phrase(t) for t in texts} | set(WH_CENTRE) | {asker.range_text(r) for r in
+                                                                  range(len(fresh.graph.relation_names))} - {""}
+    assert fresh.encoder.misses == len(set(texts) | short)
     assert [[(round(c, 9), x) for c, x in f] for f in first] == [[(round(c, 9), x) for c, x in f] for f in again]
 
 
@@ -560,7 +567,8 @@ def test_verbalized_costs_are_centred_cosines_plus_the_length_penalty(kg, questi
     _, eng, ret = kg
     q, _, _ = questions[1]
     topic = eng.ask(q, retriever=ret).topic_id
-    asker = Asker(eng, ret, settings=AskSettings(length_penalty=0.05, k=1000), verbalizer=fallback_template)
+    asker = Asker(eng, ret, settings=AskSettings(length_penalty=0.05, k=1000, length_prior=0.0, answer_type_weight=0.0),
+                  verbalizer=fallback_template)
     text = question_text(q)
     got = asker.embedding_retrieve([topic], [text])[0]
     names = eng.artifact.relations
@@ -580,6 +588,65 @@ def test_verbalized_costs_are_centred_cosines_plus_the_length_penalty(kg, questi
     for c, x in got:
         pv = unit(enc.encode([verbal(x)])[0].astype(np.float64) - mu)
         assert abs(c - (1.0 - float(pv @ qv) + 0.05 * (len(x) - 1))) < 1e-9
+
+
+@pytest.mark.parametrize("qi", [0, 2, 4])
+def test_answer_type_and_length_prior_terms_match_a_reference(kg, questions, qi):
+    """Reference, recomputed from the triples and the encoder alone: cost = the zero-shot cost
+    + (length_penalty + length_prior * (pivot - question words)) * (hops - 1)
+    - weight * cos(answer phrase - mean(WH_CENTRE), range text of the last relation, centred over relations)."""
+    from collections import Counter
+
+    from engine.exec.ask import WH_CENTRE, Asker, answer_phrase
+
+    _, eng, ret = kg
+    q, _, _ = questions[qi]
+    topic = eng.ask(q, retriever=ret).topic_id
+    text = question_text(q)
+    base = Asker(eng, ret, settings=AskSettings(k=1000, length_prior=0.0, answer_type_weight=0.0, length_penalty=0.0))
+    new = Asker(eng, ret, settings=AskSettings(k=1000, length_prior=0.03, length_pivot=5, answer_type_weight=0.6,
+                                               length_penalty=0.02, range_examples=3))
+    zero = {x: c for c, x in base.embedding_retrieve([topic], [text])[0]}
+    got = {x: c for c, x in new.embedding_retrieve([topic], [text])[0]}
+    assert set(got) == set(zero)
+
+    def unit(v):
+        return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+    obs = np.unique(np.asarray(eng.artifact.observed), axis=0)  # duplicate triples are one edge
+    ents = eng.artifact.entities
+    n_rel = len(ret.graph.relation_names)
+    assert list(ret.graph.relation_names) == list(eng.artifact.relations)  # inverses are relations of their own
+    ranges = []
+    for r in range(n_rel):
+        counts = Counter(obs[obs[:, 1] == r][:, 2].tolist())
+        top = sorted(counts, key=lambda t: (-counts[t], t))[:3]
+        ranges.append(", ".join(ents[t] for t in top))
+    enc = ret.encoder
+    have = [i for i, t in enumerate(ranges) if t]
+    R = np.zeros((n_rel, enc.encode(["x"]).shape[1]))
+    X = enc.encode([ranges[i] for i in have]).astype(np.float64)
+    R[have] = unit(X - X.mean(axis=0))
+    wh = unit(enc.encode(list(WH_CENTRE)).astype(np.float64)).mean(axis=0)
+    a = unit(enc.encode([answer_phrase(text)])[0].astype(np.float64) - wh)
+    words = len(text.split())
+    for x, c in got.items():
+        ref = zero[x] + (0.02 + 0.03 * (5 - words)) * (len(x) - 1) - 0.6 * float(R[x[-1]] @ a)
+        assert abs(c - ref) < 1e-9, (x, c, ref)
+
+
+def test_answer_phrase_and_new_settings_validation():
+    from engine.exec.ask import answer_phrase
+
+    assert answer_phrase("[X] appears in which movies") == "which movies"
+    assert answer_phrase("What year was released") == "What year"
+    assert answer_phrase("the film was directed by who") == "who"
+    assert answer_phrase("describe in a few words") == "describe in"
+    assert answer_phrase("") == ""
+    for bad in (dict(length_prior=-0.1), dict(length_prior=2.0), dict(answer_type_weight=-1.0),
+                dict(answer_type_weight=True), dict(length_pivot=-1), dict(range_examples=0)):
+        with pytest.raises(UserError, match="ask: " + next(iter(bad))):
+            AskSettings(**bad)
 
 
 # ------------------------------------------------------------------------------ exemplars (kNN path vote)

@@ -14,8 +14,9 @@ may appear or change, and an artifact ``kge.build --overwrite`` replaces);
 no temporary ``.building-``/``.part-`` leftovers; everything happens inside the
 example's folder (cwd, HOME, XDG_CACHE_HOME, KGREASON_HOME, TMPDIR there).
 
-Never fuzzed: the ``--llm*`` options of engine.answer and llm_bridge.experiment
-(they call a model server; the experiment runs its own simulator) and
+Never fuzzed: the ``--llm*`` options of engine.answer, engine.ask and llm_bridge.experiment
+(they call a model server; the experiment runs its own simulator), engine.ask without
+``--encoder`` (it gets ``hashing``), llm_bridge.linkeval's ``--embedding minilm``, and
 engine.paths' model encoders (``minilm``, ``sentence-transformers`` download
 models); ``kge.build`` only ever trains a few epochs at rank <= 8 on the
 16-entity KG (or reuses embeddings); ``kge.synthetic``'s valid sizes stay below
@@ -73,6 +74,8 @@ CLIS = {
     "kge.plots": "kge.plots",
     "kge.linkpred": "kge.linkpred",
     "llm_bridge.experiment": "llm_bridge.experiment",
+    "engine.ask": "engine.ask",
+    "llm_bridge.linkeval": "llm_bridge.linkeval",
 }
 
 
@@ -151,6 +154,17 @@ class Layout:
         (self.inputs / "deep.pkl").write_bytes(b"\x80\x04}X\x01\x00\x00\x00e\x85" + b"X\x01\x00\x00\x00r\x85\x86" * 2000
                                                 + b"\x8f(J\x01\x00\x00\x00\x90s.")
         (self.inputs / "bad.jsonl").write_text('{"query": "(p r0 e0)", "structure": "2i"}\nnot json\n')
+        # engine.ask: questions (plain and JSON lines with gold answers) and labelled exemplars of the tiny KG.
+        self.ask_questions = self.inputs / "questions.jsonl"
+        self.ask_questions.write_text('what does [e0] r0\n{"question": "who likes [e1]", "answers": ["e2"]}\n'
+                                      '{"question": "[Zoë] is part of what"}\n', encoding="utf-8")
+        self.exemplars = self.inputs / "exemplars.jsonl"
+        self.exemplars.write_text('{"question": "what does [e3] r0", "path": ["r0"]}\n'
+                                  '{"question": "who likes [e4]", "path": ["likes^-1"]}\n', encoding="utf-8")
+        # llm_bridge.linkeval: a MetaQA-style kb.txt (head|relation|tail) of 30 films, people and years.
+        self.metaqa_kb = self.inputs / "kb.txt"
+        self.metaqa_kb.write_text("".join(f"Film {i}|directed_by|Person {i % 7}\nFilm {i}|release_year|{1990 + i % 5}\n"
+                                          for i in range(30)), encoding="utf-8")
         # The default artifact (engine.answer without --artifact) is the tiny one: nothing is ever trained.
         umls = root / "home" / "kgreason" / "artifacts" / "umls"
         umls.parent.mkdir(parents=True)
@@ -179,11 +193,14 @@ _VALID_INTS = {"top_k": (1, 20), "seed": (0, 1000), "batch_size": (1, 64), "limi
                "max_answers": (1, 100), "k": (1, 20), "beam_width": (1, 16), "max_hops": (1, 4),
                "max_sequences": (1, 1000), "max_entity_paths": (1, 5), "epochs": (1, 2), "rank": (1, 8),
                "num_negatives": (1, 4), "chunk_rows": (1, 4096), "eval_max_triples": (0, 50), "llm_inputs": (1, 3),
-               "entities": (2, 60), "relations": (1, 5), "edges": (3, 200), "types": (1, 5), "answer_check": (0, 3)}
+               "entities": (2, 60), "relations": (1, 5), "edges": (3, 200), "types": (1, 5), "answer_check": (0, 3),
+               "answers": (1, 10), "candidate_relations": (1, 30), "max_context_tokens": (0, 2000),
+               "exemplar_k": (1, 5), "per_kind": (1, 20), "max_names": (10, 40)}
 _VALID_FLOATS = {"neg_scale": (0.5, 5.0), "drop_edges": (0.0, 0.5), "lr": (0.001, 0.1), "regularizer_weight": (0.0, 0.1),
                  "threshold": (1e-4, 0.5), "max_matrix_gb": (0.01, 2.0), "delta": (0.0, 0.5), "sim_latency_ms": (0.0, 1.0),
                  "noise": (0.0, 0.3), "recall": (0.0, 1.0), "hallucination": (0.0, 0.9), "theta": (0.0, 1.0),
-                 "alpha": (0.0, 1.0)}
+                 "alpha": (0.0, 1.0), "exemplar_weight": (0.0, 10.0), "held_out": (0.05, 0.5),
+                 "min_precision": (0.5, 1.0)}
 
 
 @st.composite
@@ -216,6 +233,16 @@ def valid_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[st
             one = st.just(lay.rel(lay.jsonl if cli == "engine.evaluate" else lay.pkl))
     elif dest == "betae_queries":
         one = st.just(lay.rel(lay.pkl))
+    elif dest == "questions":  # engine.ask
+        one = st.just(lay.rel(lay.ask_questions))
+    elif dest == "exemplars":
+        one = st.just(lay.rel(lay.exemplars))
+    elif dest == "kb":  # llm_bridge.linkeval
+        one = st.just(lay.rel(lay.metaqa_kb))
+    elif dest == "baseline_rev":
+        one = st.just("HEAD")
+    elif dest == "embedding":  # linkeval's encoder: never a model (downloads)
+        one = st.just("hashing")
     elif dest in ("betae_folder", "folder"):
         one = st.just(lay.rel(lay.betae))
     elif dest == "embeddings":
@@ -274,7 +301,7 @@ def junk_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[str
                                lay.rel(lay.inputs / "empty"), lay.rel(lay.user), lay.rel(lay.art), lay.rel(lay.kg),
                                lay.rel(lay.jsonl), lay.rel(lay.art / "meta.json"), lay.rel(lay.user / "notes.txt")])
     one: st.SearchStrategy[str]
-    if dest in ("artifact", "kg", "queries", "betae_queries", "betae_folder", "folder", "embeddings"):
+    if dest in _INPUT_DESTS:
         one = st.one_of(paths, _JUNK, st.sampled_from(["pykeen:nope", "notadataset"]))
         if dest == "queries" and cli == "engine.answer":
             qf = lay.root / "queries.txt"  # query lines from the query-language fuzzer
@@ -291,8 +318,10 @@ def junk_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[str
                                "99999999999999999999999", "300", "900"])
     elif dest in ("anchors", "topics", "relations", "query", "structures", "plan"):
         one = st.one_of(_JUNK, st.text(max_size=6), st.sampled_from(["4p", "1P", "2u-DNF", "up-DM", "#99", "#-1"]))
-    elif dest == "encoder":
+    elif dest in ("encoder", "embedding"):
         one = st.sampled_from(["nope", "", "HASHING"])  # never the model encoders (they download models)
+    elif dest == "baseline_rev":
+        one = st.sampled_from(["nope", "", "-x", "HEAD~999999", "--help", "HEAD:x", "0" * 40])
     elif dest == "encoder_kwargs":
         one = st.one_of(st.sampled_from(['{"dim": 0}', '{"dim": -3}', '{"dim": "x"}', '{"seed": 1.5}', '{"bogus": 1}',
                                          '[1]', '3', 'null', '{', '{"dim": 1e999}', '{"dim": 100000000}']),
@@ -381,6 +410,11 @@ def argvs(draw, cli: str, parser: argparse.ArgumentParser, lay: Layout) -> list[
             if flag not in argv:
                 argv += [flag, value]
         argv += ["--no-replay"] if "--sim-latency-ms" not in argv else []
+    if cli == "engine.ask":
+        # The default encoder is MiniLM (a model load per run): the hashing one unless the vector names one.
+        argv += ["--encoder", "hashing"] if "--encoder" not in argv else []
+        if mode != "chaos" and "--questions" not in argv:
+            argv.append(draw(st.sampled_from(["what does [e0] r0", "who likes e1", "[nope] r1", "what is part of [a b]"])))
     if cli == "kge.build":
         # Every vector that reaches training trains a tiny model: never a size preset.
         if "--epochs" not in argv:
@@ -393,6 +427,9 @@ def argvs(draw, cli: str, parser: argparse.ArgumentParser, lay: Layout) -> list[
 
 # ------------------------------------------------------------------------ the property
 _OUTPUT_DESTS = ("out", "json", "stats_json")
+# Options naming files or folders a run reads (never changed).
+_INPUT_DESTS = ("artifact", "kg", "queries", "betae_queries", "betae_folder", "folder", "embeddings", "questions",
+                "exemplars", "kb")
 # Folders a run may add files to (a cache the user names), unless it lies inside one of the run's inputs.
 _CACHE_DESTS = ("questions_dir",)
 
@@ -412,7 +449,7 @@ def _named_paths(parser: argparse.ArgumentParser, argv: list[str], lay: Layout, 
             outs.append(p)
         elif a.dest in _CACHE_DESTS:
             outs.append(_Cache(p))
-        elif a.dest in ("artifact", "kg", "queries", "betae_queries", "betae_folder", "folder", "embeddings"):
+        elif a.dest in _INPUT_DESTS:
             ins.append(p)
     return outs, ins
 
@@ -520,7 +557,7 @@ def _known_finding(cli: str, argv: list[str], res) -> str | None:
 # Each CLI gets a share of the profile's budget by its cost per example.
 _SHARE = {"engine.answer": 1.0, "engine.evaluate": 0.5, "engine.sample": 0.5, "engine.betae": 0.5,
           "engine.paths": 0.75, "kge.build": 0.4, "kge.synthetic": 0.4, "kge.plots": 0.3, "kge.linkpred": 0.3,
-          "llm_bridge.experiment": 0.25}
+          "llm_bridge.experiment": 0.25, "engine.ask": 0.5, "llm_bridge.linkeval": 0.3}
 
 
 _SLOW_RUN = False  # set while a slow-profile CLI test runs (enables the expensive values)
@@ -569,6 +606,8 @@ test_fuzz_cli_synthetic, test_fuzz_cli_synthetic_slow = _make("kge.synthetic")
 test_fuzz_cli_plots, test_fuzz_cli_plots_slow = _make("kge.plots")
 test_fuzz_cli_linkpred, test_fuzz_cli_linkpred_slow = _make("kge.linkpred")
 test_fuzz_cli_experiment, test_fuzz_cli_experiment_slow = _make("llm_bridge.experiment")
+test_fuzz_cli_ask, test_fuzz_cli_ask_slow = _make("engine.ask")
+test_fuzz_cli_linkeval, test_fuzz_cli_linkeval_slow = _make("llm_bridge.linkeval")
 
 
 # ------------------------------------------------------------------------ fixed examples
@@ -631,6 +670,25 @@ _EXAMPLES = [
     ("kge.synthetic", "--entities 1000000000 --relations 4 --edges 2000000000 --out big.tsv --quiet", None),
     ("kge.synthetic", "--entities 40 --relations 3 --edges 120 --out s.tsv --stats-json s.tsv --quiet", None),
     ("engine.evaluate", "--artifact {list_meta} --queries {jsonl} --no-progress --skip-artifact-checksums", None),
+    # engine.ask and llm_bridge.linkeval: wrong kinds of files, unknown topics, bad numbers
+    ("engine.ask", "--artifact {art} --encoder hashing --questions {empty}", None),
+    ("engine.ask", "--artifact {art} --encoder hashing --questions {empty_tsv}", None),
+    ("engine.ask", "--artifact {art} --encoder hashing --questions {bad_jsonl}", None),
+    ("engine.ask", "--artifact {art} --encoder hashing [nope]", None),
+    ("engine.ask", "--artifact {art} --encoder hashing --exemplars {jsonl} [e0]", None),
+    ("engine.ask", "--artifact {art} --encoder hashing --exemplars {bad_jsonl} [e0]", None),
+    ("engine.ask", "--artifact {art} --encoder hashing --exemplar-weight nan [e0]", None),
+    ("engine.ask", "--artifact {art} --encoder hashing --max-hops 99 [e0]", None),
+    ("engine.ask", "--artifact {art} --encoder hashing --encoder-kwargs {{ [e0]", None),
+    ("engine.ask", "--artifact {list_meta} --encoder hashing [e0]", None),
+    ("engine.ask", "--artifact {art} --encoder hashing --questions {questions} --exemplars {exemplars} --json", None),
+    ("llm_bridge.linkeval", "--kb {metaqa_kb} --out {metaqa_kb}", None),
+    ("llm_bridge.linkeval", "--kb {empty_tsv} --out r.md --per-kind 2", None),
+    ("llm_bridge.linkeval", "--kb {kg} --out r.md --per-kind 2", None),
+    ("llm_bridge.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --baseline-rev nope", None),
+    ("llm_bridge.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --embedding nope", None),
+    ("llm_bridge.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --held-out nan", None),
+    ("llm_bridge.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --max-names 12", None),
 ]
 
 
@@ -644,7 +702,8 @@ def test_cli_examples(parsers, world, scratch, cli, line, finding):
         names = {"kg": lay.kg, "art": lay.art, "jsonl": lay.jsonl, "pkl": lay.pkl, "betae": lay.betae,
                  "user": lay.user, "empty": lay.inputs / "empty", "list_meta": lay.inputs / "list_meta",
                  "latin1": lay.inputs / "latin1.tsv", "empty_tsv": lay.inputs / "empty.tsv",
-                 "deep_pkl": lay.inputs / "deep.pkl"}
+                 "deep_pkl": lay.inputs / "deep.pkl", "bad_jsonl": lay.inputs / "bad.jsonl",
+                 "questions": lay.ask_questions, "exemplars": lay.exemplars, "metaqa_kb": lay.metaqa_kb}
         argv = [tok.format(**{k: lay.rel(v) for k, v in names.items()}).encode().decode("unicode_escape")
                 if "{" in tok or "\\" in tok else tok for tok in line.split(" ")]
         hits: set[str] = set()

@@ -75,12 +75,26 @@ __all__ = [
     "find_topic",
     "path_query",
     "question_text",
+    "answer_phrase",
     "read_exemplars",
 ]
 
 ASK_MODES = ("pathfinding", "heuristic")
 #: Embedding-only retrieval's cost per hop beyond the first (see AskSettings.length_penalty).
-LENGTH_PENALTY = 0.05
+LENGTH_PENALTY = 0.07
+#: Answer-type term and question-length prior of embedding-only retrieval (AskSettings.answer_type_weight,
+#: range_examples, length_prior, length_pivot), chosen on MetaQA dev questions (docs/ask.md).
+ANSWER_TYPE_WEIGHT = 0.7
+RANGE_EXAMPLES = 6
+LENGTH_PRIOR = 0.04
+LENGTH_PIVOT = 8
+#: English question words: a question's answer phrase starts at the first of them (:func:`answer_phrase`).
+WH_WORDS = ("which", "what", "who", "whom", "whose", "where", "when", "how")
+#: Answer phrases whose mean embedding centres the question side of the answer-type term (fixed, so a
+#: question's cost does not depend on the other questions asked).
+WH_CENTRE = ("who", "what", "which", "when", "where", "whom", "whose", "how many", "how much", "what is",
+             "which one")
+_WH = re.compile(r"\b(" + "|".join(WH_WORDS) + r")\b", re.IGNORECASE)
 #: Exemplar vote defaults (AskSettings.exemplar_weight / exemplar_k), chosen on held-out MetaQA dev exemplars.
 EXEMPLAR_WEIGHT = 4.0
 EXEMPLAR_K = 3
@@ -108,6 +122,15 @@ class AskSettings:
         explain: executor explanations on the answers (default on).
         length_penalty: embedding-only retrieval adds this much cost per hop beyond the first
             (default :data:`LENGTH_PENALTY`, chosen on MetaQA's dev questions: docs/ask.md).
+        length_prior: and ``length_prior · (length_pivot − words)`` per hop beyond the first, ``words``
+            the question's word count without its topic: short questions pay more for long paths, questions
+            longer than the pivot less (defaults :data:`LENGTH_PRIOR`, :data:`LENGTH_PIVOT`; 0 turns it off).
+        length_pivot: see ``length_prior``.
+        answer_type_weight: embedding-only retrieval subtracts this times the cosine between the
+            question's answer phrase (:func:`answer_phrase`, e.g. "which movies") and the path's range
+            text, the names of the ``range_examples`` most frequent tails of its last relation in the KG,
+            both centred (default :data:`ANSWER_TYPE_WEIGHT`; 0 turns it off).
+        range_examples: tail names per relation in its range text (default :data:`RANGE_EXAMPLES`).
         exemplar_weight: with exemplars (``Asker(exemplars=...)``), embedding-only retrieval subtracts
             this times a path's exemplar vote from its cost (default :data:`EXEMPLAR_WEIGHT`).
         exemplar_k: the vote is the mean of the ``exemplar_k`` highest cosines between the question
@@ -127,12 +150,17 @@ class AskSettings:
     exclude_topic: bool = True
     explain: bool = True
     length_penalty: float = LENGTH_PENALTY
+    length_prior: float = LENGTH_PRIOR
+    length_pivot: int = LENGTH_PIVOT
+    answer_type_weight: float = ANSWER_TYPE_WEIGHT
+    range_examples: int = RANGE_EXAMPLES
     exemplar_weight: float = EXEMPLAR_WEIGHT
     exemplar_k: int = EXEMPLAR_K
 
     def __post_init__(self) -> None:
         for name, low in (("k", 1), ("max_hops", 1), ("candidate_relations", 1), ("answers", 1),
-                          ("max_context_tokens", 0), ("tails_per_path", 1), ("exemplar_k", 1)):
+                          ("max_context_tokens", 0), ("tails_per_path", 1), ("exemplar_k", 1),
+                          ("length_pivot", 0), ("range_examples", 1)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise UserError(f"ask: {name} must be an integer >= {low}, got {v!r}")
@@ -142,6 +170,10 @@ class AskSettings:
             raise unknown_name("context style", self.context, CONTEXT_STYLES)
         if not (isinstance(self.length_penalty, (int, float)) and 0.0 <= self.length_penalty <= 1.0):
             raise UserError(f"ask: length_penalty must be in [0, 1], got {self.length_penalty!r}")
+        for name, hi in (("length_prior", 1.0), ("answer_type_weight", 10.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0.0 <= v <= hi):
+                raise UserError(f"ask: {name} must be in [0, {hi:g}], got {v!r}")
         w = self.exemplar_weight
         if isinstance(w, bool) or not (isinstance(w, (int, float)) and 0.0 <= w <= 10.0):
             raise UserError(f"ask: exemplar_weight must be in [0, 10], got {w!r}")
@@ -308,6 +340,14 @@ def question_text(question: str, topic: str | None = None) -> str:
     return " ".join(text.split())
 
 
+def answer_phrase(text: str) -> str:
+    """The words saying what a question asks for: two words from its first English question word
+    (:data:`WH_WORDS`; "[X] appears in which movies" -> "which movies"), else its first two words."""
+    m = _WH.search(text)
+    words = (text[m.start():] if m else text).split()
+    return " ".join(words[:2])
+
+
 def find_topic(question: str, names: Sequence[str], *, index: dict[str, int] | None = None,
                folded: dict[str, int] | None = None, linker: Callable[[str], int | None] | None = None,
                max_words: int = 12) -> tuple[int | None, str]:
@@ -434,6 +474,8 @@ class Asker:
         self._ex_emb: np.ndarray | None = None
         self._path_text: dict[tuple[int, ...], str] = {}
         self._mu: np.ndarray | None = None
+        self._range: np.ndarray | None = None
+        self._wh_centre: np.ndarray | None = None
         names = engine.artifact.entities
         self._index = {n: i for i, n in enumerate(names)}
         self._folded: dict[str, int] | None = None
@@ -788,12 +830,52 @@ class Asker:
             self._mu = np.mean(np.stack([self._seq_emb[t] for t in texts]).astype(np.float64), axis=0)
         return self._mu
 
+    def range_text(self, relation: int) -> str:
+        """The names of the ``range_examples`` most frequent tails of ``relation`` in the KG (ties by
+        smaller id), comma-joined: what its answers look like ("1999, 2004, ..." or person names).
+        Empty for a relation without edges."""
+        g = self.retriever.graph
+        rels = np.asarray(g.rels)
+        tails = np.asarray(g.tails)[rels == int(relation)]
+        if not len(tails):
+            return ""
+        ids, counts = np.unique(tails, return_counts=True)
+        top = ids[np.lexsort((ids, -counts))][: self.settings.range_examples]
+        return ", ".join(str(g.entity_name(int(t))) for t in top)
+
+    def _range_embeddings(self) -> np.ndarray:
+        """(R, d) unit rows: each relation's range text embedding minus the mean over the relations that have
+        edges (the shared "list of names" direction), renormalised; zero rows for relations without edges."""
+        if self._range is None:
+            texts = [self.range_text(r) for r in range(len(self.retriever.graph.relation_names))]
+            have = [i for i, t in enumerate(texts) if t]
+            E = np.zeros((len(texts), 0 if not have else 1), dtype=np.float64)
+            if have:
+                X = np.asarray(self.retriever.encoder.encode([texts[i] for i in have]), dtype=np.float64)
+                X = _unit(X - X.mean(axis=0)) if len(have) > 1 else _unit(X)
+                E = np.zeros((len(texts), X.shape[1]), dtype=np.float64)
+                E[have] = X
+            self._range = E
+        return self._range
+
+    def answer_type_scores(self, texts: Sequence[str]) -> np.ndarray:
+        """(questions, R): cosine between each question's answer phrase (:func:`answer_phrase`; embedding
+        minus the mean of :data:`WH_CENTRE`'s) and each relation's centred range text (0 without edges)."""
+        enc = self.retriever.encoder
+        if self._wh_centre is None:
+            self._wh_centre = _unit(np.asarray(enc.encode(list(WH_CENTRE)), dtype=np.float64)).mean(axis=0)
+        phrases = [answer_phrase(t) or t for t in texts]
+        A = _unit(np.asarray(enc.encode(phrases), dtype=np.float64) - self._wh_centre)
+        return A @ self._range_embeddings().T
+
     def embedding_retrieve(self, topics: Sequence[int], texts: Sequence[str], *, r_progress: bool = False,
                            results: Sequence[AskResult] | None = None) -> list[list[tuple[float, tuple[int, ...]]]]:
         """Embedding-only retrieval: per topic the ``k`` cheapest reachable relation sequences, cost
-        ``1 − cos(embed(path text), embed(question text)) + length_penalty · (hops − 1)``
-        (KARPA-H with the question as the plan, plus a per-hop cost; :meth:`path_text`); ties by
-        length, then ids.  With a verbalizer both embeddings are first centred on the mean of the
+        ``1 − cos(embed(path text), embed(question text)) + (length_penalty + length_prior · (length_pivot
+        − question words)) · (hops − 1) − answer_type_weight · cos(answer phrase, range text of the last
+        relation)`` (KARPA-H with the question as the plan, a per-hop cost that depends on the question's
+        length, and an answer-type term: :meth:`path_text`, :meth:`answer_type_scores`); ties by
+        length, then ids.  With a verbalizer the first two embeddings are centred on the mean of the
         relations' verbalized texts (:meth:`_verbalized_mean`)."""
         s = self.settings
         enumerated = []
@@ -815,6 +897,7 @@ class Asker:
         mu = self._verbalized_mean() if self.verbalizer is not None else None
         if mu is not None:
             q = _unit(q - mu)
+        types = self.answer_type_scores(texts) if s.answer_type_weight > 0 else None
         out = []
         for i, seqs in enumerate(enumerated):
             if not seqs:
@@ -823,8 +906,11 @@ class Asker:
             E = np.stack([self._seq_emb[self.path_text(x)] for x in seqs]).astype(np.float64)
             if mu is not None:
                 E = _unit(E - mu)
-            cost = np.round(np.clip(1.0 - E @ q[i], 0.0, 2.0), 12) + s.length_penalty * np.array(
+            per_hop = s.length_penalty + s.length_prior * (s.length_pivot - len(str(texts[i]).split()))
+            cost = np.round(np.clip(1.0 - E @ q[i], 0.0, 2.0), 12) + per_hop * np.array(
                 [len(x) - 1 for x in seqs], dtype=np.float64)
+            if types is not None:
+                cost = np.round(cost - s.answer_type_weight * types[i][[x[-1] for x in seqs]], 12)
             if votes is not None:
                 cost = np.round(cost - s.exemplar_weight * votes[i], 12)
             order = sorted(range(len(seqs)), key=lambda j: (cost[j], len(seqs[j]), seqs[j]))[: s.k]
