@@ -53,6 +53,7 @@ class AskConfig:
     exemplars: str | None = None  # JSON-lines file of labelled questions {"question", "path"} (kNN path vote)
     exemplar_weight: float = 4.0
     exemplar_k: int = 3
+    embedding_candidates: int = 4
     json: bool = False
     show_context: bool = False
     llm: Any = None  # llm_bridge.config.LLMConfig with --llm, else None (embedding-only)
@@ -95,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="cost subtracted per unit of exemplar vote (default 4.0; 0 ignores the exemplars)")
     p.add_argument("--exemplar-k", type=int, default=3,
                    help="the vote averages the k most similar exemplars of a path (default 3)")
+    p.add_argument("--embedding-candidates", type=int, default=4,
+                   help="with --llm: embedding-only paths shown to the reasoner beside the planned ones (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON object per question (JSON lines)")
     p.add_argument("--show-context", action="store_true", help="print the KG context the reasoner sees")
     from llm_bridge.config import add_llm_arguments
@@ -114,7 +117,8 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
         raise UserError("the question is empty")
     for flag, v, low in (("--k", ns.k, 1), ("--max-hops", ns.max_hops, 1), ("--answers", ns.answers, 1),
                          ("--candidate-relations", ns.candidate_relations, 1),
-                         ("--max-context-tokens", ns.max_context_tokens, 0), ("--exemplar-k", ns.exemplar_k, 1)):
+                         ("--max-context-tokens", ns.max_context_tokens, 0), ("--exemplar-k", ns.exemplar_k, 1),
+                         ("--embedding-candidates", ns.embedding_candidates, 0)):
         if v < low:
             raise UserError(f"{flag} must be >= {low}, got {v}")
     if not 0.0 <= ns.exemplar_weight <= 10.0:
@@ -141,7 +145,8 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
                      replan=ns.replan, context=ns.context, max_context_tokens=ns.max_context_tokens,
                      exclude_topic=ns.exclude_topic, explain=ns.explain, encoder=ns.encoder, encoder_kwargs=kwargs,
                      path_text=ns.path_text, exemplars=ns.exemplars, exemplar_weight=ns.exemplar_weight,
-                     exemplar_k=ns.exemplar_k, json=ns.json, show_context=ns.show_context, llm=llm, reasoner=ns.reasoner)
+                     exemplar_k=ns.exemplar_k, embedding_candidates=ns.embedding_candidates, json=ns.json,
+                     show_context=ns.show_context, llm=llm, reasoner=ns.reasoner)
 
 
 def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:
@@ -231,7 +236,8 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
     settings = AskSettings(k=cfg.k, mode=cfg.mode, max_hops=cfg.max_hops, answers=cfg.answers,
                            candidate_relations=cfg.candidate_relations, replan=cfg.replan, context=cfg.context,
                            max_context_tokens=cfg.max_context_tokens, exclude_topic=cfg.exclude_topic,
-                           explain=cfg.explain, exemplar_weight=cfg.exemplar_weight, exemplar_k=cfg.exemplar_k)
+                           explain=cfg.explain, exemplar_weight=cfg.exemplar_weight, exemplar_k=cfg.exemplar_k,
+                           embedding_candidates=cfg.embedding_candidates)
     items = [("question", cfg.question, None)] if cfg.question is not None else read_questions(cfg.questions)
     engine = Engine.load(cfg.artifact)
     exemplars = None if cfg.exemplars is None else read_exemplars(cfg.exemplars, engine.artifact.relations)

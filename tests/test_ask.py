@@ -250,6 +250,41 @@ def test_a_raising_or_misbehaving_planner_degrades(kg, questions):
     assert any("more than max_hops=3" in w for w in res[0].warnings)
 
 
+@pytest.mark.parametrize("n", [0, 2, 5])
+def test_embedding_candidates_follow_the_planned_paths(kg, questions, n):
+    """A planner that names a wrong relation: the reasoner sees the planned candidates first, then exactly
+    the ``n`` best embedding-only paths not among them, in embedding-only order (``n = 0``: plans only)."""
+    from engine.exec.ask import Asker
+
+    _, eng, ret = kg
+    q, gold, _ = questions[0]
+    seen = []
+
+    class Wrong:
+        def plan(self, requests):
+            return [PlanReply(plans=(("has_genre",) * len(gold),)) for _ in requests]
+
+    class Spy:
+        def reason(self, requests):
+            seen.extend(requests)
+            return [ReasonReply(paths=(len(r.paths),)) for r in requests]
+
+    from engine.exec.ask import ReasonReply
+
+    asker = Asker(eng, ret, settings=AskSettings(embedding_candidates=n, explain=False))
+    res = asker.ask([q], planner=Wrong(), reasoner=Spy())[0]
+    assert res.retrieval == "plan"
+    planned = [p for p in res.paths if p.source == "plan"]
+    extra = [p.relations for p in res.paths if p.source == "embedding"]
+    assert planned and res.paths[: len(planned)] == planned  # planned candidates first
+    ref = [x for _, x in asker.embedding_retrieve([res.topic_id], [question_text(q)])[0]
+           if x not in {p.relations for p in planned}][:n]
+    assert extra == ref
+    assert [p.relations for p in seen[0].paths] == [p.names for p in res.paths]
+    if n:  # the reasoner's pick of the last (an embedding) path gives its answers
+        assert res.answers[0].path == res.paths[-1].names and res.answers[0].selected_by == "llm"
+
+
 def test_unknown_topic_is_an_error_in_the_result_not_a_traceback(kg):
     _, eng, ret = kg
     r = eng.ask("who directed [No Such Movie]", retriever=ret)

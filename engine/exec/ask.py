@@ -98,6 +98,8 @@ _WH = re.compile(r"\b(" + "|".join(WH_WORDS) + r")\b", re.IGNORECASE)
 #: Exemplar vote defaults (AskSettings.exemplar_weight / exemplar_k), chosen on held-out MetaQA dev exemplars.
 EXEMPLAR_WEIGHT = 4.0
 EXEMPLAR_K = 3
+#: Embedding-only paths shown to the reasoner beside the planned ones (AskSettings.embedding_candidates).
+EMBEDDING_CANDIDATES = 4
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 _WORD = re.compile(r"\S+")
 
@@ -133,6 +135,9 @@ class AskSettings:
         range_examples: tail names per relation in its range text (default :data:`RANGE_EXAMPLES`).
         exemplar_weight: with exemplars (``Asker(exemplars=...)``), embedding-only retrieval subtracts
             this times a path's exemplar vote from its cost (default :data:`EXEMPLAR_WEIGHT`).
+        embedding_candidates: with planned paths, the best this many embedding-only paths not among
+            them are added after them (source ``"embedding"``), so the reasoner also sees what the question's
+            wording points at when a plan step is wrong (default :data:`EMBEDDING_CANDIDATES`; 0: plans only).
         exemplar_k: the vote is the mean of the ``exemplar_k`` highest cosines between the question
             and the exemplar questions labelled with that path (default :data:`EXEMPLAR_K`).
     """
@@ -156,11 +161,12 @@ class AskSettings:
     range_examples: int = RANGE_EXAMPLES
     exemplar_weight: float = EXEMPLAR_WEIGHT
     exemplar_k: int = EXEMPLAR_K
+    embedding_candidates: int = EMBEDDING_CANDIDATES
 
     def __post_init__(self) -> None:
         for name, low in (("k", 1), ("max_hops", 1), ("candidate_relations", 1), ("answers", 1),
                           ("max_context_tokens", 0), ("tails_per_path", 1), ("exemplar_k", 1),
-                          ("length_pivot", 0), ("range_examples", 1)):
+                          ("length_pivot", 0), ("range_examples", 1), ("embedding_candidates", 0)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise UserError(f"ask: {name} must be an integer >= {low}, got {v!r}")
@@ -626,17 +632,30 @@ class Asker:
             r.retrieval = "plan" if by_q[id(r)] else "embedding"
             if planner is not None and plans[id(r)] and not by_q[id(r)]:
                 r.warn("retrieve", "the plans match no path from the topic: embedding-only retrieval")
-        emb_only = [r for r in live if not by_q[id(r)]]
-        if emb_only:
-            for r, found in zip(emb_only, self.embedding_retrieve([r.topic_id for r in emb_only],
-                                                                  [texts[id(r)] for r in emb_only], r_progress=progress,
-                                                                  results=emb_only)):
+        # Embedding-only retrieval: the candidates of questions without planned paths, and, beside the planned
+        # ones, the best `embedding_candidates` paths of the others (a wrong plan step then still leaves the
+        # reasoner the path the question's wording points at).
+        extra: dict[int, list[tuple[tuple[int, ...], float, str, Any]]] = {id(r): [] for r in live}
+        emb_q = [r for r in live if not by_q[id(r)] or s.embedding_candidates > 0]
+        if emb_q:
+            for r, found in zip(emb_q, self.embedding_retrieve([r.topic_id for r in emb_q],
+                                                               [texts[id(r)] for r in emb_q], r_progress=progress,
+                                                               results=emb_q)):
+                if not by_q[id(r)]:
+                    for cost, rels in found:
+                        by_q[id(r)][rels] = (cost, "embedding",
+                                             self.retriever._result_path(int(r.topic_id), rels, cost))
+                    continue
                 for cost, rels in found:
-                    by_q[id(r)][rels] = (cost, "embedding", self.retriever._result_path(int(r.topic_id), rels, cost))
+                    if len(extra[id(r)]) >= s.embedding_candidates:
+                        break
+                    if rels not in by_q[id(r)]:
+                        extra[id(r)].append((rels, cost, "embedding",
+                                             self.retriever._result_path(int(r.topic_id), rels, cost)))
         ranked: dict[int, list[tuple[tuple[int, ...], float, str, Any]]] = {}
         for r in live:
             items = sorted(by_q[id(r)].items(), key=lambda kv: (kv[1][0], len(kv[0]), kv[0]))[: s.k]
-            ranked[id(r)] = [(rels, c, src, rp) for rels, (c, src, rp) in items]
+            ranked[id(r)] = [(rels, c, src, rp) for rels, (c, src, rp) in items] + extra[id(r)]
             r.trace.append({"step": "retrieve", "source": r.retrieval, "plans": [list(p) for p in r.plans],
                             "paths": [[rel_names[x] for x in rels] for rels, _, _, _ in ranked[id(r)]]})
 

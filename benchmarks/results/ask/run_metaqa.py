@@ -80,7 +80,7 @@ def run(args) -> dict:
             out["runs"].append(row)
             print(json.dumps(row), flush=True)
 
-        if not args.exemplars_only:
+        if not (args.exemplars_only or args.karpa_only):
             t = time.perf_counter()
             res = asker.ask(texts, progress=True)
             score(res, "embedding", time.perf_counter() - t)
@@ -100,7 +100,7 @@ def run(args) -> dict:
                     score(res, f"karpa-e{e:g}", time.perf_counter() - t, {"error": e})
             finally:
                 server.stop()
-        if args.exemplars_only:
+        if args.exemplars_only or args.karpa_only:
             continue
         t = time.perf_counter()
         rs = eng.executor.answer(eng.queries([q.expression for q in qs]), k=1, explain=False)
@@ -285,6 +285,7 @@ def main() -> int:
                    help="simulated LLM error rates of the karpa rows (none: no karpa rows)")
     p.add_argument("--exemplars", metavar="FILE", help="also run embedding+exemplars (dev) with these exemplars")
     p.add_argument("--exemplars-only", action="store_true", help="with --exemplars: only that row (no others)")
+    p.add_argument("--karpa-only", action="store_true", help="only the karpa rows (--errors)")
     p.add_argument("--merge", action="store_true", help="--out exists: replace its rows of the same hops and "
                    "method with the new ones, keep the others")
     p.add_argument("--make-exemplars", metavar="OUT", help="write weakly supervised exemplars of --split to OUT")
