@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from _llm_server import llm_artifact, simulator  # noqa: F401  (fixture and helper)
+from _llm_server import simulator  # llm_artifact: tests/conftest.py
 from engine.exec.executor import Executor
 from engine.lang.query import Anchor, parse
 from kge.artifact import Artifact
