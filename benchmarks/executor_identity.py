@@ -379,8 +379,32 @@ def load_record(path: Path) -> tuple[dict, dict | None]:
     return rec, scores
 
 
+def _union_run(key: str, a: dict, a_scores, b: dict, b_scores):
+    """One run from two records of it over different query subsets; the queries both ran must agree."""
+    import numpy as np
+
+    from kgreason.errors import UserError
+
+    pos_a = {qi: k for k, qi in enumerate(a["indices"])}
+    for k, qi in enumerate(b["indices"]):
+        if qi in pos_a and a["queries"][pos_a[qi]] != b["queries"][k]:
+            raise UserError(f"two records of {key} disagree on query #{qi}; compare them instead of merging")
+    indices = sorted(set(a["indices"]) | set(b["indices"]))
+    src = {qi: (a, a_scores, k) for k, qi in enumerate(a["indices"])}
+    src.update({qi: (b, b_scores, k) for k, qi in enumerate(b["indices"]) if qi not in src})
+    run = dict(a, indices=indices, queries=[src[qi][0]["queries"][src[qi][2]] for qi in indices])
+    scores = None
+    if a_scores is not None and b_scores is not None:
+        scores = np.stack([src[qi][1][src[qi][2]] for qi in indices])
+    return run, scores
+
+
 def merge_records(items: Sequence[tuple[dict, dict | None]]) -> tuple[dict, dict | None]:
-    """Records of the same query file made by separate ``run`` calls (e.g. one per artifact) as one."""
+    """Records of the same query file made by separate ``run`` calls (e.g. one per artifact) as one.
+
+    A run (artifact/mode) held by several records, over different ``--limit`` subsets, becomes
+    one over the union of their queries; the queries they share must have equal hashes.
+    """
     from kgreason.errors import UserError
 
     rec = copy.deepcopy(items[0][0])
@@ -388,15 +412,19 @@ def merge_records(items: Sequence[tuple[dict, dict | None]]) -> tuple[dict, dict
     for other, other_scores in items[1:]:
         if other["queries"]["sha256"] != rec["queries"]["sha256"]:
             raise UserError(f"records on different query files: {rec['queries']['path']} vs {other['queries']['path']}")
-        clash = set(rec["runs"]) & set(other["runs"])
-        if clash:
-            raise UserError(f"two records both hold {', '.join(sorted(clash))}")
-        rec["runs"].update(other["runs"])
+        other_runs = dict(other["runs"])
+        for key in sorted(set(rec["runs"]) & set(other_runs)):
+            run, sc = _union_run(key, rec["runs"][key], None if scores is None else scores.get(key),
+                                 other_runs.pop(key), None if other_scores is None else other_scores.get(key))
+            rec["runs"][key] = run
+            if scores is not None:
+                scores[key] = sc
+        rec["runs"].update(other_runs)
         rec["artifacts"].update(other["artifacts"])
         rec.setdefault("parts", []).append({"tree": other["tree"], "created": other["created"],
                                             "runs": sorted(other["runs"])})
         if scores is not None and other_scores is not None:
-            scores.update(other_scores)
+            scores.update({k: v for k, v in other_scores.items() if k in other_runs})
         else:
             scores = None
     return rec, scores
@@ -430,7 +458,8 @@ def compare_records(base: dict, base_scores: dict | None, now: dict, now_scores:
 
     The largest absolute difference of the differing queries comes from the full score matrices
     when both sides have them, else from the top-10 lists.  Runs present on one side only are
-    skipped (the caller reports them).
+    skipped (the caller reports them); runs over different query subsets (``--limit``) are
+    compared on the queries both ran.
     """
     from kgreason.errors import UserError
 
@@ -443,10 +472,12 @@ def compare_records(base: dict, base_scores: dict | None, now: dict, now_scores:
         n = now["runs"].get(key)
         if n is None:
             continue
-        if b["indices"] != n["indices"]:
-            raise UserError(f"{key}: the records ran different query subsets")
+        # Records of different --limit: the queries both ran.
+        n_row = {qi: k for k, qi in enumerate(n["indices"])}
+        common = [(row, qi, n_row[qi]) for row, qi in enumerate(b["indices"]) if qi in n_row]
         by: dict[str, Cell] = {}
-        for row, (qi, bq, nq) in enumerate(zip(b["indices"], b["queries"], n["queries"])):
+        for row, qi, nrow in common:
+            bq, nq = b["queries"][row], n["queries"][nrow]
             s = structures[qi]
             cell = by.setdefault(s, Cell(b["artifact"], b["mode"], s))
             cell.queries += 1
@@ -458,7 +489,7 @@ def compare_records(base: dict, base_scores: dict | None, now: dict, now_scores:
             if cell.first is None:
                 cell.first, cell.what = qi, "+".join(diff)
             if base_scores is not None and now_scores is not None and key in base_scores and key in now_scores:
-                d = float(abs(base_scores[key][row].astype("float64") - now_scores[key][row].astype("float64")).max())
+                d = float(abs(base_scores[key][row].astype("float64") - now_scores[key][nrow].astype("float64")).max())
             else:
                 bt, nt = dict(map(tuple, bq["top"])), dict(map(tuple, nq["top"]))
                 d = max((abs(bt.get(e, 0.0) - nt.get(e, 0.0)) for e in set(bt) | set(nt)), default=0.0)
@@ -749,8 +780,8 @@ def write_report(path: Path, *, base: dict, now: dict, cells: Sequence[Cell], ag
     if determinism is not None:
         d_q = sum(c.queries for c in determinism)
         d_i = sum(c.identical for c in determinism)
-        lines += ["", "## Determinism (the before-tree recorded twice)", "",
-                  f"{d_i:,} of {d_q:,} outputs identical between the two before-records."]
+        lines += ["", "## Determinism: the before-records against a second, separate set of before-records", "",
+                  f"{d_i:,} of {d_q:,} outputs identical (the queries and modes both sets ran)."]
         bad = [c for c in determinism if c.differing]
         if bad:
             lines += ["", format_comparison(bad, markdown=True)]
@@ -958,7 +989,7 @@ def _report(args: ReportArgs) -> int:
             raise UserError(f"--memory {name}={path}: cannot read it ({type(exc).__name__})") from None
     write_report(args.out, base=base, now=now, cells=cells, agreement=within_run_agreement(now, now_scores),
                  determinism=det, memory=mem or None,
-                 command=" ".join(["python", "benchmarks/executor_identity.py", *sys.argv[2:]]))
+                 command=" ".join(["python", "benchmarks/executor_identity.py", *sys.argv[1:]]))
     print(format_comparison(cells, exprs=now["queries"]["exprs"]))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0 if all(c.differing == 0 for c in cells) else 1

@@ -147,8 +147,20 @@ def test_report_and_cli(ident, recorded, umls_tiny_artifact, tmp_path):
         ident.save_record(tmp_path / f"{art}.json", *parts[-1])
     merged, merged_scores = ident.merge_records(parts)
     assert merged["runs"] == rec["runs"] and set(merged_scores) == set(scores)
-    with pytest.raises(Exception, match="both hold"):
-        ident.merge_records([parts[0], parts[0]])
+    # One run recorded over two overlapping subsets merges into the union; a disagreement is an error.
+    key = "eager/dense"
+    run = rec["runs"][key]
+    halves = []
+    for lo, hi in ((0, 30), (20, len(run["indices"]))):
+        r = copy.deepcopy(rec)
+        r["runs"] = {key: copy.deepcopy(dict(run, indices=run["indices"][lo:hi], queries=run["queries"][lo:hi]))}
+        halves.append((r, {key: scores[key][lo:hi]}))
+    u, u_scores = ident.merge_records(halves[::-1])
+    assert u["runs"][key]["indices"] == run["indices"] and u["runs"][key]["queries"] == run["queries"]
+    assert np.array_equal(u_scores[key], scores[key])
+    halves[1][0]["runs"][key]["queries"][5]["s"] = "0" * 64  # query 25, in both halves
+    with pytest.raises(Exception, match="disagree on query #25"):
+        ident.merge_records(halves)
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         rc = ident.main(["report", "--before", str(tmp_path / "base.json"), "--after", str(tmp_path / "eager.json"),
