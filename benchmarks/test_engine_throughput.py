@@ -53,7 +53,7 @@ from engine.lang.query import Anchor, Complement, Intersection, NegatedProjectio
 from engine.lang.structures import STRUCTURES
 from kge import Artifact
 
-from conftest import RESULTS, machine_description  # benchmarks/conftest.py (rootdir-relative import)
+from conftest import RESULTS, Measurements, machine_description, measurements_for  # benchmarks/conftest.py (rootdir-relative import)
 
 B_LARGE = 1024
 N_SMALL = B_LARGE  # queries timed one by one (loop and b1): the same queries as the batched mode
@@ -63,8 +63,8 @@ TNORM = "product"
 ROUNDS = int(os.environ.get("ENGINE_BENCH_ROUNDS", "7"))
 NEG_SCALE = 3.0
 
-_results: dict[str, dict[str, float]] = {}
-_info: dict[str, str] = {}
+#: The report's columns (Measurements cells: row = structure), in the order the timed tests fill them.
+COLUMNS = ("loop", "b1", "sparse", "b1024", "faults", "faults_1pass", "b1024_1pass", "qto", "qto_densify")
 
 
 def synthetic_artifact(seed: int = 0, n: int = 14_505, base_relations: int = 237, edges: int = 272_115) -> Artifact:
@@ -94,23 +94,26 @@ def synthetic_artifact(seed: int = 0, n: int = 14_505, base_relations: int = 237
 
 
 @pytest.fixture(scope="module")
-def artifact(fb15k237_artifact):
+def artifact(fb15k237_artifact, _measurements_by_file):
+    info = measurements_for(_measurements_by_file, __file__).info
     if fb15k237_artifact is not None:
-        _info["data"] = f"FB15k-237 artifact ({fb15k237_artifact.path})"
+        info["data"] = f"FB15k-237 artifact ({fb15k237_artifact.path})"
         return fb15k237_artifact
-    _info["data"] = "synthetic FB15k-237-sized artifact (artifacts/FB15k-237 absent)"
+    info["data"] = "synthetic FB15k-237-sized artifact (artifacts/FB15k-237 absent)"
     return synthetic_artifact()
 
 
 @pytest.fixture(scope="module")
-def executor(artifact):
+def executor(artifact, _measurements_by_file):
     threads = os.environ.get("ENGINE_BENCH_THREADS")
     if threads:  # e.g. ENGINE_BENCH_THREADS=1 to take thread scheduling out of the measurement
         torch.set_num_threads(int(threads))
     ex = Executor(artifact, tnorm=TNORM, neg_scale=NEG_SCALE)
     for r in range(artifact.num_relations):  # prepare every matrix up front: not part of any timing
         ex.matrix(r)
-    _info["backend"] = "cpp" if ops.has_kernel("project", "cpu") else "reference"
+    info = measurements_for(_measurements_by_file, __file__).info
+    info["backend"] = "cpp" if ops.has_kernel("project", "cpu") else "reference"
+    info["pass_rows"] = ex.pass_rows
     return ex
 
 
@@ -194,15 +197,14 @@ class DenseQTO:
         return eval_tree(node, self.n, self.project)
 
 
-def _record(structure: str, mode: str, benchmark, nq: int) -> None:
+def _record(m: Measurements, structure: str, mode: str, benchmark, nq: int) -> None:
     # Best round: the machine is shared, and the minimum is the least disturbed measurement.
-    best = benchmark.stats.stats.min
-    _results.setdefault(structure, {})[mode] = nq / best
+    m.put(structure, mode, nq / benchmark.stats.stats.min)
 
 
 @pytest.mark.benchmark(group="engine-throughput")
 @pytest.mark.parametrize("structure", list(STRUCTURES))
-def test_loop_batch1_baseline(benchmark, executor, queries, structure):
+def test_loop_batch1_baseline(benchmark, executor, queries, structure, measurements):
     qs = queries[structure][:N_SMALL]
     ref = executor.scores(qs)
     with torch.inference_mode():
@@ -215,12 +217,12 @@ def test_loop_batch1_baseline(benchmark, executor, queries, structure):
                 loop_eval(executor, q)
 
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    _record(structure, "loop", benchmark, len(qs))
+    _record(measurements, structure, "loop", benchmark, len(qs))
 
 
 @pytest.mark.benchmark(group="engine-throughput")
 @pytest.mark.parametrize("structure", list(STRUCTURES))
-def test_engine_batch1(benchmark, executor, queries, structure):
+def test_engine_batch1(benchmark, executor, queries, structure, measurements):
     qs = queries[structure][:N_SMALL]
 
     def run():
@@ -229,12 +231,12 @@ def test_engine_batch1(benchmark, executor, queries, structure):
                 pass
 
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    _record(structure, "b1", benchmark, len(qs))
+    _record(measurements, structure, "b1", benchmark, len(qs))
 
 
 @pytest.mark.benchmark(group="engine-throughput")
 @pytest.mark.parametrize("structure", list(STRUCTURES))
-def test_engine_batch1024_sparse_sets(benchmark, executor, queries, structure):
+def test_engine_batch1024_sparse_sets(benchmark, executor, queries, structure, measurements):
     qs = queries[structure]
     sparse = copy.copy(executor)  # shares the prepared matrices
     sparse.sparse = True
@@ -244,29 +246,29 @@ def test_engine_batch1024_sparse_sets(benchmark, executor, queries, structure):
             pass
 
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    _record(structure, "sparse", benchmark, len(qs))
+    _record(measurements, structure, "sparse", benchmark, len(qs))
 
 
 @pytest.mark.benchmark(group="engine-throughput")
 @pytest.mark.parametrize("structure", list(STRUCTURES))
-def test_engine_batch1024(benchmark, executor, queries, structure):
+def test_engine_batch1024(benchmark, executor, queries, structure, measurements):
     qs = queries[structure]
     def run():
         for _ in executor.iter_scores(qs, batch_size=B_LARGE):
             pass
 
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    _record(structure, "b1024", benchmark, len(qs))
+    _record(measurements, structure, "b1024", benchmark, len(qs))
     # The allocation tax: minor page faults per query with the executor's passes of pass_rows rows
     # (outputs small enough for glibc to recycle from its heap) and with the whole batch in one pass
     # ((1024, N) outputs above the mmap threshold: fresh zeroed pages every call).
-    _results[structure]["faults"] = _minor_faults(run) / len(qs)
+    measurements.put(structure, "faults", _minor_faults(run) / len(qs))
     saved, executor.pass_rows = executor.pass_rows, B_LARGE
     try:
         run()  # warm-up at the new size
         t = time.perf_counter()
-        _results[structure]["faults_1pass"] = _minor_faults(run) / len(qs)
-        _results[structure]["b1024_1pass"] = len(qs) / (time.perf_counter() - t)
+        measurements.put(structure, "faults_1pass", _minor_faults(run) / len(qs))
+        measurements.put(structure, "b1024_1pass", len(qs) / (time.perf_counter() - t))
     finally:
         executor.pass_rows = saved
 
@@ -279,7 +281,7 @@ def _minor_faults(fn) -> float:
 
 @pytest.mark.benchmark(group="engine-throughput")
 @pytest.mark.parametrize("structure", list(STRUCTURES))
-def test_qto_dense_reference(artifact, executor, queries, structure):
+def test_qto_dense_reference(artifact, executor, queries, structure, measurements):
     qs = queries[structure][:QTO_QUERIES]
     qto = DenseQTO(artifact)
     with torch.inference_mode():
@@ -294,28 +296,30 @@ def test_qto_dense_reference(artifact, executor, queries, structure):
         for q in qs:
             qto.eval(q)
     total = time.perf_counter() - t
-    _results.setdefault(structure, {})["qto"] = len(qs) / (total - qto.densify_s)
-    _results[structure]["qto_densify"] = len(qs) / total
+    measurements.put(structure, "qto", len(qs) / (total - qto.densify_s))
+    measurements.put(structure, "qto_densify", len(qs) / total)
 
 
-def test_write_report(executor):
-    """Runs last (file order): writes the ratios table."""
-    if not _results:
-        pytest.skip("no measurements in this run")
+def test_write_report(measurements):
+    """Writes the ratios table once every structure has every column (whatever order the tests ran in)."""
+    # page faults per query may be 0 (a pass whose outputs glibc recycles entirely)
+    measurements.require((list(STRUCTURES), COLUMNS), info=("data", "backend", "pass_rows"),
+                         may_be_zero=("faults", "faults_1pass"))
+    info = measurements.info
     lines = [
         "# Engine throughput (queries per second)",
         "",
         "Command: `" + (f"ENGINE_BENCH_THREADS={os.environ['ENGINE_BENCH_THREADS']} " if os.environ.get("ENGINE_BENCH_THREADS") else "")
         + "python -m pytest benchmarks/test_engine_throughput.py`",
         f"Machine: {machine_description()}",
-        f"Data: {_info.get('data')}; ops backend: {_info.get('backend')}; t-norm {TNORM}, neg_scale {NEG_SCALE}, "
+        f"Data: {info['data']}; ops backend: {info['backend']}; t-norm {TNORM}, neg_scale {NEG_SCALE}, "
         f"QTO negation; {N_SMALL} queries one by one (loop, b1), {B_LARGE} per batch (b1024), best of {ROUNDS} rounds; "
         f"the first {QTO_QUERIES} of them through the dense QTO reference (qto), one round.",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
         "`loop` = one query at a time through the same `ops` operators (the reference QTO way);"
         " `b1`/`b1024` = `Executor.iter_scores` with batch size 1/1024"
-        f" (executed in passes of at most {executor.pass_rows} rows);"
+        f" (executed in passes of at most {info['pass_rows']} rows);"
         " `sparse` = b1024 with sparse intermediate sets where they are small (`Executor(sparse=True)`);"
         " `qto` = QTO's dense per-query algorithm"
         " (each projection a max-product over the relation's dense N x N matrix; the matrices, which QTO"
@@ -329,17 +333,17 @@ def test_write_report(executor):
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in STRUCTURES:
-        r = _results.get(name, {})
-        qto, loop, b1, b1024, sparse = r.get("qto"), r.get("loop"), r.get("b1"), r.get("b1024"), r.get("sparse")
-        fmt = lambda v: (f"{v:,.0f}" if v >= 10 else f"{v:.2f}") if v else "–"  # noqa: E731
-        ratio = lambda a, b: f"{a / b:,.2f}×" if a and b else "–"  # noqa: E731
-        lines.append(f"| {name} | {fmt(qto)} | {fmt(r.get('qto_densify'))} | {fmt(loop)} | {fmt(b1)} | {fmt(sparse)} | {fmt(b1024)} | "
+        r = {col: measurements.get(name, col) for col in COLUMNS}
+        qto, loop, b1, b1024, sparse = r["qto"], r["loop"], r["b1"], r["b1024"], r["sparse"]
+        fmt = lambda v: f"{v:,.0f}" if v >= 10 else f"{v:.2f}"  # noqa: E731
+        ratio = lambda a, b: f"{a / b:,.2f}×"  # noqa: E731
+        lines.append(f"| {name} | {fmt(qto)} | {fmt(r['qto_densify'])} | {fmt(loop)} | {fmt(b1)} | {fmt(sparse)} | {fmt(b1024)} | "
                      f"{ratio(b1, loop)} | {ratio(sparse, loop)} | {ratio(b1024, loop)} | {ratio(b1024, qto)} | "
-                     f"{r.get('faults_1pass', float('nan')):.1f} → {r.get('faults', float('nan')):.1f} | "
-                     f"{fmt(r.get('b1024_1pass'))} |")
+                     f"{r['faults_1pass']:.1f} → {r['faults']:.1f} | "
+                     f"{fmt(r['b1024_1pass'])} |")
     RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = f"_threads{torch.get_num_threads()}" if os.environ.get("ENGINE_BENCH_THREADS") else ""
-    if _info.get("data", "").startswith("synthetic"):  # another KG: never overwrite the FB15k-237 table
+    if str(info["data"]).startswith("synthetic"):  # another KG: never overwrite the FB15k-237 table
         suffix += "_synthetic"
     out = Path(RESULTS) / f"engine_throughput{suffix}.md"
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -21,27 +21,34 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import FB15K237_BETAE, RESULTS, machine_description  # benchmarks/conftest.py
+from conftest import FB15K237_BETAE, RESULTS, machine_description, measurements_for  # benchmarks/conftest.py
 
 BATCH = 1000
 STEPS = int(os.environ.get("KGE_TRAIN_BENCH_STEPS", "12"))
 RANKS = (64, 256)
-ROWS: dict[str, dict] = {}
+PRECISIONS = ("fp32", "bf16")
+#: The report's rows: one per (rank, loop); Measurements columns "step_s" and "gflops".
+LOOPS = (("pykeen", "pykeen LCWA (float32)"), ("1n_fp32", "1-N ComplEx-N3, float32"),
+         ("1n_bf16", "1-N ComplEx-N3, bf16 GEMMs"))
 
 pytestmark = pytest.mark.benchmark
 
 
 @pytest.fixture(scope="module")
-def kg():
+def kg(_measurements_by_file):
     from kge.graph import KnowledgeGraph, load_kg
 
     if FB15K237_BETAE.is_dir():
-        return load_kg(str(FB15K237_BETAE))
-    rng = np.random.default_rng(0)
-    n, r, e = 14505, 474, 544230
-    tr = np.stack([rng.integers(0, n, e), rng.integers(0, r, e), rng.integers(0, n, e)], 1)
-    return KnowledgeGraph(entities=tuple(f"e{i}" for i in range(n)), relations=tuple(f"r{i}" for i in range(r)),
-                          train=tr, valid=tr[:0], test=tr[:0], source="random, FB15k-237 size")
+        g = load_kg(str(FB15K237_BETAE))
+    else:
+        rng = np.random.default_rng(0)
+        n, r, e = 14505, 474, 544230
+        tr = np.stack([rng.integers(0, n, e), rng.integers(0, r, e), rng.integers(0, n, e)], 1)
+        g = KnowledgeGraph(entities=tuple(f"e{i}" for i in range(n)), relations=tuple(f"r{i}" for i in range(r)),
+                           train=tr, valid=tr[:0], test=tr[:0], source="random, FB15k-237 size")
+    measurements_for(_measurements_by_file, __file__).info["graph"] = (
+        f"{g.source} (N = {g.num_entities:,}, R = {g.num_relations})")
+    return g
 
 
 def _flops(steps: int, n: int, rank: int) -> float:
@@ -50,22 +57,30 @@ def _flops(steps: int, n: int, rank: int) -> float:
     return flops_per_epoch(BATCH * steps, n, rank)  # the GEMM FLOPs of BATCH * steps score rows
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_plain_matmul_rate(benchmark, kg, precision):
+def _has_bf16() -> bool:
+    from kge.complex_n3 import resolve_precision
+
+    return resolve_precision("auto", "cpu") == "bf16"
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_plain_matmul_rate(benchmark, kg, precision, measurements):
     from kge.complex_n3 import matmul_rate
 
     rate = benchmark.pedantic(lambda: matmul_rate(BATCH, 2 * RANKS[-1], kg.num_entities, precision=precision,
                                                   device="cpu", seconds=1.0), rounds=1, iterations=1)
-    ROWS[f"mm_{precision}"] = {"gflops": rate / 1e9,
-                               "shape": f"({BATCH}, {2 * RANKS[-1]}) @ ({2 * RANKS[-1]}, {kg.num_entities})"}
+    measurements.put("matmul", precision, rate / 1e9)
+    measurements.info["mm_shape"] = f"({BATCH}, {2 * RANKS[-1]}) @ ({2 * RANKS[-1]}, {kg.num_entities})"
 
 
 @pytest.mark.parametrize("rank", RANKS)
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_1n_loop(benchmark, kg, rank, precision):
-    from kge.complex_n3 import _make_optimizer, batch_loss, resolve_precision
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_1n_loop(benchmark, kg, rank, precision, measurements):
+    from kge.complex_n3 import _make_optimizer, batch_loss
 
-    if precision == "bf16" and resolve_precision("auto", "cpu") != "bf16":
+    if precision == "bf16" and not _has_bf16():
+        for column in ("step_s", "gflops"):
+            measurements.not_applicable(f"{rank}/1n_bf16", column, "no bf16 GEMM on this CPU")
         pytest.skip("no bf16 GEMM on this CPU")
     g = torch.Generator().manual_seed(0)
     ent = (torch.randn(kg.num_entities, 2 * rank, generator=g) * 1e-3).requires_grad_()
@@ -83,11 +98,12 @@ def test_1n_loop(benchmark, kg, rank, precision):
 
     benchmark.pedantic(run, rounds=2, iterations=1, warmup_rounds=1)
     sec = benchmark.stats.stats.min
-    ROWS[f"1n_{precision}_{rank}"] = {"step_s": sec / STEPS, "gflops": _flops(STEPS, kg.num_entities, rank) / sec / 1e9}
+    measurements.put(f"{rank}/1n_{precision}", "step_s", sec / STEPS)
+    measurements.put(f"{rank}/1n_{precision}", "gflops", _flops(STEPS, kg.num_entities, rank) / sec / 1e9)
 
 
 @pytest.mark.parametrize("rank", RANKS)
-def test_pykeen_lcwa_loop(benchmark, kg, rank):
+def test_pykeen_lcwa_loop(benchmark, kg, rank, measurements):
     """pykeen's own LCWA training loop: ComplEx, N3 (LpRegularizer p=3), cross-entropy, Adagrad, BATCH rows."""
     import functools
 
@@ -119,14 +135,15 @@ def test_pykeen_lcwa_loop(benchmark, kg, rank):
     benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
     sec = benchmark.stats.stats.min
     steps = int(np.ceil(len(sub) / BATCH))
-    ROWS[f"pykeen_{rank}"] = {"step_s": sec / steps, "gflops": _flops(steps, kg.num_entities, rank) / sec / 1e9}
+    measurements.put(f"{rank}/pykeen", "step_s", sec / steps)
+    measurements.put(f"{rank}/pykeen", "gflops", _flops(steps, kg.num_entities, rank) / sec / 1e9)
 
 
-def test_write_report(kg):
-    if "mm_fp32" not in ROWS or not any(k.startswith("pykeen") for k in ROWS):
-        pytest.skip("needs the matmul and pykeen measurements")
-    mm32 = ROWS["mm_fp32"]["gflops"]
-    mm16 = ROWS.get("mm_bf16", {}).get("gflops")
+def test_write_report(measurements):
+    m = measurements
+    m.require((["matmul"], PRECISIONS), ([f"{rank}/{key}" for rank in RANKS for key, _ in LOOPS], ("step_s", "gflops")),
+              info=("graph", "mm_shape"))
+    mm32, mm16 = m.get("matmul", "fp32"), m.get("matmul", "bf16")
     load = os.getloadavg()
     lines = [
         "# KGE training throughput: 1-N ComplEx-N3 loop vs pykeen's LCWA loop",
@@ -134,26 +151,24 @@ def test_write_report(kg):
         "Command: `python -m pytest benchmarks/test_kge_train.py -q`",
         f"Date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"Machine: {machine_description()}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}",
-        f"Graph: {kg.source} (N = {kg.num_entities:,}, R = {kg.num_relations}); batch {BATCH} score rows, "
+        f"Graph: {m.info['graph']}; batch {BATCH} score rows, "
         f"{STEPS} steps per measurement; Adagrad lr 0.1, N3 weight 5e-2, init std 1e-3 in both loops.",
         "",
-        f"Plain GEMM {ROWS['mm_fp32']['shape']}: float32 {mm32:.0f} GFLOP/s"
-        + (f", bfloat16 {mm16:.0f} GFLOP/s ({mm16 / mm32:.1f}x)" if mm16 else "") + ".",
+        f"Plain GEMM {m.info['mm_shape']}: float32 {mm32:.0f} GFLOP/s"
+        + f", bfloat16 {mm16:.0f} GFLOP/s ({mm16 / mm32:.1f}x).",
         "Useful FLOPs per step: 3 GEMMs x 2 x batch x 2d x N (the same for both loops).",
         "",
         "| rank d | loop | s per step | useful GFLOP/s | fraction of fp32 matmul rate | speed-up vs pykeen LCWA |",
         "|---|---|---|---|---|---|",
     ]
     for rank in RANKS:
-        base = ROWS.get(f"pykeen_{rank}")
-        for key, label in ((f"pykeen_{rank}", "pykeen LCWA (float32)"), (f"1n_fp32_{rank}", "1-N ComplEx-N3, float32"),
-                           (f"1n_bf16_{rank}", "1-N ComplEx-N3, bf16 GEMMs")):
-            row = ROWS.get(key)
-            if row is None:
+        base = m.get(f"{rank}/pykeen", "step_s")
+        for key, label in LOOPS:
+            step, gflops = m.get(f"{rank}/{key}", "step_s"), m.get(f"{rank}/{key}", "gflops")
+            if step is None or gflops is None or base is None:  # not applicable here (no bf16)
                 continue
-            speed = f"{base['step_s'] / row['step_s']:.1f}x" if base else "-"
-            lines.append(f"| {rank} | {label} | {row['step_s']:.3f} | {row['gflops']:.0f} | "
-                         f"{row['gflops'] / mm32:.2f} | {speed} |")
+            lines.append(f"| {rank} | {label} | {step:.3f} | {gflops:.0f} | "
+                         f"{gflops / mm32:.2f} | {base / step:.1f}x |")
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "kge_train.md").write_text(text, encoding="utf-8")

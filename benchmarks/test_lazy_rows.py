@@ -52,7 +52,7 @@ from kge.calibrate import DEFAULT_THRESHOLD
 from kge.complex_n3 import matmul_rate
 from kge.lazy import LazyMatrices
 
-from conftest import RESULTS, machine_description  # benchmarks/conftest.py (rootdir-relative import)
+from conftest import RESULTS, Measurements, machine_description, measurements_for  # benchmarks/conftest.py
 
 pytestmark = pytest.mark.benchmark
 
@@ -62,9 +62,10 @@ CHUNKS = 4
 ROWS = int(os.environ.get("LAZY_BENCH_ROWS", "0")) or None  # None: CHUNKS chunks
 QUERIES = int(os.environ.get("LAZY_BENCH_QUERIES", "20"))
 
-_rows: dict[str, object] = {}
-_lat: dict[str, dict[str, float]] = {}
-_info: dict[str, object] = {}
+#: Measurements cells.  Part (a): row = ops backend, these columns (plus row "matmul", column "gflops").
+ROW_COLUMNS = ("rows_s", "gflops", "seconds", "nnz_row")
+#: Part (b): row = structure, these columns ("maxdiff", the lazy vs eager score difference, may be 0).
+LATENCY_COLUMNS = ("eager", "cold", "warm", "eager_mean", "cold_mean", "warm_mean", "n", "rows", "maxdiff")
 
 
 def _env_path(name: str) -> Path | None:
@@ -73,7 +74,8 @@ def _env_path(name: str) -> Path | None:
 
 
 @pytest.fixture(scope="module")
-def lazy_matrices() -> LazyMatrices:
+def lazy_matrices(_measurements_by_file) -> LazyMatrices:
+    info = measurements_for(_measurements_by_file, __file__).info
     path = _env_path("KGREASON_LAZY_ARTIFACT")
     if path is not None:
         from kge import Artifact
@@ -81,14 +83,14 @@ def lazy_matrices() -> LazyMatrices:
         art = Artifact.load(path, verify=False)
         if not isinstance(art.matrices, LazyMatrices):
             pytest.skip(f"KGREASON_LAZY_ARTIFACT={path} is not a lazy artifact")
-        _info["rows_data"] = f"lazy artifact {path}"
+        info["rows_data"] = f"lazy artifact {path}"
         return art.matrices
     rng = np.random.default_rng(0)
     # scale 0.43: scores of std ~2.5 per row, ~5% of a row above 2e-4 (a trained FB15k-237 model keeps ~3%)
     ent = ((rng.normal(size=(N_ENT, RANK)) + 1j * rng.normal(size=(N_ENT, RANK))) * 0.43).astype(np.complex64)
     rel = ((rng.normal(size=(N_REL, RANK)) + 1j * rng.normal(size=(N_REL, RANK))) * 0.43).astype(np.complex64)
     obs = np.stack([rng.integers(0, N_ENT, 544230), rng.integers(0, N_REL, 544230), rng.integers(0, N_ENT, 544230)], 1)
-    _info["rows_data"] = "synthetic FB15k-237-sized model (random embeddings; KGREASON_LAZY_ARTIFACT unset)"
+    info["rows_data"] = "synthetic FB15k-237-sized model (random embeddings; KGREASON_LAZY_ARTIFACT unset)"
     return LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=DEFAULT_THRESHOLD, device="cpu")
 
 
@@ -98,7 +100,7 @@ def _keys(m: LazyMatrices) -> np.ndarray:
     return np.sort(np.random.default_rng(0).choice(cal.total_rows, size=count, replace=False))
 
 
-def _time_rows(benchmark, m: LazyMatrices, backend: str) -> None:
+def _time_rows(benchmark, m: LazyMatrices, backend: str, out: Measurements) -> None:
     keys = _keys(m)
     before = ops.get_backend()
     holder = {}
@@ -118,66 +120,79 @@ def _time_rows(benchmark, m: LazyMatrices, backend: str) -> None:
         m.cache.clear()
     best = benchmark.stats.stats.min
     cal = m._calib
-    _rows[backend] = dict(rows_s=len(keys) / best, gflops=cal.matmul_flops(len(keys)) / best / 1e9, seconds=best,
-                          nnz_row=holder["nnz"] / len(keys))
-    _info.update(rows=len(keys), n=cal.num_entities, r=cal.num_relations, d=cal.dim, chunk=cal.chunk_rows,
+    for column, value in dict(rows_s=len(keys) / best, gflops=cal.matmul_flops(len(keys)) / best / 1e9,
+                              seconds=best, nnz_row=holder["nnz"] / len(keys)).items():
+        out.put(backend, column, value)
+    out.info.update(rows=len(keys), n=cal.num_entities, r=cal.num_relations, d=cal.dim, chunk=cal.chunk_rows,
                  threshold=cal.threshold)
 
 
-def test_matmul_rate(lazy_matrices):
+def test_matmul_rate(lazy_matrices, measurements):
     cal = lazy_matrices._calib
     # best of three 0.3 s measurements (the machine is shared)
     rates = [matmul_rate(cal.chunk_rows, 2 * cal.dim, cal.num_entities, precision="fp32", device="cpu")
              for _ in range(3)]
-    _rows["mm_gflops"] = max(rates) / 1e9
-    _rows["mm_shape"] = f"({cal.chunk_rows}, {2 * cal.dim}) @ ({2 * cal.dim}, {cal.num_entities})"
+    measurements.put("matmul", "gflops", max(rates) / 1e9)
+    measurements.info["mm_shape"] = f"({cal.chunk_rows}, {2 * cal.dim}) @ ({2 * cal.dim}, {cal.num_entities})"
 
 
 @pytest.mark.benchmark(group="lazy-rows")
-def test_lazy_rows_fused_kernel(benchmark, lazy_matrices):
+def test_lazy_rows_fused_kernel(benchmark, lazy_matrices, measurements):
     if not ops.has_kernel("calibrate_rows", "cpu"):
+        for column in ROW_COLUMNS:
+            measurements.not_applicable("cpp", column, "the extension has no calibrate_rows kernel")
         pytest.skip("the extension has no calibrate_rows kernel")
-    _time_rows(benchmark, lazy_matrices, "cpp")
+    _time_rows(benchmark, lazy_matrices, "cpp", measurements)
 
 
 @pytest.mark.benchmark(group="lazy-rows")
-def test_lazy_rows_torch_reference(benchmark, lazy_matrices):
-    _time_rows(benchmark, lazy_matrices, "reference")
+def test_lazy_rows_torch_reference(benchmark, lazy_matrices, measurements):
+    _time_rows(benchmark, lazy_matrices, "reference", measurements)
 
 
 # ------------------------------------------------------------------ (b) query latency
+def _no_latency(m: Measurements, reason: str, structures=STRUCTS) -> None:
+    """Mark the latency cells of ``structures`` not applicable (so the writer prints no part (b) rows), then skip."""
+    for s in structures:
+        for column in LATENCY_COLUMNS:
+            m.not_applicable(s, column, reason)
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
-def query_setup():
+def query_setup(_measurements_by_file):
+    m = measurements_for(_measurements_by_file, __file__)
     lazy_path = _env_path("KGREASON_LAZY_QUERY_ARTIFACT")
     eager_path = _env_path("KGREASON_EAGER_QUERY_ARTIFACT")
     q_path = _env_path("KGREASON_LAZY_QUERIES")
     if lazy_path is None or eager_path is None or q_path is None:
-        pytest.skip("set KGREASON_LAZY_QUERY_ARTIFACT, KGREASON_EAGER_QUERY_ARTIFACT and KGREASON_LAZY_QUERIES "
+        _no_latency(m, "set KGREASON_LAZY_QUERY_ARTIFACT, KGREASON_EAGER_QUERY_ARTIFACT and KGREASON_LAZY_QUERIES "
                     "(a lazy and an eager artifact at one threshold, and a query JSONL) to time queries")
     from engine.eval.metrics import load_jsonl_queries
     from engine.exec.executor import Executor
     from engine.lang.query import relations_of
     from kge import Artifact
 
+    info = m.info
     t = time.perf_counter()
     eager = Artifact.load(eager_path, verify=False, load_embeddings=False)
-    _info["eager_load_s"] = time.perf_counter() - t
+    info["eager_load_s"] = time.perf_counter() - t
     lazy = Artifact.load(lazy_path, verify=False)
     if not isinstance(lazy.matrices, LazyMatrices) or isinstance(eager.matrices, LazyMatrices):
-        pytest.skip("KGREASON_LAZY_QUERY_ARTIFACT must be lazy and KGREASON_EAGER_QUERY_ARTIFACT eager")
+        _no_latency(m, "KGREASON_LAZY_QUERY_ARTIFACT must be lazy and KGREASON_EAGER_QUERY_ARTIFACT eager")
     thr_e = float(eager.meta.get("calibration", {}).get("threshold", float("nan")))
     thr_l = lazy.matrices.threshold
-    _info.update(q_lazy=str(lazy_path), q_eager=str(eager_path), q_file=str(q_path), thr_eager=thr_e, thr_lazy=thr_l)
+    info.update(q_lazy=str(lazy_path), q_eager=str(eager_path), q_file=str(q_path), thr_eager=thr_e, thr_lazy=thr_l)
     if thr_l != thr_e and thr_e == thr_e:
         # A build that raised its threshold records it unrounded (e.g. 0.000931693...), a lazy build
         # given "the same" threshold on the command line its rounded value: compute the lazy rows at
         # exactly the eager one, so that both sides stand for the same matrices.
         import dataclasses
 
-        m = lazy.matrices
+        lm = lazy.matrices
         lazy = dataclasses.replace(lazy, matrices=LazyMatrices(
-            entity=m.entity, relation=m.relation, observed=m.observed, threshold=thr_e, delta=m.delta,
-            row_cache_gb=m.row_cache_gb, device=m.device, chunk_rows=m.chunk_rows))
+            entity=lm.entity, relation=lm.relation, observed=lm.observed, threshold=thr_e, delta=lm.delta,
+            row_cache_gb=lm.row_cache_gb, device=lm.device, chunk_rows=lm.chunk_rows))
     queries = {}
     for q in load_jsonl_queries(q_path, eager, structures=STRUCTS):
         lst = queries.setdefault(q.structure, [])
@@ -188,7 +203,7 @@ def query_setup():
     t = time.perf_counter()
     for r in sorted({int(r) for qs in queries.values() for q in qs for r in relations_of(q)}):
         ex_e.matrix(r)  # prepared before timing, as in test_engine_throughput.py
-    _info["eager_prepare_s"] = time.perf_counter() - t
+    info["eager_prepare_s"] = time.perf_counter() - t
     return ex_e, ex_l, lazy.matrices, queries
 
 
@@ -217,11 +232,11 @@ def _cold_warm(ex, qs, lazy_m: LazyMatrices) -> tuple[list[float], list[float], 
 
 @pytest.mark.benchmark(group="lazy-latency")
 @pytest.mark.parametrize("structure", STRUCTS)
-def test_query_latency(benchmark, query_setup, structure):
+def test_query_latency(benchmark, query_setup, structure, measurements):
     ex_e, ex_l, lazy_m, queries = query_setup
     qs = queries.get(structure, [])
     if not qs:
-        pytest.skip(f"no {structure} queries in the file")
+        _no_latency(measurements, f"no {structure} queries in the file", structures=(structure,))
     _latencies(ex_e, qs[:2])  # warm-up (allocator, thread pool)
     res = {}
 
@@ -237,14 +252,18 @@ def test_query_latency(benchmark, query_setup, structure):
     lazy_m.cache.clear()
     out = {k: statistics.median(res[k]) * 1e3 for k in ("eager", "cold", "warm")}
     out.update({f"{k}_mean": statistics.fmean(res[k]) * 1e3 for k in ("eager", "cold", "warm")})
-    _lat[structure] = dict(out, n=len(qs), rows=res["rows"], maxdiff=res["maxdiff"])
+    for column, value in dict(out, n=len(qs), rows=res["rows"], maxdiff=res["maxdiff"]).items():
+        measurements.put(structure, column, value)
 
 
-def test_write_report():
-    if "cpp" not in _rows and "reference" not in _rows:
-        pytest.skip("no row measurement")
-    i, r = _info, _rows
-    mm = r.get("mm_gflops", float("nan"))
+def test_write_report(measurements):
+    m = measurements
+    m.require((["matmul"], ["gflops"]), (["cpp", "reference"], ROW_COLUMNS), (STRUCTS, LATENCY_COLUMNS),
+              info=("rows_data", "mm_shape", "rows", "n", "r", "d", "chunk", "threshold"), may_be_zero=("maxdiff",))
+    i = m.info
+    r = {b: {c: m.get(b, c) for c in ROW_COLUMNS} for b in ("cpp", "reference") if m.get(b, "rows_s") is not None}
+    lat = {s: {c: m.get(s, c) for c in LATENCY_COLUMNS} for s in STRUCTS if m.get(s, "eager") is not None}
+    mm = m.get("matmul", "gflops")
     load = os.getloadavg()
     lines = [
         "# Lazy calibrated rows: rows/s vs matmul rate, and query latency lazy vs eager",
@@ -265,7 +284,7 @@ def test_write_report():
         "",
         "| measurement | value |",
         "|---|---|",
-        f"| plain fp32 `torch.mm` {r.get('mm_shape', '?')} (`kge.complex_n3.matmul_rate`, best of 3) | {mm:.1f} GFLOP/s |",
+        f"| plain fp32 `torch.mm` {i['mm_shape']} (`kge.complex_n3.matmul_rate`, best of 3) | {mm:.1f} GFLOP/s |",
     ]
     for b, name in (("cpp", "fused kernel (`ops` backend cpp)"), ("reference", "torch reference (`ops` backend reference, the former code)")):
         if b in r:
@@ -275,7 +294,7 @@ def test_write_report():
     if "cpp" in r and "reference" in r:
         lines.append(f"| fused kernel / torch reference (rows/s) | **{r['cpp']['rows_s'] / r['reference']['rows_s']:.2f}x** |")
         lines.append(f"| kept entries per row | {r['cpp']['nnz_row']:.0f} |")
-    if _lat:
+    if lat:
         lines += [
             "",
             "## (b) Query latency, lazy vs eager",
@@ -295,10 +314,10 @@ def test_write_report():
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for s in STRUCTS:
-            if s in _lat:
-                x = _lat[s]
+            if s in lat:
+                x = lat[s]
                 lines.append(
-                    f"| {s} | {x['n']} | {x['eager']:.2f} ({x['eager_mean']:.2f}) | {x['cold']:.2f} ({x['cold_mean']:.2f}) "
+                    f"| {s} | {int(x['n'])} | {x['eager']:.2f} ({x['eager_mean']:.2f}) | {x['cold']:.2f} ({x['cold_mean']:.2f}) "
                     f"| {x['warm']:.2f} ({x['warm_mean']:.2f}) | {x['cold'] / x['eager']:.1f}x "
                     f"({x['cold_mean'] / x['eager_mean']:.1f}x) | {x['warm'] / x['eager']:.1f}x "
                     f"({x['warm_mean'] / x['eager_mean']:.1f}x) | {x['rows']:,.0f} | {x['maxdiff']:.2g} |")

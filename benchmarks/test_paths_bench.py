@@ -22,14 +22,20 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from benchmarks.conftest import FB15K237_BETAE, RESULTS, machine_description
+from conftest import (  # benchmarks/conftest.py (rootdir-relative import, as in the other benchmark files)
+    FB15K237_BETAE, RESULTS, Measurements, fb15k237_artifact_path, machine_description, measurements_for,
+)
 from engine.paths import PathGraph, PathRetriever, shortest_paths
 from ops.paths_reference import dijkstra_heapq
 
 NUM_SOURCES = 1000
 HEAPQ_SOURCES = 10
 BATCH1_TOPICS = 20
-STATS: dict[str, dict] = {}
+#: Dijkstra rows of the report (Measurements row "dijkstra/<key>", columns seconds, cpu, sources).
+DIJKSTRA = (("ours-radix", "kgreason C++ op, radix heap (default)"), ("ours-4-ary", "kgreason C++ op, 4-ary heap"),
+            ("ours-binary", "kgreason C++ op, binary heap"), ("scipy", "scipy.sparse.csgraph.dijkstra"),
+            ("heapq", "plain Python heapq"))
+KARPA_MODES = ("pathfinding", "heuristic")
 
 
 def _load_fallback_graph() -> PathGraph:
@@ -42,13 +48,20 @@ def _load_fallback_graph() -> PathGraph:
     return PathGraph(triples, len(entities), relation_names=relations, entity_names=entities)
 
 
+def _have_data() -> bool:
+    return fb15k237_artifact_path() is not None or (FB15K237_BETAE / "train.txt").is_file()
+
+
 @pytest.fixture(scope="module")
-def kg(fb15k237_artifact):
+def kg(fb15k237_artifact, _measurements_by_file):
+    info = measurements_for(_measurements_by_file, __file__).info
     if fb15k237_artifact is not None:
-        return PathGraph.from_artifact(fb15k237_artifact), fb15k237_artifact, "FB15k-237 artifact (observed)"
-    if not (FB15K237_BETAE / "train.txt").is_file():
+        info["graph"] = "FB15k-237 artifact (observed)"
+        return PathGraph.from_artifact(fb15k237_artifact), fb15k237_artifact, info["graph"]
+    if not _have_data():
         pytest.skip("FB15k-237 data not available")
-    return _load_fallback_graph(), None, "FB15k-237 BetaE train.txt"
+    info["graph"] = "FB15k-237 BetaE train.txt"
+    return _load_fallback_graph(), None, info["graph"]
 
 
 @pytest.fixture(scope="module")
@@ -85,39 +98,44 @@ def _cpu_timed(fn, cpu: list):
     return run
 
 
+def _put_dijkstra(m: Measurements, key: str, seconds: float, cpu: float, sources: int) -> None:
+    for column, value in (("seconds", seconds), ("cpu", cpu), ("sources", sources)):
+        m.put(f"dijkstra/{key}", column, value)
+    m.info[f"load/{key}"] = _load()
+
+
 def _load() -> str:
     return open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
 
 
 @pytest.mark.benchmark(group="dijkstra")
 @pytest.mark.parametrize("heap", ["radix", "4-ary", "binary"])
-def test_dijkstra_ours(benchmark, problem, heap):
+def test_dijkstra_ours(benchmark, problem, heap, measurements):
     graph, sources, costs = problem
     graph.torch_csr()
     cpu: list[float] = []
     res = benchmark.pedantic(
         _cpu_timed(lambda: shortest_paths(graph, sources, costs, return_predecessors=False, heap=heap), cpu),
         rounds=3, iterations=1, warmup_rounds=1)
-    STATS[f"ours-{heap}"] = {"seconds": benchmark.stats.stats.mean, "cpu": float(np.mean(cpu[1:])),
-                             "sources": NUM_SOURCES, "load": _load()}
-    STATS.setdefault("dist", res.dist)
+    _put_dijkstra(measurements, f"ours-{heap}", benchmark.stats.stats.mean, float(np.mean(cpu[1:])), NUM_SOURCES)
+    measurements.info.setdefault("dist", res.dist)
 
 
 @pytest.mark.benchmark(group="dijkstra")
-def test_dijkstra_scipy(benchmark, problem):
+def test_dijkstra_scipy(benchmark, problem, measurements):
     from scipy.sparse.csgraph import dijkstra
 
     graph, sources, costs = problem
     m = _scipy_matrix(graph, costs)
     cpu: list[float] = []
     d = benchmark.pedantic(_cpu_timed(lambda: dijkstra(m, directed=True, indices=sources), cpu), rounds=1, iterations=1)
-    STATS["scipy"] = {"seconds": benchmark.stats.stats.mean, "cpu": cpu[0], "sources": NUM_SOURCES, "load": _load()}
-    if "dist" in STATS:  # same answers
-        np.testing.assert_allclose(STATS["dist"], d, rtol=1e-5, atol=1e-5)
+    _put_dijkstra(measurements, "scipy", benchmark.stats.stats.mean, cpu[0], NUM_SOURCES)
+    if "dist" in measurements.info:  # same answers (when ours ran first)
+        np.testing.assert_allclose(measurements.info["dist"], d, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.benchmark(group="dijkstra")
-def test_dijkstra_python_heapq(benchmark, problem):
+def test_dijkstra_python_heapq(benchmark, problem, measurements):
     graph, sources, costs = problem
     adj = graph.python_adjacency()
     cost_list = costs.astype(np.float64).tolist()
@@ -125,14 +143,13 @@ def test_dijkstra_python_heapq(benchmark, problem):
     cpu: list[float] = []
     d = benchmark.pedantic(_cpu_timed(lambda: [dijkstra_heapq(adj, cost_list, s) for s in few], cpu),
                            rounds=1, iterations=1)
-    STATS["heapq"] = {"seconds": benchmark.stats.stats.mean, "cpu": cpu[0], "sources": HEAPQ_SOURCES,
-                      "load": _load()}
-    if "dist" in STATS:
-        np.testing.assert_allclose(STATS["dist"][:HEAPQ_SOURCES], np.array(d), rtol=1e-5, atol=1e-5)
+    _put_dijkstra(measurements, "heapq", benchmark.stats.stats.mean, cpu[0], HEAPQ_SOURCES)
+    if "dist" in measurements.info:
+        np.testing.assert_allclose(measurements.info["dist"][:HEAPQ_SOURCES], np.array(d), rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
-def karpa(kg):
+def karpa(kg, _measurements_by_file):
     graph, artifact, _ = kg
     t0 = time.perf_counter()
     ret = PathRetriever(graph, encoder="minilm", artifact=artifact)
@@ -153,14 +170,14 @@ def karpa(kg):
         j2 = int(rng.integers(lo2, hi2))
         topics.append(t)
         plans.append([graph.relation_names[int(rels_r[j])], graph.relation_names[int(rels_r[j2])]])
-    STATS["karpa-setup"] = {"seconds": load_s}
+    measurements_for(_measurements_by_file, __file__).put("karpa-setup", "seconds", load_s)
     return ret, topics, plans
 
 
 @pytest.mark.benchmark(group="karpa")
 @pytest.mark.parametrize("mode", ["pathfinding", "heuristic"])
 @pytest.mark.parametrize("batch", [1, NUM_SOURCES])
-def test_karpa_latency(benchmark, karpa, mode, batch):
+def test_karpa_latency(benchmark, karpa, mode, batch, measurements):
     ret, topics, plans = karpa
     if batch == 1:
         it = iter(range(10**9))
@@ -179,24 +196,32 @@ def test_karpa_latency(benchmark, karpa, mode, batch):
             before = len(ret.encoder)
             t0 = time.perf_counter()
             ret.retrieve(topics, plans=plans, mode=mode, k=16)
-            STATS["karpa-heuristic-cold"] = {"seconds": time.perf_counter() - t0,
-                                             "new_texts": len(ret.encoder) - before}
+            measurements.put("karpa-heuristic-cold", "seconds", time.perf_counter() - t0)
+            measurements.put("karpa-heuristic-cold", "new_texts", len(ret.encoder) - before)
         res = benchmark.pedantic(lambda: ret.retrieve(topics, plans=plans, mode=mode, k=16), rounds=1, iterations=1)
         per_topic = benchmark.stats.stats.mean / batch
-        STATS[f"karpa-{mode}-found"] = {"planned_path_ranked_first": sum(
-            1 for r, p in zip(res, plans) if r.paths and list(r.paths[0].names) == p) / batch}
-    STATS[f"karpa-{mode}-{batch}"] = {"per_topic": per_topic, "load": _load()}
+        measurements.put(f"karpa/{mode}", "planned_path_ranked_first", sum(
+            1 for r, p in zip(res, plans) if r.paths and list(r.paths[0].names) == p) / batch)
+    measurements.put(f"karpa/{mode}", f"per_topic_{batch}", per_topic)
 
 
-def test_write_results(kg):
-    _, _, source = kg
-    needed = {"ours-radix", "scipy", "heapq"}
-    if not needed <= set(STATS):
-        pytest.skip("run the whole file to write the results table")
-    ours = STATS["ours-radix"]["seconds"] / NUM_SOURCES
-    scipy_s = STATS["scipy"]["seconds"] / NUM_SOURCES
-    heapq_s = STATS["heapq"]["seconds"] / HEAPQ_SOURCES
-    ours_cpu = STATS["ours-radix"]["cpu"] / NUM_SOURCES
+def test_write_results(measurements):
+    if not _have_data():
+        pytest.skip("FB15k-237 data not available")
+    m = measurements
+    m.require(([f"dijkstra/{key}" for key, _ in DIJKSTRA], ("seconds", "cpu", "sources")),
+              ([f"karpa/{mode}" for mode in KARPA_MODES],
+               ("per_topic_1", f"per_topic_{NUM_SOURCES}", "planned_path_ranked_first")),
+              (["karpa-setup"], ("seconds",)), (["karpa-heuristic-cold"], ("seconds", "new_texts")),
+              info=("graph",),
+              # a count and a fraction that a poor run may leave at 0 (the table then shows it)
+              may_be_zero=("planned_path_ranked_first", "new_texts"))
+    source = m.info["graph"]
+    stat = {key: {c: m.get(f"dijkstra/{key}", c) for c in ("seconds", "cpu", "sources")} for key, _ in DIJKSTRA}
+    ours = stat["ours-radix"]["seconds"] / NUM_SOURCES
+    scipy_s = stat["scipy"]["seconds"] / NUM_SOURCES
+    heapq_s = stat["heapq"]["seconds"] / HEAPQ_SOURCES
+    ours_cpu = stat["ours-radix"]["cpu"] / NUM_SOURCES
     import torch
 
     threads = torch.get_num_threads()
@@ -216,45 +241,36 @@ def test_write_results(kg):
         "| CPU ms / source (all threads) | ours faster by (CPU time) | load avg |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for key, label in [("ours-radix", "kgreason C++ op, radix heap (default)"),
-                       ("ours-4-ary", "kgreason C++ op, 4-ary heap"),
-                       ("ours-binary", "kgreason C++ op, binary heap"),
-                       ("scipy", "scipy.sparse.csgraph.dijkstra"),
-                       ("heapq", "plain Python heapq")]:
-        if key not in STATS:
-            continue
-        st = STATS[key]
+    for key, label in DIJKSTRA:
+        st = stat[key]
         per = st["seconds"] / st["sources"]
         cpu_per = st["cpu"] / st["sources"]
-        lines.append(f"| {label} | {st['sources']} | {st['seconds']:.3f} | {per * 1e3:.3f} | {per / ours:.1f}x "
-                     f"| {cpu_per * 1e3:.3f} | {cpu_per / ours_cpu:.1f}x | {st['load']} |")
+        lines.append(f"| {label} | {int(st['sources'])} | {st['seconds']:.3f} | {per * 1e3:.3f} | {per / ours:.1f}x "
+                     f"| {cpu_per * 1e3:.3f} | {cpu_per / ours_cpu:.1f}x | {m.info[f'load/{key}']} |")
     lines += ["", f"Speed-up (wall clock, {threads} threads) vs scipy: **{scipy_s / ours:.1f}x**; vs plain-Python heapq "
               f"(per source): **{heapq_s / ours:.0f}x**. CPU time is the process CPU time of the call, summed "
               "over threads: the per-core efficiency, less sensitive to the other jobs on the machine.", ""]
-    if "karpa-pathfinding-1" in STATS:
-        lines += [
-            "## KARPA retrieval latency per topic entity (all-MiniLM-L6-v2, K = 16, 2-hop plans)",
-            "",
-            "| mode | batch 1 (ms / topic) | batch 1,000 (ms / topic) |",
-            "|---|---|---|",
-        ]
-        for mode in ("pathfinding", "heuristic"):
-            b1 = STATS.get(f"karpa-{mode}-1", {}).get("per_topic", float("nan"))
-            bn = STATS.get(f"karpa-{mode}-{NUM_SOURCES}", {}).get("per_topic", float("nan"))
-            lines.append(f"| {mode} | {b1 * 1e3:.2f} | {bn * 1e3:.2f} |")
-        lines.append("")
-        lines.append(f"Retriever setup (model load + 474 relation embeddings, or the artifact cache): "
-                     f"{STATS['karpa-setup']['seconds']:.1f} s.")
-        if "karpa-heuristic-cold" in STATS:
-            c = STATS["karpa-heuristic-cold"]
-            lines.append(f"Heuristic mode, first batch of 1,000 (cold sequence cache): {c['seconds']:.1f} s, "
-                         f"{c['new_texts']} new sequence texts embedded; the table shows the warm cache.")
-        for mode in ("pathfinding", "heuristic"):
-            f = STATS.get(f"karpa-{mode}-found")
-            if f:
-                lines.append(f"{mode}: the planned relation path is ranked first for "
-                             f"{100 * f['planned_path_ranked_first']:.1f}% of the 1,000 topics.")
-        lines.append("")
+    lines += [
+        "## KARPA retrieval latency per topic entity (all-MiniLM-L6-v2, K = 16, 2-hop plans)",
+        "",
+        "| mode | batch 1 (ms / topic) | batch 1,000 (ms / topic) |",
+        "|---|---|---|",
+    ]
+    for mode in KARPA_MODES:
+        b1 = m.get(f"karpa/{mode}", "per_topic_1")
+        bn = m.get(f"karpa/{mode}", f"per_topic_{NUM_SOURCES}")
+        lines.append(f"| {mode} | {b1 * 1e3:.2f} | {bn * 1e3:.2f} |")
+    lines.append("")
+    lines.append(f"Retriever setup (model load + 474 relation embeddings, or the artifact cache): "
+                 f"{m.get('karpa-setup', 'seconds'):.1f} s.")
+    lines.append(f"Heuristic mode, first batch of 1,000 (cold sequence cache): "
+                 f"{m.get('karpa-heuristic-cold', 'seconds'):.1f} s, "
+                 f"{int(m.get('karpa-heuristic-cold', 'new_texts') or 0)} new sequence texts embedded; "
+                 "the table shows the warm cache.")
+    for mode in KARPA_MODES:
+        lines.append(f"{mode}: the planned relation path is ranked first for "
+                     f"{100 * (m.get(f'karpa/{mode}', 'planned_path_ranked_first') or 0):.1f}% of the 1,000 topics.")
+    lines.append("")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "paths.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

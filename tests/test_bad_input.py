@@ -257,16 +257,9 @@ def test_bad_encoder_kwargs(tmp_path, capsys, monkeypatch, kwargs, message):
 
 # ----------------------------------------------------------------- 4. the sampler hang
 @pytest.fixture(scope="module")
-def umls_sampling_artifact(tmp_path_factory):
-    """UMLS's real triples (half the training edges held out) with placeholder matrices: the sampler only reads triples."""
-    from kge.graph import drop_edges
-
-    kg = drop_edges(load_kg("umls"), 0.5, 0)
-    n, r = kg.num_entities, kg.num_relations
-    path = tmp_path_factory.mktemp("umls") / "art"
-    Artifact(entities=list(kg.entities), relations=list(kg.relations), matrices=sp.csr_matrix((r * n, n), dtype=np.float32),
-             observed=kg.train, missing=kg.missing, meta={"source": kg.source}).save(path)
-    return path
+def umls_sampling_artifact(umls_tiny_artifact):
+    """UMLS's real triples, half the training edges held out (the session's tiny UMLS: the sampler reads triples only)."""
+    return umls_tiny_artifact
 
 
 def test_sampler_stops_when_a_structure_is_exhausted(umls_sampling_artifact, tmp_path, capsys):
