@@ -34,8 +34,7 @@ compiled extension (tests/test_imports.py).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -58,9 +57,9 @@ LAZY_STACK_ROWS = 1 << 24
 LAZY_MAX_PAIRS = 1 << 16
 
 
-@dataclass(frozen=True, eq=False)
-class RowBlock:
-    """The rows one projection call reads, and the batch rows it projects.
+class RowBlock(NamedTuple):
+    """The rows one projection call reads, and the batch rows it projects (a NamedTuple: one is made per
+    projection call, batch-1 calls included).
 
     Attributes:
         stack: an ``ops.StackedMatrices`` (R' stacked relation matrices, (R'*N, N), plus the
@@ -171,6 +170,7 @@ class EagerRows(RelationRows):
         self.num_relations = int(matrices.shape[0]) // max(1, self.num_entities)
         self.device = torch.device(device)
         self._stack: StackedMatrices | None = None
+        self._singles: list | None = None  # [tensor([r]) for each r]: batch-1 projections reuse them
 
     def full_stack(self) -> "StackedMatrices":
         if self._stack is None:
@@ -182,9 +182,15 @@ class EagerRows(RelationRows):
     def blocks(self, x: Any, relations: Sequence[int] | np.ndarray) -> Iterator[RowBlock]:
         import torch
 
-        # from a list, torch.tensor is several times faster than through numpy (batch-1 projections notice)
-        rel = (torch.from_numpy(relations.astype(np.int64, copy=False)).to(self.device)
-               if isinstance(relations, np.ndarray) else torch.tensor(relations, dtype=torch.int64, device=self.device))
+        if isinstance(relations, np.ndarray):
+            rel = torch.from_numpy(relations.astype(np.int64, copy=False)).to(self.device)
+        elif len(relations) == 1 and 0 <= relations[0] < self.num_relations:
+            # batch 1: making a tensor costs about as much as the one-hot push it feeds
+            if self._singles is None:
+                self._singles = list(torch.arange(self.num_relations, dtype=torch.int64, device=self.device).split(1))
+            rel = self._singles[int(relations[0])]
+        else:
+            rel = torch.tensor(relations, dtype=torch.int64, device=self.device)
         yield RowBlock(self.full_stack(), rel)
 
     def weight(self, r: int, i: int, j: int) -> float:

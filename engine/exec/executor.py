@@ -110,14 +110,13 @@ class _Ops:
 
     def __init__(self, backend: str | None) -> None:
         self.backend = backend
-
-    def _kw(self) -> dict[str, Any]:
         # Every tensor the executor passes was produced by these operators from one-hot
         # anchors, or checked when a hook returned it, so the per-call [0, 1] value scan is skipped.
-        kw: dict[str, Any] = {"validate": False}
-        if self.backend is not None:
-            kw["backend"] = self.backend
-        return kw
+        self._kw_dict: dict[str, Any] = {"validate": False} if backend is None else {"validate": False,
+                                                                                      "backend": backend}
+
+    def _kw(self) -> dict[str, Any]:
+        return self._kw_dict
 
     def sparse_kw(self, device: torch.device) -> dict[str, Any]:
         """Keywords of the sparse-set ops: the executor's backend, except ``cpp`` where they have no kernel
@@ -127,7 +126,7 @@ class _Ops:
             b = "reference"
         return {"backend": b, "validate": False}
 
-    def project(self, x: "torch.Tensor | SparseRows", block: "RowBlock", *, negated: bool, neg_scale: float,
+    def project(self, x: "torch.Tensor | SparseRows", block: "RowBlock", negated: bool, neg_scale: float,
                 want_arg: bool, strategy: str, sparse_ratio: float | None):
         """Row ``k`` of ``x`` (B', N) through stack relation ``block.rel[k]``: ``(y, argmax (B', N) | None)``.
 
@@ -434,17 +433,17 @@ class Executor:
         """
         if self.frontier_k is not None and self.frontier_k < self.num_entities:
             x = self.ops.topk_prune(x.to_dense() if isinstance(x, SparseRows) else x, self.frontier_k)
-        call = dict(negated=negated, neg_scale=self.neg_scale, want_arg=want_arg, strategy=strategy)
         blocks = self.rows.blocks(x, rels)
         first = next(blocks, None)
         if first is not None and first.rows is None:  # one block, the whole batch in order
-            return self.ops.project(x, first, sparse_ratio=self.sparse_dense_ratio if keep_sparse else None, **call)
+            return self.ops.project(x, first, negated, self.neg_scale, want_arg, strategy,
+                                    self.sparse_dense_ratio if keep_sparse else None)
         # Several blocks (lazy rows split by size, shards, ...): each projects its rows into the batch.
         xd = x.to_dense() if isinstance(x, SparseRows) else x
         y = torch.zeros_like(xd)
         arg = torch.full(xd.shape, -1, dtype=torch.int32, device=xd.device) if want_arg else None
         for block in itertools.chain(() if first is None else (first,), blocks):
-            ys, args = self.ops.project(xd[block.rows], block, sparse_ratio=None, **call)
+            ys, args = self.ops.project(xd[block.rows], block, negated, self.neg_scale, want_arg, strategy, None)
             y[block.rows] = ys
             if arg is not None:
                 arg[block.rows] = args
