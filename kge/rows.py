@@ -143,6 +143,8 @@ class RelationRows(ABC):
         """``M_r`` as an ``ops.PreparedMatrix`` (N, N) on :attr:`device` (whole-relation consumers, e.g. a
         reference loop of ``ops.project``).  Default: a view of :meth:`full_stack`; implementations without
         a full stack override it."""
+        if not 0 <= int(r) < self.num_relations:
+            raise IndexError(f"relation id {r} out of range [0, {self.num_relations})")  # as Artifact.relation_block
         stack = self.full_stack()
         if stack is None:
             raise NotImplementedError(f"{type(self).__name__} holds no full stack: override relation()")

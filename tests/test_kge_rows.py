@@ -135,6 +135,8 @@ def test_eager_rows_hold_the_kg_once():
     assert inside(p.val, stack.val) and inside(p.col, stack.col)
     assert inside(p.tval, stack.tval) and inside(p.row, stack.trow)
     assert torch.equal(p.to_sparse_csr().to_dense(), torch.from_numpy(art.relation_block(2).toarray()))
+    with pytest.raises(IndexError, match=r"relation id 4 out of range \[0, 4\)"):  # as before the refactor
+        ex1.matrix(4)
 
 
 def test_eager_rows_one_block_and_weights():
