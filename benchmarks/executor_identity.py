@@ -741,7 +741,7 @@ def _provenance(rec: dict) -> str:
 
 def write_report(path: Path, *, base: dict, now: dict, cells: Sequence[Cell], agreement: Sequence[dict],
                  determinism: Sequence[Cell] | None = None, memory: dict[str, dict] | None = None,
-                 command: str = "") -> str:
+                 command: str = "", notes: str = "") -> str:
     """The markdown report (returned, and written to ``path``): provenance, pivots, long table, memory."""
     from kgreason.files import write_output
 
@@ -774,14 +774,17 @@ def write_report(path: Path, *, base: dict, now: dict, cells: Sequence[Cell], ag
                      f"matrices {a['matrices']}, threshold {a['threshold']}.")
     lines += ["", "Modes:", ""]
     lines += [f"- `{m.name}`: {m.doc}" for m in MODES if m.name in modes]
+    if notes:
+        lines += ["", notes.strip()]
     for name in base["artifacts"]:
         lines += ["", f"## Artifact `{name}`: identical / queries per structure and mode", "",
                   _pivot(cells, name, modes, structures)]
     if determinism is not None:
         d_q = sum(c.queries for c in determinism)
         d_i = sum(c.identical for c in determinism)
-        lines += ["", "## Determinism: the before-records against a second, separate set of before-records", "",
-                  f"{d_i:,} of {d_q:,} outputs identical (the queries and modes both sets ran)."]
+        lines += ["", "## Determinism: before-records of separate runs against each other", "",
+                  f"{d_i:,} of {d_q:,} outputs identical (the queries and modes both ran): "
+                  + ", ".join(sorted({f"{c.artifact}/{c.mode}" for c in determinism})) + "."]
         bad = [c for c in determinism if c.differing]
         if bad:
             lines += ["", format_comparison(bad, markdown=True)]
@@ -834,7 +837,9 @@ class ReportArgs:
     before: tuple[Path, ...]
     after: tuple[Path, ...]
     determinism: tuple[Path, ...]
+    determinism_with: tuple[Path, ...]
     memory: tuple[tuple[str, Path], ...]
+    notes: Path | None
     out: Path
 
 
@@ -910,9 +915,12 @@ def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | ReportArgs | Memor
     rp.add_argument("--before", type=Path, nargs="+", required=True, help="records of the before tree (merged)")
     rp.add_argument("--after", type=Path, nargs="+", required=True, help="records of the after tree (merged)")
     rp.add_argument("--determinism", type=Path, nargs="+", default=(),
-                    help="a second set of before-records, compared with --before (run-to-run determinism)")
+                    help="before-records of separate runs, compared with --determinism-with (run-to-run determinism)")
+    rp.add_argument("--determinism-with", type=Path, nargs="+", default=(),
+                    help="the records --determinism is compared with (default: --before)")
     rp.add_argument("--memory", action="append", default=[], metavar="NAME=FILE",
                     help="a `memory` result to include (repeatable), e.g. before=mem0.json")
+    rp.add_argument("--notes", type=Path, default=None, help="markdown to include after the header (how it was run)")
     rp.add_argument("--out", type=Path, required=True, help="markdown file to write")
     m = sub.add_parser("memory", help="RSS of loading the eager artifact and running queries (fresh process)")
     m.add_argument("--artifact", type=Path, required=True, help="eager artifact folder")
@@ -936,7 +944,8 @@ def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | ReportArgs | Memor
         mem = tuple(_named_path(v, "--memory") for v in a.memory)
         _files([f for _, f in mem], "--memory")
         return ReportArgs(_files(a.before, "--before"), _files(a.after, "--after"),
-                          _files(a.determinism, "--determinism"), mem, a.out)
+                          _files(a.determinism, "--determinism"), _files(a.determinism_with, "--determinism-with"), mem,
+                          None if a.notes is None else _files([a.notes], "--notes")[0], a.out)
     if a.threads < 1:
         raise UserError(f"--threads must be >= 1, got {a.threads}")
     if not a.queries.is_file():
@@ -980,7 +989,8 @@ def _report(args: ReportArgs) -> int:
     det = None
     if args.determinism:
         other, other_scores = _load_merged(args.determinism)
-        det = compare_records(base, base_scores, other, other_scores)
+        ref, ref_scores = (base, base_scores) if not args.determinism_with else _load_merged(args.determinism_with)
+        det = compare_records(ref, ref_scores, other, other_scores)
     mem = {}
     for name, path in args.memory:
         try:
@@ -988,7 +998,7 @@ def _report(args: ReportArgs) -> int:
         except (OSError, ValueError) as exc:
             raise UserError(f"--memory {name}={path}: cannot read it ({type(exc).__name__})") from None
     write_report(args.out, base=base, now=now, cells=cells, agreement=within_run_agreement(now, now_scores),
-                 determinism=det, memory=mem or None,
+                 determinism=det, memory=mem or None, notes="" if args.notes is None else args.notes.read_text(),
                  command=" ".join(["python", "benchmarks/executor_identity.py", *sys.argv[1:]]))
     print(format_comparison(cells, exprs=now["queries"]["exprs"]))
     print(f"wrote {args.out}", file=sys.stderr)
