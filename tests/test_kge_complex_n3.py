@@ -216,6 +216,18 @@ def test_config_errors(kwargs, message):
     assert str(exc.value) == message
 
 
+def test_build_records_the_1n_loop_and_its_curve(umls_tiny_artifact):
+    """Fast twin of the slow budget build below, on the session's kge.build artifact (UMLS, rank 8, 2 epochs):
+    the CLI trains with the 1n loop and records one curve point per epoch.  The time budget itself is
+    test_time_budget_stops_training's, learning test_trained_embeddings_reproduce_pykeen_scores_and_learn's."""
+    import json
+
+    meta = json.loads((umls_tiny_artifact / "meta.json").read_text())
+    assert meta["train_config"]["training_loop"] == "1n"
+    assert meta["train"]["curve"]["epoch"] == [1, 2] and len(meta["train"]["losses"]) == 2
+
+
+@pytest.mark.slow  # ~15 s of CPU (a 1-minute budget); fast twin: test_build_records_the_1n_loop_and_its_curve
 def test_build_with_the_1n_loop_and_a_budget(tmp_path):
     """kge.build end to end with the default (1n) loop on UMLS: link MRR far above the old LCWA preset's 0.80."""
     from kge.build import main
