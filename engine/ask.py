@@ -53,7 +53,7 @@ class AskConfig:
     exemplars: str | None = None  # JSON-lines file of labelled questions {"question", "path"} (kNN path vote)
     exemplar_weight: float = 4.0
     exemplar_k: int = 3
-    embedding_candidates: int = 4
+    embedding_candidates: int = 0
     json: bool = False
     show_context: bool = False
     llm: Any = None  # llm_bridge.config.LLMConfig with --llm, else None (embedding-only)
@@ -96,8 +96,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="cost subtracted per unit of exemplar vote (default 4.0; 0 ignores the exemplars)")
     p.add_argument("--exemplar-k", type=int, default=3,
                    help="the vote averages the k most similar exemplars of a path (default 3)")
-    p.add_argument("--embedding-candidates", type=int, default=4,
-                   help="with --llm: embedding-only paths shown to the reasoner beside the planned ones (default 4)")
+    p.add_argument("--embedding-candidates", type=int, default=0,
+                   help="with --llm: when the best embedding-only path of a planned length is not among the planned "
+                        "candidates, show the reasoner this many such paths too (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object per question (JSON lines)")
     p.add_argument("--show-context", action="store_true", help="print the KG context the reasoner sees")
     from llm_bridge.config import add_llm_arguments

@@ -252,8 +252,9 @@ def test_a_raising_or_misbehaving_planner_degrades(kg, questions):
 
 @pytest.mark.parametrize("n", [0, 2, 5])
 def test_embedding_candidates_follow_the_planned_paths(kg, questions, n):
-    """A planner that names a wrong relation: the reasoner sees the planned candidates first, then exactly
-    the ``n`` best embedding-only paths not among them, in embedding-only order (``n = 0``: plans only)."""
+    """A planner that names a wrong relation: the reasoner sees the planned candidates first, then, when the
+    best embedding-only path of the plan's length is not among them, exactly the ``n`` best embedding-only
+    paths of that length not among them, in embedding-only order (``n = 0``: plans only)."""
     from engine.exec.ask import Asker
 
     _, eng, ret = kg
@@ -277,9 +278,12 @@ def test_embedding_candidates_follow_the_planned_paths(kg, questions, n):
     planned = [p for p in res.paths if p.source == "plan"]
     extra = [p.relations for p in res.paths if p.source == "embedding"]
     assert planned and res.paths[: len(planned)] == planned  # planned candidates first
-    ref = [x for _, x in asker.embedding_retrieve([res.topic_id], [question_text(q)])[0]
-           if x not in {p.relations for p in planned}][:n]
+    same = [x for _, x in asker.embedding_retrieve([res.topic_id], [question_text(q)])[0] if len(x) == len(gold)]
+    planned_set = {p.relations for p in planned}
+    ref = [] if not same or same[0] in planned_set else [x for x in same if x not in planned_set][:n]
     assert extra == ref
+    if n:
+        assert ref, "the wrong plan should disagree with the wording here"
     assert [p.relations for p in seen[0].paths] == [p.names for p in res.paths]
     if n:  # the reasoner's pick of the last (an embedding) path gives its answers
         assert res.answers[0].path == res.paths[-1].names and res.answers[0].selected_by == "llm"

@@ -98,8 +98,9 @@ _WH = re.compile(r"\b(" + "|".join(WH_WORDS) + r")\b", re.IGNORECASE)
 #: Exemplar vote defaults (AskSettings.exemplar_weight / exemplar_k), chosen on held-out MetaQA dev exemplars.
 EXEMPLAR_WEIGHT = 4.0
 EXEMPLAR_K = 3
-#: Embedding-only paths shown to the reasoner beside the planned ones (AskSettings.embedding_candidates).
-EMBEDDING_CANDIDATES = 4
+#: Embedding-only paths shown to the reasoner beside the planned ones (AskSettings.embedding_candidates):
+#: off by default, no gain measured on MetaQA (docs/ask.md).
+EMBEDDING_CANDIDATES = 0
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 _WORD = re.compile(r"\S+")
 
@@ -135,9 +136,11 @@ class AskSettings:
         range_examples: tail names per relation in its range text (default :data:`RANGE_EXAMPLES`).
         exemplar_weight: with exemplars (``Asker(exemplars=...)``), embedding-only retrieval subtracts
             this times a path's exemplar vote from its cost (default :data:`EXEMPLAR_WEIGHT`).
-        embedding_candidates: with planned paths, the best this many embedding-only paths not among
-            them are added after them (source ``"embedding"``), so the reasoner also sees what the question's
-            wording points at when a plan step is wrong (default :data:`EMBEDDING_CANDIDATES`; 0: plans only).
+        embedding_candidates: with planned paths whose candidates lack the best embedding-only path of a
+            planned length, the best this many embedding-only paths of the planned lengths not among them are
+            added after them (source ``"embedding"``),
+            so the reasoner also sees what the question's wording points at when a plan step is wrong
+            (default :data:`EMBEDDING_CANDIDATES`, 0: plans only).
         exemplar_k: the vote is the mean of the ``exemplar_k`` highest cosines between the question
             and the exemplar questions labelled with that path (default :data:`EXEMPLAR_K`).
     """
@@ -633,8 +636,9 @@ class Asker:
             if planner is not None and plans[id(r)] and not by_q[id(r)]:
                 r.warn("retrieve", "the plans match no path from the topic: embedding-only retrieval")
         # Embedding-only retrieval: the candidates of questions without planned paths, and, beside the planned
-        # ones, the best `embedding_candidates` paths of the others (a wrong plan step then still leaves the
-        # reasoner the path the question's wording points at).
+        # ones, the best `embedding_candidates` paths of the others when the best embedding-only path is not
+        # among the planned ones (a wrong plan step then still leaves the reasoner the path the question's
+        # wording points at; when both agree, more candidates only give the reasoner more ways to go wrong).
         extra: dict[int, list[tuple[tuple[int, ...], float, str, Any]]] = {id(r): [] for r in live}
         emb_q = [r for r in live if not by_q[id(r)] or s.embedding_candidates > 0]
         if emb_q:
@@ -646,6 +650,10 @@ class Asker:
                         by_q[id(r)][rels] = (cost, "embedding",
                                              self.retriever._result_path(int(r.topic_id), rels, cost))
                     continue
+                lengths = {len(p.steps) for p in plans[id(r)]}
+                found = [(c, x) for c, x in found if len(x) in lengths]  # a plan's length is the planner's call
+                if not found or found[0][1] in by_q[id(r)]:
+                    continue  # the question's wording agrees with the plans: their candidates only
                 for cost, rels in found:
                     if len(extra[id(r)]) >= s.embedding_candidates:
                         break
