@@ -409,6 +409,8 @@ def merge_records(items: Sequence[tuple[dict, dict | None]]) -> tuple[dict, dict
 
     rec = copy.deepcopy(items[0][0])
     scores = None if items[0][1] is None else dict(items[0][1])
+    if len(items) > 1:
+        rec["parts"] = [{"tree": rec["tree"], "created": rec["created"], "runs": sorted(rec["runs"])}]
     for other, other_scores in items[1:]:
         if other["queries"]["sha256"] != rec["queries"]["sha256"]:
             raise UserError(f"records on different query files: {rec['queries']['path']} vs {other['queries']['path']}")
@@ -560,9 +562,13 @@ def within_run_agreement(rec: dict, scores: dict | None) -> list[dict]:
                   (f"{a}/b1-sparse", f"{a}/b1-dense", "documented bit-identical"),
                   (f"{a}/b1-explain", f"{a}/explain", "informational (batch 1 vs default)")]
     if "eager" in arts:
+        th_e = rec["artifacts"]["eager"].get("threshold")
         for a in arts:
             if a != "eager":
-                pairs += [(f"{a}/{m}", f"eager/{m}", "informational (rows equal within 1e-6)") for m in MODE_NAMES]
+                th = rec["artifacts"][a].get("threshold")
+                claim = ("informational (lazy rows = eager rows within 1e-6)" if th == th_e else
+                         f"informational: thresholds differ ({th} vs {th_e})")
+                pairs += [(f"{a}/{m}", f"eager/{m}", claim) for m in MODE_NAMES]
     out = []
     for x, y, claim in pairs:
         rx, ry = rec["runs"].get(x), rec["runs"].get(y)
@@ -727,15 +733,15 @@ def _memory_table(mem: dict[str, dict]) -> str:
 
 def _provenance(rec: dict) -> str:
     """Which tree, commit and time made each part of a (merged) record."""
-    parts = [{"tree": rec["tree"], "created": rec["created"],
-              "runs": sorted(k for k in rec["runs"] if all(k not in p["runs"] for p in rec.get("parts", [])))}]
-    parts += rec.get("parts", [])
+    parts = rec.get("parts") or [{"tree": rec["tree"], "created": rec["created"], "runs": sorted(rec["runs"])}]
     out = []
     for p in parts:
         t = p["tree"]
         dirty = f" + {len(t['dirty'])} uncommitted files" if t.get("dirty") else ""
         arts = sorted({k.split("/")[0] for k in p["runs"]})
-        out.append(f"`{t.get('root')}` at {str(t.get('commit'))[:10]}{dirty} ({', '.join(arts)}; {p['created']})")
+        modes = sorted({k.split("/", 1)[1] for k in p["runs"]}, key=MODE_NAMES.index)
+        out.append(f"`{t.get('root')}` at {str(t.get('commit'))[:10]}{dirty} ({'+'.join(arts)}: {' '.join(modes)}; "
+                   f"{p['created']})")
     return "; ".join(out)
 
 
