@@ -179,8 +179,8 @@ def test_replanning_names_candidate_relations(kg, questions):
 
 def test_wrong_reasoning_picks_another_path(kg, questions):
     server = sim(kg[0], questions, reason_error=1.0)
-    try:
-        res = run_loop(kg, questions, server)
+    try:  # plan variants off: some of them have no answers on this KG, and a pick of one falls back
+        res = run_loop(kg, questions, server, plan_variants=0)
     finally:
         server.stop()
     for r, (_, path, _) in zip(res, questions):
@@ -287,6 +287,45 @@ def test_embedding_candidates_follow_the_planned_paths(kg, questions, n):
     assert [p.relations for p in seen[0].paths] == [p.names for p in res.paths]
     if n:  # the reasoner's pick of the last (an embedding) path gives its answers
         assert res.answers[0].path == res.paths[-1].names and res.answers[0].selected_by == "llm"
+
+
+@pytest.mark.parametrize("n", [0, 3, 1000])
+def test_plan_variants_replace_one_step_and_follow_the_planned_paths(kg, questions, n):
+    """A 2- or 3-step plan with one wrong step: after the planned candidates come its one-step variants
+    (every other relation at one position), the ``n`` cheapest by the embedding-only cost, which with
+    ``n`` large includes the gold path; 1-step plans get none."""
+    from engine.exec.ask import Asker, ReasonReply
+
+    _, eng, ret = kg
+    names = list(eng.artifact.relations)
+    for q, gold, _ in questions:
+        wrong = list(gold)
+        wrong[-1] = next(x for x in names if x != gold[-1])
+
+        class Wrong:
+            def plan(self, requests):
+                return [PlanReply(plans=(tuple(wrong),)) for _ in requests]
+
+        class First:
+            def reason(self, requests):
+                return [ReasonReply(paths=(1,)) for _ in requests]
+
+        asker = Asker(eng, ret, settings=AskSettings(plan_variants=n, explain=False))
+        res = asker.ask([q], planner=Wrong(), reasoner=First())[0]
+        var = [p for p in res.paths if p.source == "plan-variant"]
+        if len(gold) < 2 or n == 0:
+            assert not var
+            continue
+        planned = {p.relations for p in res.paths if p.source != "plan-variant"}
+        ids = [names.index(x) for x in wrong]
+        ref = [tuple(ids[:j] + [x] + ids[j + 1:]) for j in range(len(ids)) for x in range(len(names)) if x != ids[j]]
+        ref = [v for v in dict.fromkeys(ref) if v not in planned]
+        cost = asker.score_sequences([ref], [question_text(q)])[0]
+        want = [ref[j] for j in sorted(range(len(ref)), key=lambda j: (cost[j], ref[j]))[:n]]
+        assert [p.relations for p in var] == want
+        assert res.paths[-len(var):] == var  # after the planned candidates
+        if n >= len(ref):
+            assert tuple(names.index(x) for x in gold) in {p.relations for p in res.paths}
 
 
 def test_unknown_topic_is_an_error_in_the_result_not_a_traceback(kg):

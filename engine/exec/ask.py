@@ -101,6 +101,8 @@ EXEMPLAR_K = 3
 #: Embedding-only paths shown to the reasoner beside the planned ones (AskSettings.embedding_candidates):
 #: off by default, no gain measured on MetaQA (docs/ask.md).
 EMBEDDING_CANDIDATES = 0
+#: Plans of several steps with one step replaced, shown beside the planned paths (AskSettings.plan_variants).
+PLAN_VARIANTS = 4
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 _WORD = re.compile(r"\S+")
 
@@ -141,6 +143,10 @@ class AskSettings:
             added after them (source ``"embedding"``),
             so the reasoner also sees what the question's wording points at when a plan step is wrong
             (default :data:`EMBEDDING_CANDIDATES`, 0: plans only).
+        plan_variants: for a plan of two or more steps, its variants with one step replaced by another
+            relation, the best this many by the embedding-only cost, are added after the planned candidates
+            (source ``"plan-variant"``; run like a plan even where the observed KG lacks them): a plan with
+            one wrong step still offers the reasoner the right path (default :data:`PLAN_VARIANTS`; 0: off).
         exemplar_k: the vote is the mean of the ``exemplar_k`` highest cosines between the question
             and the exemplar questions labelled with that path (default :data:`EXEMPLAR_K`).
     """
@@ -165,11 +171,13 @@ class AskSettings:
     exemplar_weight: float = EXEMPLAR_WEIGHT
     exemplar_k: int = EXEMPLAR_K
     embedding_candidates: int = EMBEDDING_CANDIDATES
+    plan_variants: int = PLAN_VARIANTS
 
     def __post_init__(self) -> None:
         for name, low in (("k", 1), ("max_hops", 1), ("candidate_relations", 1), ("answers", 1),
                           ("max_context_tokens", 0), ("tails_per_path", 1), ("exemplar_k", 1),
-                          ("length_pivot", 0), ("range_examples", 1), ("embedding_candidates", 0)):
+                          ("length_pivot", 0), ("range_examples", 1), ("embedding_candidates", 0),
+                          ("plan_variants", 0)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise UserError(f"ask: {name} must be an integer >= {low}, got {v!r}")
@@ -260,7 +268,7 @@ class AskPath:
     query: str
     answers: tuple[Any, ...]  # engine.exec.explain.Answer, best first (topic excluded when asked)
     num_tails: int  # entities the path reaches in the KG graph (topic excluded when asked)
-    source: str  # "plan" or "embedding"
+    source: str  # "plan", "plan-variant" or "embedding"
     entity_paths: tuple = field(default=(), compare=False)  # a few (head, relation, tail) id paths (evidence)
 
     def to_json(self) -> dict[str, Any]:
@@ -631,6 +639,33 @@ class Asker:
                 rels = tuple(st.relation for st in p.steps)
                 if all(x is not None for x in rels) and rels not in by_q[id(r)]:
                     by_q[id(r)][rels] = (0.0, "plan", self.retriever._result_path(int(r.topic_id), rels, 0.0))
+        # Around the plan: a plan of several steps with one step replaced by another relation, the best
+        # `plan_variants` of them by the embedding-only cost, after the planned candidates (run on the
+        # calibrated matrices even where the observed KG lacks their edges, like a plan).
+        variants: dict[int, list[tuple[tuple[int, ...], float, str, Any]]] = {id(r): [] for r in live}
+        if planned and s.plan_variants > 0:
+            n_rel = len(rel_names)
+            var_q, var_lists = [], []
+            for r in live:
+                vs: dict[tuple[int, ...], None] = {}
+                for p in plans[id(r)]:
+                    if len(p.steps) < 2:
+                        continue
+                    rels = [st.relation if st.relation is not None else int(self._nearest_relations([st.text], 1)[0][0])
+                            for st in p.steps]
+                    for j in range(len(rels)):
+                        for x in range(n_rel):
+                            v = tuple(rels[:j] + [x] + rels[j + 1:])
+                            if x != rels[j] and v not in by_q[id(r)]:
+                                vs[v] = None
+                if vs:
+                    var_q.append(r)
+                    var_lists.append(list(vs))
+            if var_q:
+                for r, vs, c in zip(var_q, var_lists, self.score_sequences(var_lists, [texts[id(r)] for r in var_q])):
+                    for j in sorted(range(len(vs)), key=lambda j: (c[j], vs[j]))[: s.plan_variants]:
+                        variants[id(r)].append((vs[j], float(c[j]), "plan-variant",
+                                                self.retriever._result_path(int(r.topic_id), vs[j], float(c[j]))))
         for r in live:
             r.retrieval = "plan" if by_q[id(r)] else "embedding"
             if planner is not None and plans[id(r)] and not by_q[id(r)]:
@@ -664,6 +699,8 @@ class Asker:
         for r in live:
             items = sorted(by_q[id(r)].items(), key=lambda kv: (kv[1][0], len(kv[0]), kv[0]))[: s.k]
             ranked[id(r)] = [(rels, c, src, rp) for rels, (c, src, rp) in items] + extra[id(r)]
+            if items:
+                ranked[id(r)] += [v for v in variants[id(r)] if v[0] not in {x[0] for x in extra[id(r)]}]
             r.trace.append({"step": "retrieve", "source": r.retrieval, "plans": [list(p) for p in r.plans],
                             "paths": [[rel_names[x] for x in rels] for rels, _, _, _ in ranked[id(r)]]})
 
@@ -916,19 +953,30 @@ class Asker:
             if truncated and results is not None:
                 results[i].warn("retrieve", f"relation sequences capped at {len(seqs)}")
             enumerated.append(seqs)
+        costs = self.score_sequences(enumerated, texts)
+        out = []
+        for seqs, cost in zip(enumerated, costs):
+            order = sorted(range(len(seqs)), key=lambda j: (cost[j], len(seqs[j]), seqs[j]))[: s.k]
+            out.append([(float(cost[j]), seqs[j]) for j in order])
+        return out
+
+    def score_sequences(self, seq_lists: Sequence[Sequence[tuple[int, ...]]], texts: Sequence[str]) -> list[np.ndarray]:
+        """Embedding-only costs (:meth:`embedding_retrieve`'s formula) of any relation sequences, one list per
+        question text (the sequences need not exist in the KG)."""
+        s = self.settings
         enc = self.retriever.encoder
         # One encoder call for every sequence text not seen before; kept across calls and on disk.
-        self._sequence_embeddings([self.path_text(x) for seqs in enumerated for x in seqs])
+        self._sequence_embeddings([self.path_text(x) for seqs in seq_lists for x in seqs])
         q = np.asarray(enc.encode(list(texts)), dtype=np.float64)
-        votes = self.exemplar_votes(q, enumerated) if self._ex_texts and s.exemplar_weight > 0 else None
+        votes = self.exemplar_votes(q, seq_lists) if self._ex_texts and s.exemplar_weight > 0 else None
         mu = self._verbalized_mean() if self.verbalizer is not None else None
         if mu is not None:
             q = _unit(q - mu)
         types = self.answer_type_scores(texts) if s.answer_type_weight > 0 else None
         out = []
-        for i, seqs in enumerate(enumerated):
+        for i, seqs in enumerate(seq_lists):
             if not seqs:
-                out.append([])
+                out.append(np.zeros(0, dtype=np.float64))
                 continue
             E = np.stack([self._seq_emb[self.path_text(x)] for x in seqs]).astype(np.float64)
             if mu is not None:
@@ -940,8 +988,7 @@ class Asker:
                 cost = np.round(cost - s.answer_type_weight * types[i][[x[-1] for x in seqs]], 12)
             if votes is not None:
                 cost = np.round(cost - s.exemplar_weight * votes[i], 12)
-            order = sorted(range(len(seqs)), key=lambda j: (cost[j], len(seqs[j]), seqs[j]))[: s.k]
-            out.append([(float(cost[j]), seqs[j]) for j in order])
+            out.append(cost)
         return out
 
     def exemplar_votes(self, q: np.ndarray, enumerated: Sequence[Sequence[tuple[int, ...]]]) -> list[np.ndarray]:
