@@ -21,9 +21,11 @@ For each question:
    paths of each plan (``mode="pathfinding"``: KARPA-P, the plan's length;
    ``"heuristic"``: KARPA-H, any length up to ``max_hops``), merged over plans by
    lowest cost; a plan whose steps all name KG relations is a candidate itself
-   (cost 0) even when the KG lacks its edges.  Embedding-only retrieval ranks every relation sequence of
+   (cost 0) even when the KG lacks its edges; after them the plan's cheapest one-step variants
+   (``plan_variants``).  Embedding-only retrieval ranks every relation sequence of
    1..``max_hops`` hops from the topic by the similarity of its text to the
-   question's (KARPA-H with the question as the plan).
+   question's (KARPA-H with the question as the plan), an answer-type term and a
+   question-length prior per extra hop (:meth:`Asker.embedding_retrieve`).
 5. **reasoning**: every candidate path becomes a logical query
    ``(p r_L … (p r_1 topic))``, all of them run by the executor in one batch
    (scores, explanations).  With a :class:`Reasoner` the LLM sees the paths and
