@@ -323,3 +323,129 @@ def test_write_table(cases):
     out = Path(RESULTS) / ("ops_projection.md" if THREADS <= 0 else f"ops_projection_{THREADS}thread.md")
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The single-relation case through the multi-relation kernel (issue 23: "the fold is measured, not assumed")
+#
+# ``single``: ``ops.project(x, P)`` / ``ops.project_negated(x, P)`` on the prepared matrix; ``multi``: the same
+# matrix as a one-relation stack, every row relation 0 (``ops.project_multi(x, zeros(B), S)`` before the fold,
+# ``ops.project(x, S, rel)`` after it).  Both are timed interleaved in one test (round k times single then
+# multi), so a load spike hits both; medians.  Each run writes its numbers to
+# ``artifacts/bench/ops_single_relation_<phase>.json`` (phase: ``before`` while the old single-relation
+# kernels exist, else ``after``); the table, benchmarks/results/ops_single_relation.md, gets the before
+# columns and, when both files exist, the after columns.
+
+FOLD_VARIANTS = ("values", "argmax", "negated", "negated+argmax")
+FOLDED = not hasattr(torch.ops.kgreason, "project_multi") if ops.extension_available() else False
+FOLD_PHASE = "after" if FOLDED else "before"
+FOLD_JSON = Path(__file__).resolve().parent.parent / "artifacts" / "bench"
+_FOLD: dict[str, dict] = {}
+
+
+def _fold_calls(case: Case, variant: str, b: int):
+    """(single, multi) callables of one variant on the compiled kernels (values only or with argmax)."""
+    neg, arg = variant.startswith("negated"), variant.endswith("argmax")
+    if not hasattr(case, "S"):
+        case.S = ops.prepare_stacked(case.M)  # the degenerate one-relation stack (R = 1)
+    rel = torch.zeros(b, dtype=torch.int64)
+    kw = dict(backend="cpp", validate=False, return_argmax=arg)
+    if FOLDED:  # one entry point: the prepared matrix is the degenerate stack, rel None = relation 0
+        single = lambda x: ops.project(x, case.P, negate=neg, neg_scale=3.0, **kw)  # noqa: E731
+        multi = lambda x: ops.project(x, case.S, rel, negate=neg, neg_scale=3.0, **kw)  # noqa: E731
+    else:
+        if neg:
+            single = lambda x: ops.project_negated(x, case.P, neg_scale=3.0, **kw)  # noqa: E731
+        else:
+            single = lambda x: ops.project(x, case.P, **kw)  # noqa: E731
+        multi = lambda x: ops.project_multi(x, rel, case.S, negated=neg, neg_scale=3.0, **kw)  # noqa: E731
+    return single, multi
+
+
+@pytest.mark.benchmark
+@pytest.mark.parametrize("variant", FOLD_VARIANTS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("b", BATCHES)
+def test_fold_single_relation(cases, b, kind, variant):
+    if not ops.has_kernel("project", "cpu"):
+        pytest.skip("compiled extension not available")
+    case = cases[0]
+    x = make_x(case, b, kind)
+    single, multi = _fold_calls(case, variant, b)
+    want, got = single(x), multi(x)
+    want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+    for w, g in zip(want, got):  # the same Y (and argmax) bit for bit
+        assert torch.equal(w, g), f"multi differs from single ({variant}, B={b}, {kind})"
+    t0 = time.perf_counter()
+    single(x)
+    once = time.perf_counter() - t0
+    rounds = int(max(5, min(21, 2.0 / max(once, 1e-6))))
+    ts, tm = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        single(x)
+        t1 = time.perf_counter()
+        multi(x)
+        t2 = time.perf_counter()
+        ts.append(t1 - t0)
+        tm.append(t2 - t1)
+    strategy = "negated" if variant.startswith("negated") else ops.choose_strategy(x, case.P)
+    _FOLD[f"{b}|{kind}|{variant}"] = dict(single_ms=float(np.median(ts)) * 1e3, multi_ms=float(np.median(tm)) * 1e3,
+                                          strategy=strategy, rounds=rounds)
+
+
+def test_write_fold_table(cases):
+    """benchmarks/results/ops_single_relation.md: multi-degenerate / single, before and (when measured) after."""
+    if not _FOLD:
+        pytest.skip("no fold timings were collected")
+    import json
+
+    load = os.getloadavg()
+    FOLD_JSON.mkdir(parents=True, exist_ok=True)
+    run = dict(results=_FOLD, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               machine=os.environ.get("KGREASON_BENCH_MACHINE") or machine_description(),
+               load=f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}", data=_INFO.get("data", "?"),
+               command=("KGREASON_BENCH_THREADS=%d " % THREADS if THREADS > 0 else "")
+               + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]))
+    (FOLD_JSON / f"ops_single_relation_{FOLD_PHASE}.json").write_text(json.dumps(run, indent=1))
+    runs = {}
+    for phase in ("before", "after"):
+        p = FOLD_JSON / f"ops_single_relation_{phase}.json"
+        if p.is_file():
+            runs[phase] = json.loads(p.read_text())
+    before, after = runs.get("before"), runs.get("after")
+    lines = ["# The single-relation case: one-relation stack through the multi-relation kernel vs the single op",
+             "",
+             "Issue 23 folds `ops.project`, `ops.project_negated` and `ops.project_multi` into one kernel; this "
+             "table is the evidence that a single relation (a one-relation stack, every row relation 0) loses "
+             "nothing.  `single`: `ops.project(x, P)` / `ops.project_negated(x, P)` on the prepared matrix; "
+             "`multi`: the same matrix as a stack of one relation (`ops.project_multi(x, zeros(B), S)` before the "
+             "fold).  Both timed interleaved in one test (medians in ms), compiled CPU kernels, "
+             "`validate=False`, strategy auto.  Ratio `multi / single` < 1: the multi kernel is faster.",
+             ""]
+    for phase, r in runs.items():
+        lines += [f"**{phase}** run: `{r['command']}`  ", f"Machine: {r['machine']}  ",
+                  f"Date: {r['date']}, load average at the end (1/5/15 min): {r['load']}  ", f"Data: {r['data']}", ""]
+    head = ["B", "X", "variant", "strategy", "before: single ms", "before: multi ms", "before: multi / single"]
+    if before is not None and after is not None:
+        head += ["after: `ops.project(x, P)` ms", "after: `ops.project(x, S, rel)` ms", "after P / before single"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = before or after
+    for b in BATCHES:
+        for kind in KINDS:
+            for variant in FOLD_VARIANTS:
+                key = f"{b}|{kind}|{variant}"
+                r = base["results"].get(key)
+                if r is None:
+                    continue
+                row = [str(b), kind, variant, r["strategy"], f"{r['single_ms']:.3f}", f"{r['multi_ms']:.3f}",
+                       f"**{r['multi_ms'] / r['single_ms']:.2f}x**"]
+                if before is not None and after is not None:
+                    a = after["results"].get(key)
+                    row += ([f"{a['single_ms']:.3f}", f"{a['multi_ms']:.3f}",
+                             f"**{a['single_ms'] / r['single_ms']:.2f}x**"] if a else ["-", "-", "-"])
+                lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    out = Path(RESULTS) / "ops_single_relation.md"
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
