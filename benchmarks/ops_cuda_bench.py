@@ -18,10 +18,10 @@ CPU, ``time.perf_counter``), in ms per call.  Every result's values are compared
 baseline's (max-times products are exact, so they must be equal); a mismatch is flagged in the
 table and makes the script exit with status 1.
 
-It runs on the API before the fold as well (``ops.project_multi`` / ``ops.prepare_stacked``:
-the new ``ops.project(X, M, rel)`` is tried first), so the code before and after the fold can be
-timed in one GPU session; before the fold it adds the single-relation op it replaced
-(``ops.project`` / ``ops.project_negated`` on one prepared matrix) for the one-relation rows.
+It runs on the API before the fold as well (``ops.project_multi`` / ``ops.prepare_stacked``; the
+new ``ops.project(X, M, rel)`` / ``ops.prepare_matrices`` are tried first), so the code before and
+after the fold can be timed in one GPU session; before the fold it adds the single-relation op it
+replaced (``ops.project`` / ``ops.project_negated`` on one prepared matrix) for the one-relation rows.
 
 Run from the repository root::
 
@@ -111,7 +111,8 @@ def batch(kind: str, rel: torch.Tensor, crow: torch.Tensor, n: int, gen: torch.G
 
 # -------------------------------------------------------------------------------------------- API
 class Api:
-    """``ops.project(X, M, rel)`` after the fold, ``ops.project_multi(X, rel, M)`` before it."""
+    """``ops.project(X, M, rel)`` / ``ops.prepare_matrices`` after the fold, ``ops.project_multi(X, rel, M)`` /
+    ``ops.prepare_stacked`` before it."""
 
     def __init__(self):
         params = inspect.signature(ops.project).parameters
@@ -120,9 +121,8 @@ class Api:
         self.neg_kw = "negate" if "negate" in params else "negated"
 
     def prepare(self, crow, col, val, n: int, device: str):
-        with warnings.catch_warnings():  # prepare_stacked is a deprecated alias after the fold
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return ops.prepare_stacked((crow, col, val), num_entities=n, device=device)
+        prepare = getattr(ops, "prepare_matrices", None) or ops.prepare_stacked  # after / before the fold
+        return prepare((crow, col, val), num_entities=n, device=device)
 
     def project(self, x, rel, stack, *, strategy: str, argmax: bool, negated: bool):
         if self.folded:
