@@ -27,10 +27,12 @@ Run from the repository root::
 
     python benchmarks/ops_cuda_bench.py --device cuda --out bench.md
     python benchmarks/ops_cuda_bench.py --device cpu --quick      # a small smoke run
+    python benchmarks/ops_cuda_bench.py --root ../before --out before.md   # another checkout's ops
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import platform
 import sys
@@ -42,12 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import ops  # noqa: E402
-
+ROOT = Path(__file__).resolve().parent.parent  # the checkout whose ops is timed, unless --root says otherwise
 NEG_SCALE = 3.0
 STRATEGIES = ("push", "pull", "auto")
 
@@ -65,6 +62,7 @@ class Config:
     max_reps: int
     seed: int
     out: Path | None
+    root: Path
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -114,17 +112,22 @@ class Api:
     """``ops.project(X, M, rel)`` / ``ops.prepare_matrices`` after the fold, ``ops.project_multi(X, rel, M)`` /
     ``ops.prepare_stacked`` before it."""
 
-    def __init__(self):
+    def __init__(self, root: Path):
+        sys.path.insert(0, str(root))
+        self.ops = ops = importlib.import_module("ops")
+        self.root = Path(ops.__file__).resolve().parent.parent
         params = inspect.signature(ops.project).parameters
         self.folded = "rel" in params
         self.name = "ops.project" if self.folded else "ops.project_multi"
         self.neg_kw = "negate" if "negate" in params else "negated"
 
     def prepare(self, crow, col, val, n: int, device: str):
+        ops = self.ops
         prepare = getattr(ops, "prepare_matrices", None) or ops.prepare_stacked  # after / before the fold
         return prepare((crow, col, val), num_entities=n, device=device)
 
     def project(self, x, rel, stack, *, strategy: str, argmax: bool, negated: bool):
+        ops = self.ops
         if self.folded:
             return ops.project(x, stack, rel, strategy=strategy, return_argmax=argmax, validate=False,
                                **{self.neg_kw: negated, "neg_scale": NEG_SCALE})
@@ -134,7 +137,7 @@ class Api:
     def pushed_rows(self, x, rel, stack) -> str:
         """How many rows auto pushes (the per-row plan op), or n/a where the device has none."""
         name = "project_strategy" if self.folded else "project_multi_strategy"
-        if not ops.has_kernel(name, x.device):
+        if not self.ops.has_kernel(name, x.device):
             return "n/a"
         codes = getattr(torch.ops.kgreason, name)(x, rel, stack.crow, stack.n)
         return f"{int((codes == 1).sum())}/{codes.numel()}"
@@ -228,7 +231,7 @@ class Baseline:
 # ------------------------------------------------------------------------------------------ cases
 def run(cfg: Config) -> tuple[str, bool]:
     device = torch.device(cfg.device)
-    api = Api()
+    api = Api(cfg.root)
     measure = timer(device, cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
     crow, col, val = synthetic_stack(cfg.n, cfg.relations, cfg.edges, cfg.seed)
@@ -273,7 +276,7 @@ def run(cfg: Config) -> tuple[str, bool]:
                     api.pushed_rows(x, rel_d, stack), "yes" if good else "**NO**",
                 ])
                 if mix == "one" and not api.folded:
-                    old_rows.append(single_relation_row(stack, largest, x, kind, b, t_base, measure))
+                    old_rows.append(single_relation_row(api.ops, stack, largest, x, kind, b, t_base, measure))
                 print(f"{rows[-1][0]:>12} {kind:>8} B={b:<5} baseline {t_base:9.3f} ms  auto "
                       f"{cells[('auto', False)]:9.3f} ms  same={good}", file=sys.stderr, flush=True)
 
@@ -281,8 +284,8 @@ def run(cfg: Config) -> tuple[str, bool]:
         f"# ops.project on {device_name(device)}",
         "",
         f"Command: `python benchmarks/{Path(__file__).name} {' '.join(sys.argv[1:])}`  ",
-        f"torch {torch.__version__}, API: `{api.name}` ({'after' if api.folded else 'before'} the fold), "
-        f"host {platform.node()}  ",
+        f"torch {torch.__version__}, API: `{api.name}` ({'after' if api.folded else 'before'} the fold) "
+        f"from {api.root}, host {platform.node()}  ",
         f"Stack: synthetic power-law KG, N = {cfg.n:,}, R = {cfg.relations}, nnz = {stack.nnz:,} "
         f"(largest relation {largest}: {int(nnz_r[largest]):,} entries), seed {cfg.seed}.  ",
         f"Baseline: {base.kind}, one call per distinct relation of the batch.  ",
@@ -301,7 +304,7 @@ def run(cfg: Config) -> tuple[str, bool]:
     return "\n".join(lines) + "\n", ok
 
 
-def single_relation_row(stack, r: int, x, kind: str, b: int, t_base: float, measure) -> list[str]:
+def single_relation_row(ops, stack, r: int, x, kind: str, b: int, t_base: float, measure) -> list[str]:
     m = stack.relation(r)
     t = {(s, arg): measure(lambda s=s, arg=arg: ops.project(x, m, strategy=s, return_argmax=arg, validate=False))
          for s in STRATEGIES for arg in (False, True)}
@@ -330,7 +333,10 @@ def parse(argv: list[str] | None) -> Config:
     p.add_argument("--quick", action="store_true",
                    help="a small smoke run: N = 2,000, 20 relations, 20k edges, B in (1, 16), short timings")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic KG and the batches (default 0)")
-    p.add_argument("--out", type=Path, help="also write the markdown table to FILE")
+    p.add_argument("--out", type=Path, metavar="FILE", help="also write the markdown table to FILE")
+    p.add_argument("--root", type=Path, default=ROOT, metavar="DIR",
+                   help="time the ops package of this checkout (its extension built), e.g. the code before a "
+                        "change (default: the checkout holding this script)")
     a = p.parse_args(argv)
     try:
         device = torch.device(a.device)
@@ -338,9 +344,11 @@ def parse(argv: list[str] | None) -> Config:
         p.error(f"--device: unknown device {a.device!r} (e.g. cpu, cuda, cuda:1)")
     if device.type == "cuda" and not torch.cuda.is_available():
         p.error("--device: CUDA is not available here (torch.cuda.is_available() is False); try --device cpu")
+    if not (a.root / "ops" / "__init__.py").is_file():
+        p.error(f"--root: {a.root} holds no ops package (ops/__init__.py)")
     if a.quick:
-        return Config(a.device, 2_000, 20, 20_000, (1, 16), 0.02, 5, a.seed, a.out)
-    return Config(a.device, 14_505, 237, 272_115, (1, 64, 1024), 0.2, 200, a.seed, a.out)
+        return Config(a.device, 2_000, 20, 20_000, (1, 16), 0.02, 5, a.seed, a.out, a.root)
+    return Config(a.device, 14_505, 237, 272_115, (1, 64, 1024), 0.2, 200, a.seed, a.out, a.root)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -399,8 +399,9 @@ int64_t check_rows(const char* op, const at::Tensor& x, const at::Tensor& rel, c
 // nnz (an id or a pointer out of range would read outside the stack).
 void check_ranges(const char* op, const at::Tensor& rel, int64_t R, const at::Tensor& crow, const at::Tensor* tcrow,
                   int64_t nnz) {
-  std::vector<at::Tensor> parts{at::stack({rel.min(), rel.max()}).to(at::kLong)};
-  parts.push_back(crow.narrow(0, crow.numel() - 1, 1).to(at::kLong));
+  const auto [lo, hi] = at::aminmax(rel);
+  std::vector<at::Tensor> parts{lo.view({1}).to(at::kLong), hi.view({1}).to(at::kLong),
+                                crow.narrow(0, crow.numel() - 1, 1).to(at::kLong)};
   if (tcrow != nullptr) parts.push_back(tcrow->narrow(0, tcrow->numel() - 1, 1).to(at::kLong));
   const at::Tensor h = at::cat(parts).cpu();
   const int64_t* v = h.data_ptr<int64_t>();
