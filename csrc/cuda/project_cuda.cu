@@ -34,13 +34,9 @@
 // better() (value desc, index asc).  So argmax is the smallest maximising i, -1 where Y is 0, as in
 // ops/project_multi.py's reference and the CPU kernel.
 #include <ATen/ATen.h>
-#include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
-#include <cmath>
-#include <vector>
-
-#include "../project_stack.h"
+#include "../project_common.h"
 #include "fuzzy_cuda_common.cuh"
 
 namespace kgreason {
@@ -375,88 +371,16 @@ void run(const Inputs& in, int64_t N, int64_t strategy, bool negated, float s, a
   if (strategy != kPush) pull(plan, TopLists{});
 }
 
-// Checks of what every op reads (X, rel, crow); returns R.  Raises on a CPU tensor or a bad shape.
-int64_t check_rows(const char* op, const at::Tensor& x, const at::Tensor& rel, const at::Tensor& crow, int64_t N) {
-  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kFloat && x.dim() == 2, op,
-              ": X must be a 2-D float32 CUDA tensor, got ", x.scalar_type(), " ", x.sizes(), " on ", x.device());
-  TORCH_CHECK(N >= 1 && N <= INT32_MAX, op, ": num_entities must be in [1, 2^31), got ", N);
-  TORCH_CHECK(x.size(1) == N, op, ": X must have N = ", N, " columns, got shape ", x.sizes());
-  TORCH_CHECK(rel.dim() == 1 && rel.numel() == x.size(0) &&
-                  (rel.scalar_type() == at::kInt || rel.scalar_type() == at::kLong),
-              op, ": rel must be a (B,) = (", x.size(0), ",) int32/int64 tensor, got ", rel.scalar_type(), " ",
-              rel.sizes());
-  TORCH_CHECK(crow.dim() == 1 && (crow.scalar_type() == at::kInt || crow.scalar_type() == at::kLong), op,
-              ": crow must be a 1-D int32/int64 tensor, got ", crow.scalar_type(), " ", crow.sizes());
-  TORCH_CHECK(crow.numel() >= 1 && (crow.numel() - 1) % N == 0, op, ": crow must have R*N+1 entries for N = ", N,
-              ", got ", crow.numel());
-  for (const at::Tensor* t : {&rel, &crow})
-    TORCH_CHECK(t->device() == x.device(), op, ": rel and crow must be on X's device ", x.device(), ", got ",
-                t->device());
-  return (crow.numel() - 1) / N;
-}
-
-// One device sync for what only the data tells: every rel in [0, R) and each pointer array ending at
-// nnz (an id or a pointer out of range would read outside the stack).
-void check_ranges(const char* op, const at::Tensor& rel, int64_t R, const at::Tensor& crow, const at::Tensor* tcrow,
-                  int64_t nnz) {
-  const auto [lo, hi] = at::aminmax(rel);
-  std::vector<at::Tensor> parts{lo.view({1}).to(at::kLong), hi.view({1}).to(at::kLong),
-                                crow.narrow(0, crow.numel() - 1, 1).to(at::kLong)};
-  if (tcrow != nullptr) parts.push_back(tcrow->narrow(0, tcrow->numel() - 1, 1).to(at::kLong));
-  const at::Tensor h = at::cat(parts).cpu();
-  const int64_t* v = h.data_ptr<int64_t>();
-  TORCH_CHECK(v[0] >= 0 && v[1] < R, op, ": rel holds ids outside [0, ", R, "): min ", v[0], ", max ", v[1]);
-  if (nnz < 0) return;
-  TORCH_CHECK(v[2] == nnz && v[3] == nnz, op, ": crow and tcrow must end at nnz = ", nnz, ", got ", v[2], " and ",
-              v[3]);
-}
-
+// The checked, contiguous inputs of one call (project_common.h's checks; one device sync).
 Inputs check_inputs(const char* op, const at::Tensor& x, const at::Tensor& rel, const at::Tensor& crow,
                     const at::Tensor& col, const at::Tensor& val, const at::Tensor& tcrow, const at::Tensor& trow,
                     const at::Tensor& tval, int64_t N, int64_t strategy, double neg_scale) {
-  const int64_t R = check_rows(op, x, rel, crow, N);
-  TORCH_CHECK(strategy >= kAuto && strategy <= kPull, op, ": strategy must be 0 (auto), 1 (push) or 2 (pull), got ",
-              strategy);
-  TORCH_CHECK(std::isfinite(neg_scale) && neg_scale >= 0.0, op, ": neg_scale must be finite and >= 0, got ",
-              neg_scale);
-  TORCH_CHECK(tcrow.scalar_type() == crow.scalar_type() && tcrow.numel() == crow.numel(), op,
-              ": tcrow must match crow (dtype ", crow.scalar_type(), ", ", crow.numel(), " entries), got ",
-              tcrow.scalar_type(), ", ", tcrow.numel());
-  TORCH_CHECK((col.scalar_type() == at::kInt || col.scalar_type() == at::kLong) &&
-                  trow.scalar_type() == col.scalar_type(),
-              op, ": col and trow must share one dtype, int32 or int64, got ", col.scalar_type(), " and ",
-              trow.scalar_type());
-  TORCH_CHECK(val.scalar_type() == at::kFloat && tval.scalar_type() == at::kFloat, op,
-              ": val and tval must be float32");
-  const int64_t nnz = val.numel();
-  TORCH_CHECK(col.numel() == nnz && trow.numel() == nnz && tval.numel() == nnz, op,
-              ": col, val, trow and tval must have nnz entries each, got ", col.numel(), ", ", nnz, ", ",
-              trow.numel(), ", ", tval.numel());
-  for (const at::Tensor* t : {&col, &val, &tcrow, &trow, &tval})
-    TORCH_CHECK(t->device() == x.device(), op, ": every matrix tensor must be on X's device ", x.device(), ", got ",
-                t->device());
+  const int64_t R = project_checks::rows(op, x, rel, crow, N, c10::DeviceType::CUDA);
+  const int64_t nnz = project_checks::matrix(op, x, crow, col, val, tcrow, trow, tval, strategy, neg_scale);
   Inputs in{x.contiguous(),     rel.to(at::kLong).contiguous(), crow.contiguous(), col.contiguous(),
             val.contiguous(),   tcrow.contiguous(),             trow.contiguous(), tval.contiguous()};
-  if (x.size(0) > 0) check_ranges(op, in.rel, R, in.crow, &in.tcrow, nnz);
+  if (x.size(0) > 0) project_checks::ranges(op, in.rel, R, in.crow, &in.tcrow, nnz);
   return in;
-}
-
-// The outputs of project_out: y (B,N) float32 and argmax (B,N) int32 or empty; contiguous, on X's
-// device, not overlapping X or each other.
-void check_out(const char* op, const at::Tensor& x, const at::Tensor& y, const at::Tensor& a) {
-  const int64_t B = x.size(0), N = x.size(1);
-  TORCH_CHECK(y.device() == x.device() && y.scalar_type() == at::kFloat && y.dim() == 2 && y.size(0) == B &&
-                  y.size(1) == N && y.is_contiguous(),
-              op, ": out y must be a contiguous (", B, ", ", N, ") float32 tensor on ", x.device(), ", got ",
-              y.scalar_type(), " ", y.sizes(), " on ", y.device());
-  at::assert_no_overlap(y, x);
-  if (a.numel() == 0) return;
-  TORCH_CHECK(a.device() == x.device() && a.scalar_type() == at::kInt && a.dim() == 2 && a.size(0) == B &&
-                  a.size(1) == N && a.is_contiguous(),
-              op, ": out argmax must be empty or a contiguous (", B, ", ", N, ") int32 tensor on ", x.device(),
-              ", got ", a.scalar_type(), " ", a.sizes(), " on ", a.device());
-  at::assert_no_overlap(a, x);
-  at::assert_no_overlap(a, y);
 }
 
 // Calls f(ptr_t{}, idx_t{}) with the index types of (crow, col).
@@ -491,7 +415,7 @@ std::tuple<at::Tensor, at::Tensor> project_cuda(const at::Tensor& x, const at::T
                                                 const at::Tensor& tval, int64_t num_entities, int64_t strategy,
                                                 bool negated, double neg_scale, bool want_argmax) {
   constexpr const char* op = "kgreason::project";
-  check_rows(op, x, rel, crow, num_entities);  // shapes before allocating by them
+  project_checks::rows(op, x, rel, crow, num_entities, c10::DeviceType::CUDA);  // shapes before allocating
   const int64_t B = x.size(0), N = num_entities;
   const auto int_opts = x.options().dtype(at::kInt);
   at::Tensor y = at::empty({B, N}, x.options());
@@ -505,20 +429,20 @@ void project_out_cuda(const at::Tensor& x, const at::Tensor& rel, const at::Tens
                       const at::Tensor& tval, int64_t num_entities, int64_t strategy, bool negated,
                       double neg_scale, at::Tensor& y, at::Tensor& argmax) {
   constexpr const char* op = "kgreason::project_out";
-  check_rows(op, x, rel, crow, num_entities);
-  check_out(op, x, y, argmax);
+  project_checks::rows(op, x, rel, crow, num_entities, c10::DeviceType::CUDA);
+  project_checks::out(op, x, y, argmax);
   project_into(op, x, rel, crow, col, val, tcrow, trow, tval, num_entities, strategy, negated, neg_scale, y, argmax);
 }
 
 at::Tensor project_strategy_cuda(const at::Tensor& x_in, const at::Tensor& rel_in, const at::Tensor& crow_in,
                                  int64_t num_entities) {
   constexpr const char* op = "kgreason::project_strategy";
-  const int64_t R = check_rows(op, x_in, rel_in, crow_in, num_entities);
+  const int64_t R = project_checks::rows(op, x_in, rel_in, crow_in, num_entities, c10::DeviceType::CUDA);
   const c10::DeviceGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), rel = rel_in.to(at::kLong).contiguous(), crow = crow_in.contiguous();
   at::Tensor code = at::empty({x.size(0)}, x.options().dtype(at::kInt));
   if (x.size(0) == 0) return code;
-  check_ranges(op, rel, R, crow, nullptr, -1);
+  project_checks::ranges(op, rel, R, crow, nullptr, -1);
   if (crow.scalar_type() == at::kInt)
     launch_plan<int32_t>(x, rel, crow, num_entities, code, nullptr, nullptr);
   else
