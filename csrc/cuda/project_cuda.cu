@@ -26,13 +26,15 @@
 //     push  iff  kPushStepsPerPull * (active + entries) < N + nnz(M_r).
 // For a matrix of uniform row length this is "push when under 1/kPushStepsPerPull = 5% of the row
 // is active", the rule these kernels used before the fold (with a global count); per row, a mixed
-// batch (one-hot anchors and dense sets, hub entities and leaves) costs what each row costs.
+// batch (one-hot anchors and dense sets, hub entities and leaves) costs what each row costs.  The
+// ratio 20 is that former rule's, not a GPU measurement: benchmarks/ops_cuda_bench.py times push,
+// pull and auto side by side, the numbers to re-tune it from.
 // The codes are ops.STRATEGIES' (1 push, 2 pull), the ones project_strategy returns; the CPU
 // kernel's third plan (sweep, 3) is a CPU cache trick and is never chosen here.
 //
 // Ties: push keeps the smallest i through the packed key; pull and the out-of-support merge use
 // better() (value desc, index asc).  So argmax is the smallest maximising i, -1 where Y is 0, as in
-// ops/project_multi.py's reference and the CPU kernel.
+// the pure-torch reference and the CPU kernel.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
