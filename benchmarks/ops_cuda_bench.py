@@ -258,12 +258,15 @@ def run(cfg: Config) -> tuple[str, bool]:
                 groups = base.plan(rel)
                 y_ref = base(x, groups)
                 t_base = measure(lambda: base(x, groups))
-                cells, same = {}, []
+                cells, same, argmaxes = {}, [], []
                 for s in STRATEGIES:
                     for arg in (False, True):
                         res = api.project(x, rel_d, stack, strategy=s, argmax=arg, negated=False)
                         y = res[0] if arg else res
                         same.append(torch.equal(y, y_ref))
+                        if arg:  # every strategy's argmax the same (the smallest maximising i)
+                            argmaxes.append(res[1])
+                            same.append(torch.equal(res[1], argmaxes[0]))
                         cells[(s, arg)] = measure(
                             lambda s=s, arg=arg: api.project(x, rel_d, stack, strategy=s, argmax=arg, negated=False))
                 t_neg = measure(lambda: api.project(x, rel_d, stack, strategy="auto", argmax=False, negated=True))
@@ -276,7 +279,10 @@ def run(cfg: Config) -> tuple[str, bool]:
                     api.pushed_rows(x, rel_d, stack), "yes" if good else "**NO**",
                 ])
                 if mix == "one" and not api.folded:
-                    old_rows.append(single_relation_row(api.ops, stack, largest, x, kind, b, t_base, measure))
+                    row, good_single = single_relation_row(api.ops, stack, largest, x, y_ref, kind, b, t_base,
+                                                           measure)
+                    old_rows.append(row)
+                    ok &= good_single
                 print(f"{rows[-1][0]:>12} {kind:>8} B={b:<5} baseline {t_base:9.3f} ms  auto "
                       f"{cells[('auto', False)]:9.3f} ms  same={good}", file=sys.stderr, flush=True)
 
@@ -292,7 +298,8 @@ def run(cfg: Config) -> tuple[str, bool]:
         f"ms per call (warm-up, then the median of {ROUNDS} rounds of repeated calls"
         f"{', timed by CUDA events' if device.type == 'cuda' else ''}); base/auto > 1 means ops.project "
         "is faster. Negated: strategy auto (always the pull form). \"auto pushes\": rows the per-row plan "
-        "pushes.",
+        "pushes. \"same as baseline\": every strategy's values equal the baseline's and their argmax "
+        "each other's.",
         "",
         table(head, rows),
     ]
@@ -300,17 +307,22 @@ def run(cfg: Config) -> tuple[str, bool]:
         lines += ["", "Before the fold, the single-relation op on the largest relation "
                   "(`ops.project` / `ops.project_negated` on `stack.relation(r)`), ms per call:", "",
                   table(["X", "B", "baseline", "push", "pull", "auto", "base/auto", "push+arg", "pull+arg",
-                         "auto+arg", "negated"], old_rows)]
+                         "auto+arg", "negated", "same as baseline"], old_rows)]
     return "\n".join(lines) + "\n", ok
 
 
-def single_relation_row(ops, stack, r: int, x, kind: str, b: int, t_base: float, measure) -> list[str]:
+def single_relation_row(ops, stack, r: int, x, y_ref, kind: str, b: int, t_base: float,
+                        measure) -> tuple[list[str], bool]:
+    """The former single-relation op's timings on M_r (the table's cells) and whether its values
+    equal the baseline's for every strategy."""
     m = stack.relation(r)
+    good = all(torch.equal(ops.project(x, m, strategy=s, validate=False), y_ref) for s in STRATEGIES)
     t = {(s, arg): measure(lambda s=s, arg=arg: ops.project(x, m, strategy=s, return_argmax=arg, validate=False))
          for s in STRATEGIES for arg in (False, True)}
     t_neg = measure(lambda: ops.project_negated(x, m, neg_scale=NEG_SCALE, validate=False))
     return [kind, str(b), f"{t_base:.3f}", *(f"{t[(s, False)]:.3f}" for s in STRATEGIES),
-            f"{t_base / t[('auto', False)]:.2f}x", *(f"{t[(s, True)]:.3f}" for s in STRATEGIES), f"{t_neg:.3f}"]
+            f"{t_base / t[('auto', False)]:.2f}x", *(f"{t[(s, True)]:.3f}" for s in STRATEGIES), f"{t_neg:.3f}",
+            "yes" if good else "**NO**"], good
 
 
 def device_name(device: torch.device) -> str:
