@@ -115,7 +115,7 @@ class Case:
         self.sp = scipy_csr.tocsr()
         self.n = self.sp.shape[0]
         self.M = _torch_csr(self.sp)
-        self.P = ops.prepare(self.M)
+        self.P = ops.prepare_matrices(self.M) if hasattr(ops, "prepare_matrices") else ops.prepare(self.M)
         self.Mt = torch.sparse_csr_tensor(self.P.ccol.long(), self.P.row.long(), self.P.tval, size=(self.n, self.n))
         self.nnz = self.P.nnz
         self.anchors = torch.from_numpy(np.flatnonzero(np.diff(self.sp.indptr) > 0))
@@ -347,7 +347,9 @@ def _fold_calls(case: Case, variant: str, b: int):
     """(single, multi) callables of one variant on the compiled kernels (values only or with argmax)."""
     neg, arg = variant.startswith("negated"), variant.endswith("argmax")
     if not hasattr(case, "S"):
-        case.S = ops.prepare_stacked(case.M)  # the degenerate one-relation stack (R = 1)
+        # the degenerate one-relation stack (R = 1), built by the stacked path (argsort transpose)
+        parts = (case.M.crow_indices(), case.M.col_indices(), case.M.values())
+        case.S = (ops.prepare_matrices if FOLDED else ops.prepare_stacked)(parts, num_entities=case.n)
     rel = torch.zeros(b, dtype=torch.int64)
     kw = dict(backend="cpp", validate=False, return_argmax=arg)
     if FOLDED:  # one entry point: the prepared matrix is the degenerate stack, rel None = relation 0
@@ -448,4 +450,120 @@ def test_write_fold_table(cases):
     lines.append("")
     out = Path(RESULTS) / "ops_single_relation.md"
     out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Before / after the fold, side by side in one run: KGREASON_BENCH_BEFORE_TREE=<a checkout of the code before
+# (its ops/_C built)> times every fold case on that tree and on this one, in two worker processes driven
+# alternately (case by case, two passes), so that a load change on a shared machine hits both; both must
+# return the same bits.  Writes benchmarks/results/ops_fold_before_after.md.
+
+_WORKER = r'''
+import json, sys, time
+import numpy as np, torch
+torch.set_num_threads(int(sys.argv[2]))
+import ops
+new_api = hasattr(ops, "prepare_matrices")
+z = np.load(sys.argv[1])
+n = int(z["n"])
+M = torch.sparse_csr_tensor(torch.from_numpy(z["indptr"]), torch.from_numpy(z["indices"]),
+                            torch.from_numpy(z["data"]), size=(n, n), check_invariants=False)
+P = ops.prepare_matrices(M) if new_api else ops.prepare(M)
+anchors = torch.from_numpy(np.flatnonzero(np.diff(z["indptr"]) > 0))
+for line in sys.stdin:
+    job = json.loads(line)
+    b, kind, variant, rounds = job["b"], job["kind"], job["variant"], job["rounds"]
+    g = torch.Generator().manual_seed(0)
+    if kind == "onehot":
+        x = torch.zeros(b, n)
+        x[torch.arange(b), anchors[torch.randint(0, len(anchors), (b,), generator=g)]] = 1.0
+    else:
+        x = torch.rand(b, n, generator=g)
+    neg, arg = variant.startswith("negated"), variant.endswith("argmax")
+    kw = dict(backend="cpp", validate=False, return_argmax=arg)
+    if new_api:
+        fn = lambda: ops.project(x, P, negate=neg, neg_scale=3.0, **kw)
+    elif neg:
+        fn = lambda: ops.project_negated(x, P, neg_scale=3.0, **kw)
+    else:
+        fn = lambda: ops.project(x, P, **kw)
+    out = fn()
+    out = out if isinstance(out, tuple) else (out,)
+    digest = [float(t.double().sum()) for t in out]
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    print(json.dumps({"times": times, "digest": digest, "file": ops.__file__}), flush=True)
+'''
+
+
+@pytest.mark.benchmark
+def test_fold_before_after(cases, tmp_path):
+    import json
+    import subprocess
+
+    before_tree = os.environ.get("KGREASON_BENCH_BEFORE_TREE")
+    if not before_tree:
+        pytest.skip("set KGREASON_BENCH_BEFORE_TREE to a checkout of the code before the fold (ops/_C built)")
+    case = cases[0]
+    m = case.sp
+    npz = tmp_path / "matrix.npz"
+    np.savez(npz, n=case.n, indptr=m.indptr.astype(np.int32), indices=m.indices.astype(np.int32),
+             data=m.data.astype(np.float32))
+    threads = str(THREADS if THREADS > 0 else torch.get_num_threads())
+    trees = {"before": Path(before_tree).resolve(), "after": Path(__file__).resolve().parent.parent}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    workers = {k: subprocess.Popen([sys.executable, "-c", _WORKER, str(npz), threads], cwd=str(t), env=env,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+               for k, t in trees.items()}
+    times: dict[tuple, dict[str, list[float]]] = {}
+    try:
+        for _ in range(2):  # two passes, each case timed on both trees back to back
+            for b in BATCHES:
+                for kind in KINDS:
+                    for variant in FOLD_VARIANTS:
+                        rounds = 3 if b >= 256 and kind == "dense" else 9
+                        digests = {}
+                        for name, w in workers.items():
+                            w.stdin.write(json.dumps(dict(b=b, kind=kind, variant=variant, rounds=rounds)) + "\n")
+                            w.stdin.flush()
+                            line = w.stdout.readline()
+                            assert line, f"the {name} worker died"
+                            res = json.loads(line)
+                            times.setdefault((b, kind, variant), {}).setdefault(name, []).extend(res["times"])
+                            digests[name] = res["digest"]
+                            assert res["file"].startswith(str(trees[name])), f"{name} imported {res['file']}"
+                        assert digests["before"] == digests["after"], f"results differ: {b} {kind} {variant}"
+    finally:
+        for w in workers.values():
+            w.stdin.close()
+            w.wait(timeout=60)
+    load = os.getloadavg()
+    lines = ["# `ops.project` before / after the fold (issue 23), side by side",
+             "",
+             f"Command: `KGREASON_BENCH_BEFORE_TREE={before_tree} "
+             + (f"KGREASON_BENCH_THREADS={THREADS} " if THREADS > 0 else "")
+             + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]) + "`  ",
+             f"Machine: {os.environ.get('KGREASON_BENCH_MACHINE') or machine_description()}  ",
+             f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average at the end (1/5/15 min): "
+             f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (shared machine)  ",
+             f"Data: {_INFO.get('data', '?')}",
+             "",
+             "One worker process per tree (`before`: the former `ops.project` / `ops.project_negated` kernels; "
+             "`after`: `ops.project(x, P, negate=...)`, the folded kernel, P the one-relation stack), driven "
+             "alternately case by case in two passes; medians in ms over both passes; both trees returned the "
+             "same Y and argmax (checksums) on every case.  `after / before` < 1: the fold is faster.",
+             "",
+             "| B | X | variant | before ms | after ms | after / before |",
+             "|---|---|---|---|---|---|"]
+    worst = 0.0
+    for (b, kind, variant), t in times.items():
+        bf, af = float(np.median(t["before"])) * 1e3, float(np.median(t["after"])) * 1e3
+        worst = max(worst, af / bf)
+        lines.append(f"| {b} | {kind} | {variant} | {bf:.3f} | {af:.3f} | **{af / bf:.2f}x** |")
+    lines += ["", f"Largest after / before: {worst:.2f}x", ""]
+    (Path(RESULTS) / "ops_fold_before_after.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

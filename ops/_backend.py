@@ -39,10 +39,19 @@ def extension_available() -> bool:
     return _EXTENSION_AVAILABLE
 
 
+#: Op names of the release before issue 23's fold, now served by kgreason::project (one release).
+_FOLDED_OPS = {"project_negated": "project", "project_multi": "project", "project_multi_out": "project_out",
+               "project_multi_strategy": "project_strategy"}
+
+
 def has_kernel(op: str, device: torch.device | str) -> bool:
-    """True when ``torch.ops.kgreason.<op>`` has a kernel for ``device``'s type (``cpu``/``cuda``)."""
+    """True when ``torch.ops.kgreason.<op>`` has a kernel for ``device``'s type (``cpu``/``cuda``).
+
+    The former names ``project_negated``, ``project_multi``, ``project_multi_out`` and
+    ``project_multi_strategy`` answer for the op that replaced them (``project``, ...)."""
     if not _EXTENSION_AVAILABLE:
         return False
+    op = _FOLDED_OPS.get(op, op)
     key = "CUDA" if torch.device(device).type == "cuda" else "CPU"
     try:
         return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"kgreason::{op}", key))
