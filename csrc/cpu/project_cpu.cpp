@@ -64,6 +64,7 @@
 
 #include <ATen/MemoryOverlap.h>
 
+#include "../project_common.h"
 #include "fuzzy_common.h"
 #include "fuzzy_cpu.h"
 #include "project_cpu.h"
@@ -110,20 +111,6 @@ int64_t wave_floats() {
   const long long v = std::atoll(env);
   return v > 0 ? static_cast<int64_t>(v) : kWaveFloats;
 }
-
-template <typename ptr_t, typename idx_t>
-struct Stack {
-  int64_t N;
-  const ptr_t* crow;
-  const idx_t* col;
-  const float* val;
-  const ptr_t* tcrow;
-  const idx_t* trow;
-  const float* tval;
-  int64_t nnz_of(int64_t r) const {
-    return static_cast<int64_t>(crow[(r + 1) * N]) - static_cast<int64_t>(crow[r * N]);
-  }
-};
 
 // Rows sorted by (relation, row): group g is order[start[g] .. start[g+1]) with relation rel[g].
 struct Groups {
@@ -772,48 +759,12 @@ void run(const at::Tensor& x, const int64_t* rel, const at::Tensor& crow, const 
   }
 }
 
-// The validation of project_out's outputs: y (B,N) float32 and argmax (B,N) int32 or empty, contiguous, on
-// X's device, overlapping neither X nor each other.
-void check_out(const at::Tensor& x, const at::Tensor& y, const at::Tensor& a, const char* op) {
-  const int64_t B = x.size(0), N = x.size(1);
-  TORCH_CHECK(y.device() == x.device(), op, ": out y must be on ", x.device(), ", got ", y.device());
-  TORCH_CHECK(y.scalar_type() == at::kFloat, op, ": out y must be float32, got ", y.scalar_type());
-  TORCH_CHECK(y.dim() == 2 && y.size(0) == B && y.size(1) == N, op, ": out y must have shape (", B, ", ", N,
-              "), got ", y.sizes());
-  TORCH_CHECK(y.is_contiguous(), op, ": out y must be contiguous");
-  at::assert_no_overlap(y, x);
-  if (a.numel() == 0) return;
-  TORCH_CHECK(a.device() == x.device(), op, ": out argmax must be on ", x.device(), ", got ", a.device());
-  TORCH_CHECK(a.scalar_type() == at::kInt, op, ": out argmax must be int32, got ", a.scalar_type());
-  TORCH_CHECK(a.dim() == 2 && a.size(0) == B && a.size(1) == N, op, ": out argmax must have shape (", B, ", ", N,
-              ") or be empty, got ", a.sizes());
-  TORCH_CHECK(a.is_contiguous(), op, ": out argmax must be contiguous");
-  at::assert_no_overlap(a, x);
-  at::assert_no_overlap(a, y);
-}
-
-// Shared checks of both ops; returns R and the relation ids as a contiguous int64 tensor (range-checked).
-int64_t check_stack(const at::Tensor& x, const at::Tensor& rel, const at::Tensor& crow, int64_t N, const char* op,
-                    at::Tensor& rel64) {
-  detail::check_fuzzy_batch(x);
-  TORCH_CHECK(N >= 1, op, ": num_entities must be >= 1, got ", N);
-  TORCH_CHECK(N <= INT32_MAX, op, ": num_entities must fit int32 for argmax, got ", N);
-  TORCH_CHECK(x.size(1) == N, op, ": X must have N = ", N, " columns, got shape ", x.sizes());
-  TORCH_CHECK(rel.device().is_cpu(), op, ": rel must be a CPU tensor, got ", rel.device());
-  TORCH_CHECK(rel.scalar_type() == at::kInt || rel.scalar_type() == at::kLong, op,
-              ": rel must be int32 or int64, got ", rel.scalar_type());
-  TORCH_CHECK(rel.dim() == 1 && rel.numel() == x.size(0), op, ": rel must have shape (B,) = (", x.size(0),
-              ",), got ", rel.sizes());
-  TORCH_CHECK(crow.device().is_cpu(), op, ": crow must be a CPU tensor, got ", crow.device());
-  TORCH_CHECK(crow.scalar_type() == at::kInt || crow.scalar_type() == at::kLong, op,
-              ": crow must be int32 or int64, got ", crow.scalar_type());
-  TORCH_CHECK(crow.dim() == 1 && crow.numel() >= 1 && (crow.numel() - 1) % N == 0, op,
-              ": crow must have R*N+1 entries for N = ", N, ", got ", crow.numel());
-  const int64_t R = (crow.numel() - 1) / N;
+// The checks every device's kernel shares (csrc/project_common.h, same messages): X, rel, crow.
+// Returns R and rel as a contiguous int64 tensor in rel64 (its range is checked by project_checks::ranges).
+int64_t check_rows(const at::Tensor& x, const at::Tensor& rel, const at::Tensor& crow, int64_t N, const char* op,
+                   at::Tensor& rel64) {
+  const int64_t R = project_checks::rows(op, x, rel, crow, N, c10::DeviceType::CPU);
   rel64 = rel.to(at::kLong).contiguous();
-  const int64_t* r = rel64.data_ptr<int64_t>();
-  for (int64_t b = 0; b < rel64.numel(); ++b)
-    TORCH_CHECK(r[b] >= 0 && r[b] < R, op, ": rel[", b, "] = ", r[b], " is out of range [0, ", R, ")");
   return R;
 }
 
@@ -830,42 +781,19 @@ void project_into(const at::Tensor& x_in, const at::Tensor& rel, const at::Tenso
                         const char* op) {
   at::Tensor rel64;
   const int64_t N = num_entities;
-  check_stack(x_in, rel, crow_in, N, op, rel64);
-  TORCH_CHECK(strategy == kAuto || strategy == kPush || strategy == kPull, op,
-              ": strategy must be 0 (auto), 1 (push) or 2 (pull), got ", strategy);
-  TORCH_CHECK(neg_scale >= 0.0 && std::isfinite(neg_scale), op, ": neg_scale must be finite and >= 0, got ",
-              neg_scale);
-  TORCH_CHECK(tcrow_in.scalar_type() == crow_in.scalar_type() && tcrow_in.numel() == crow_in.numel(), op,
-              ": tcrow must match crow (dtype ", crow_in.scalar_type(), ", ", crow_in.numel(), " entries), got ",
-              tcrow_in.scalar_type(), ", ", tcrow_in.numel());
-  TORCH_CHECK(col_in.scalar_type() == at::kInt || col_in.scalar_type() == at::kLong, op,
-              ": col must be int32 or int64, got ", col_in.scalar_type());
-  TORCH_CHECK(trow_in.scalar_type() == col_in.scalar_type(), op, ": trow dtype ", trow_in.scalar_type(),
-              " differs from col's ", col_in.scalar_type());
-  TORCH_CHECK(val_in.scalar_type() == at::kFloat && tval_in.scalar_type() == at::kFloat, op,
-              ": val and tval must be float32");
-  const int64_t nnz = val_in.numel();
-  TORCH_CHECK(col_in.numel() == nnz && trow_in.numel() == nnz && tval_in.numel() == nnz, op,
-              ": col, val, trow and tval must have nnz entries each, got ", col_in.numel(), ", ", nnz, ", ",
-              trow_in.numel(), ", ", tval_in.numel());
-  for (const at::Tensor* t : {&col_in, &val_in, &tcrow_in, &trow_in, &tval_in})
-    TORCH_CHECK(t->device().is_cpu(), op, ": every matrix tensor must be on the CPU, got ", t->device());
+  const int64_t R = check_rows(x_in, rel, crow_in, N, op, rel64);
+  const int64_t nnz =
+      project_checks::matrix(op, x_in, crow_in, col_in, val_in, tcrow_in, trow_in, tval_in, strategy, neg_scale);
   const at::Tensor x = x_in.contiguous(), crow = crow_in.contiguous(), col = col_in.contiguous(),
                    val = val_in.contiguous(), tcrow = tcrow_in.contiguous(), trow = trow_in.contiguous(),
                    tval = tval_in.contiguous();
-  const int64_t last = crow.scalar_type() == at::kInt ? static_cast<int64_t>(crow.data_ptr<int32_t>()[crow.numel() - 1])
-                                                      : crow.data_ptr<int64_t>()[crow.numel() - 1];
-  const int64_t tlast = tcrow.scalar_type() == at::kInt
-                            ? static_cast<int64_t>(tcrow.data_ptr<int32_t>()[tcrow.numel() - 1])
-                            : tcrow.data_ptr<int64_t>()[tcrow.numel() - 1];
-  TORCH_CHECK(last == nnz && tlast == nnz, op, ": crow and tcrow must end at nnz = ", nnz, ", got ", last, " and ",
-              tlast);
+  project_checks::ranges(op, rel64, R, crow, &tcrow, nnz);
 
   const int64_t B = x.size(0);
   const auto int_opts = x.options().dtype(at::kInt);
   if (!y.defined()) y = detail::empty_output({B, N}, x.options());
   if (!a.defined()) a = want_argmax ? detail::empty_output({B, N}, int_opts) : at::empty({0}, int_opts);
-  check_out(x_in, y, a, op);
+  project_checks::out(op, x_in, y, a);
   TORCH_CHECK(!want_argmax || a.numel() == y.numel(), op, ": argmax output missing");
   if (B == 0) return;
   const float s = static_cast<float>(neg_scale);
@@ -906,8 +834,10 @@ at::Tensor project_strategy_cpu(const at::Tensor& x_in, const at::Tensor& rel, c
                                 int64_t num_entities) {
   at::Tensor rel64;
   const int64_t N = num_entities;
-  check_stack(x_in, rel, crow_in, N, "kgreason::project_strategy", rel64);
+  constexpr const char* op = "kgreason::project_strategy";
+  const int64_t R = check_rows(x_in, rel, crow_in, N, op, rel64);
   const at::Tensor x = x_in.contiguous(), crow = crow_in.contiguous();
+  project_checks::ranges(op, rel64, R, crow, nullptr, 0);
   const int64_t B = x.size(0);
   at::Tensor out = at::empty({B}, x.options().dtype(at::kInt));
   int32_t* o = out.data_ptr<int32_t>();
