@@ -115,7 +115,7 @@ class Case:
         self.sp = scipy_csr.tocsr()
         self.n = self.sp.shape[0]
         self.M = _torch_csr(self.sp)
-        self.P = ops.prepare(self.M)
+        self.P = ops.prepare_matrices(self.M) if hasattr(ops, "prepare_matrices") else ops.prepare(self.M)
         self.Mt = torch.sparse_csr_tensor(self.P.ccol.long(), self.P.row.long(), self.P.tval, size=(self.n, self.n))
         self.nnz = self.P.nnz
         self.anchors = torch.from_numpy(np.flatnonzero(np.diff(self.sp.indptr) > 0))
@@ -322,4 +322,256 @@ def test_write_table(cases):
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = Path(RESULTS) / ("ops_projection.md" if THREADS <= 0 else f"ops_projection_{THREADS}thread.md")
     out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The single-relation case through the multi-relation kernel (issue 23: "the fold is measured, not assumed")
+#
+# ``single``: ``ops.project(x, P)`` / ``ops.project_negated(x, P)`` on the prepared matrix; ``multi``: the same
+# matrix as a one-relation stack, every row relation 0 (``ops.project_multi(x, zeros(B), S)`` before the fold,
+# ``ops.project(x, S, rel)`` after it).  Both are timed interleaved in one test (round k times single then
+# multi), so a load spike hits both; medians.  Each run writes its numbers to
+# ``artifacts/bench/ops_single_relation_<phase>.json`` (phase: ``before`` while the old single-relation
+# kernels exist, else ``after``); the table, benchmarks/results/ops_single_relation.md, gets the before
+# columns and, when both files exist, the after columns.
+
+FOLD_VARIANTS = ("values", "argmax", "negated", "negated+argmax")
+FOLDED = not hasattr(torch.ops.kgreason, "project_multi") if ops.extension_available() else False
+FOLD_PHASE = "after" if FOLDED else "before"
+FOLD_JSON = Path(__file__).resolve().parent.parent / "artifacts" / "bench"
+_FOLD: dict[str, dict] = {}
+
+
+def _fold_calls(case: Case, variant: str, b: int):
+    """(single, multi) callables of one variant on the compiled kernels (values only or with argmax)."""
+    neg, arg = variant.startswith("negated"), variant.endswith("argmax")
+    if not hasattr(case, "S"):
+        # the degenerate one-relation stack (R = 1), built by the stacked path (argsort transpose)
+        parts = (case.M.crow_indices(), case.M.col_indices(), case.M.values())
+        case.S = (ops.prepare_matrices if FOLDED else ops.prepare_stacked)(parts, num_entities=case.n)
+    rel = torch.zeros(b, dtype=torch.int64)
+    kw = dict(backend="cpp", validate=False, return_argmax=arg)
+    if FOLDED:  # one entry point: the prepared matrix is the degenerate stack, rel None = relation 0
+        single = lambda x: ops.project(x, case.P, negate=neg, neg_scale=3.0, **kw)  # noqa: E731
+        multi = lambda x: ops.project(x, case.S, rel, negate=neg, neg_scale=3.0, **kw)  # noqa: E731
+    else:
+        if neg:
+            single = lambda x: ops.project_negated(x, case.P, neg_scale=3.0, **kw)  # noqa: E731
+        else:
+            single = lambda x: ops.project(x, case.P, **kw)  # noqa: E731
+        multi = lambda x: ops.project_multi(x, rel, case.S, negated=neg, neg_scale=3.0, **kw)  # noqa: E731
+    return single, multi
+
+
+@pytest.mark.benchmark
+@pytest.mark.parametrize("variant", FOLD_VARIANTS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("b", BATCHES)
+def test_fold_single_relation(cases, b, kind, variant):
+    if not ops.has_kernel("project", "cpu"):
+        pytest.skip("compiled extension not available")
+    case = cases[0]
+    x = make_x(case, b, kind)
+    single, multi = _fold_calls(case, variant, b)
+    want, got = single(x), multi(x)
+    want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+    for w, g in zip(want, got):  # the same Y (and argmax) bit for bit
+        assert torch.equal(w, g), f"multi differs from single ({variant}, B={b}, {kind})"
+    t0 = time.perf_counter()
+    single(x)
+    once = time.perf_counter() - t0
+    rounds = int(max(5, min(21, 2.0 / max(once, 1e-6))))
+    ts, tm = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        single(x)
+        t1 = time.perf_counter()
+        multi(x)
+        t2 = time.perf_counter()
+        ts.append(t1 - t0)
+        tm.append(t2 - t1)
+    strategy = "negated" if variant.startswith("negated") else ops.choose_strategy(x, case.P)
+    _FOLD[f"{b}|{kind}|{variant}"] = dict(single_ms=float(np.median(ts)) * 1e3, multi_ms=float(np.median(tm)) * 1e3,
+                                          strategy=strategy, rounds=rounds)
+
+
+def test_write_fold_table(cases):
+    """benchmarks/results/ops_single_relation.md: multi-degenerate / single, before and (when measured) after."""
+    if not _FOLD:
+        pytest.skip("no fold timings were collected")
+    import json
+
+    load = os.getloadavg()
+    FOLD_JSON.mkdir(parents=True, exist_ok=True)
+    run = dict(results=_FOLD, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               machine=os.environ.get("KGREASON_BENCH_MACHINE") or machine_description(),
+               load=f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}", data=_INFO.get("data", "?"),
+               command=("KGREASON_BENCH_THREADS=%d " % THREADS if THREADS > 0 else "")
+               + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]))
+    (FOLD_JSON / f"ops_single_relation_{FOLD_PHASE}.json").write_text(json.dumps(run, indent=1))
+    runs = {}
+    for phase in ("before", "after"):
+        p = FOLD_JSON / f"ops_single_relation_{phase}.json"
+        if p.is_file():
+            runs[phase] = json.loads(p.read_text())
+    before, after = runs.get("before"), runs.get("after")
+    lines = ["# The single-relation case: one-relation stack through the multi-relation kernel vs the single op",
+             "",
+             "Issue 23 folds `ops.project`, `ops.project_negated` and `ops.project_multi` into one kernel; this "
+             "table is the evidence that a single relation (a one-relation stack, every row relation 0) loses "
+             "nothing.  `single`: `ops.project(x, P)` / `ops.project_negated(x, P)` on the prepared matrix; "
+             "`multi`: the same matrix as a stack of one relation (`ops.project_multi(x, zeros(B), S)` before the "
+             "fold).  Both timed interleaved in one test (medians in ms), compiled CPU kernels, "
+             "`validate=False`, strategy auto.  Ratio `multi / single` < 1: the multi kernel is faster.  The "
+             "after columns compare runs made at different times (on a shared machine, at different loads); the "
+             "before / after comparison made side by side in one run is "
+             "[ops_fold_before_after.md](ops_fold_before_after.md).",
+             ""]
+    for phase, r in runs.items():
+        lines += [f"**{phase}** run: `{r['command']}`  ", f"Machine: {r['machine']}  ",
+                  f"Date: {r['date']}, load average at the end (1/5/15 min): {r['load']}  ", f"Data: {r['data']}", ""]
+    head = ["B", "X", "variant", "strategy", "before: single ms", "before: multi ms", "before: multi / single"]
+    if before is not None and after is not None:
+        head += ["after: `ops.project(x, P)` ms", "after: `ops.project(x, S, rel)` ms", "after P / before single"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = before or after
+    for b in BATCHES:
+        for kind in KINDS:
+            for variant in FOLD_VARIANTS:
+                key = f"{b}|{kind}|{variant}"
+                r = base["results"].get(key)
+                if r is None:
+                    continue
+                row = [str(b), kind, variant, r["strategy"], f"{r['single_ms']:.3f}", f"{r['multi_ms']:.3f}",
+                       f"**{r['multi_ms'] / r['single_ms']:.2f}x**"]
+                if before is not None and after is not None:
+                    a = after["results"].get(key)
+                    row += ([f"{a['single_ms']:.3f}", f"{a['multi_ms']:.3f}",
+                             f"**{a['single_ms'] / r['single_ms']:.2f}x**"] if a else ["-", "-", "-"])
+                lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    out = Path(RESULTS) / "ops_single_relation.md"
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Before / after the fold, side by side in one run: KGREASON_BENCH_BEFORE_TREE=<a checkout of the code before
+# (its ops/_C built)> times every fold case on that tree and on this one, in two worker processes driven
+# alternately (case by case, two passes), so that a load change on a shared machine hits both; both must
+# return the same bits.  Writes benchmarks/results/ops_fold_before_after.md.
+
+_WORKER = r'''
+import json, sys, time
+import numpy as np, torch
+torch.set_num_threads(int(sys.argv[2]))
+import ops
+new_api = hasattr(ops, "prepare_matrices")
+z = np.load(sys.argv[1])
+n = int(z["n"])
+M = torch.sparse_csr_tensor(torch.from_numpy(z["indptr"]), torch.from_numpy(z["indices"]),
+                            torch.from_numpy(z["data"]), size=(n, n), check_invariants=False)
+P = ops.prepare_matrices(M) if new_api else ops.prepare(M)
+anchors = torch.from_numpy(np.flatnonzero(np.diff(z["indptr"]) > 0))
+for line in sys.stdin:
+    job = json.loads(line)
+    b, kind, variant, rounds = job["b"], job["kind"], job["variant"], job["rounds"]
+    g = torch.Generator().manual_seed(0)
+    if kind == "onehot":
+        x = torch.zeros(b, n)
+        x[torch.arange(b), anchors[torch.randint(0, len(anchors), (b,), generator=g)]] = 1.0
+    else:
+        x = torch.rand(b, n, generator=g)
+    neg, arg = variant.startswith("negated"), variant.endswith("argmax")
+    kw = dict(backend="cpp", validate=False, return_argmax=arg)
+    if new_api:
+        fn = lambda: ops.project(x, P, negate=neg, neg_scale=3.0, **kw)
+    elif neg:
+        fn = lambda: ops.project_negated(x, P, neg_scale=3.0, **kw)
+    else:
+        fn = lambda: ops.project(x, P, **kw)
+    out = fn()
+    out = out if isinstance(out, tuple) else (out,)
+    digest = [float(t.double().sum()) for t in out]
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    print(json.dumps({"times": times, "digest": digest, "file": ops.__file__}), flush=True)
+'''
+
+
+@pytest.mark.benchmark
+def test_fold_before_after(cases, tmp_path):
+    import json
+    import subprocess
+
+    before_tree = os.environ.get("KGREASON_BENCH_BEFORE_TREE")
+    if not before_tree:
+        pytest.skip("set KGREASON_BENCH_BEFORE_TREE to a checkout of the code before the fold (ops/_C built)")
+    case = cases[0]
+    m = case.sp
+    npz = tmp_path / "matrix.npz"
+    np.savez(npz, n=case.n, indptr=m.indptr.astype(np.int32), indices=m.indices.astype(np.int32),
+             data=m.data.astype(np.float32))
+    threads = str(THREADS if THREADS > 0 else torch.get_num_threads())
+    trees = {"before": Path(before_tree).resolve(), "after": Path(__file__).resolve().parent.parent}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    workers = {k: subprocess.Popen([sys.executable, "-c", _WORKER, str(npz), threads], cwd=str(t), env=env,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+               for k, t in trees.items()}
+    times: dict[tuple, dict[str, list[float]]] = {}
+    try:
+        for _ in range(2):  # two passes, each case timed on both trees back to back
+            for b in BATCHES:
+                for kind in KINDS:
+                    for variant in FOLD_VARIANTS:
+                        rounds = 3 if b >= 256 and kind == "dense" else 101 if kind == "onehot" and b <= 16 else 9
+                        digests = {}
+                        for name, w in workers.items():
+                            w.stdin.write(json.dumps(dict(b=b, kind=kind, variant=variant, rounds=rounds)) + "\n")
+                            w.stdin.flush()
+                            line = w.stdout.readline()
+                            assert line, f"the {name} worker died"
+                            res = json.loads(line)
+                            times.setdefault((b, kind, variant), {}).setdefault(name, []).extend(res["times"])
+                            digests[name] = res["digest"]
+                            assert res["file"].startswith(str(trees[name])), f"{name} imported {res['file']}"
+                        assert digests["before"] == digests["after"], f"results differ: {b} {kind} {variant}"
+    finally:
+        for w in workers.values():
+            w.stdin.close()
+            w.wait(timeout=60)
+    load = os.getloadavg()
+    lines = ["# `ops.project` before / after the fold (issue 23), side by side",
+             "",
+             f"Command: `KGREASON_BENCH_BEFORE_TREE={before_tree} "
+             + (f"KGREASON_BENCH_THREADS={THREADS} " if THREADS > 0 else "")
+             + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]) + "`  ",
+             f"Machine: {os.environ.get('KGREASON_BENCH_MACHINE') or machine_description()}  ",
+             f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average at the end (1/5/15 min): "
+             f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (shared machine)  ",
+             f"Data: {_INFO.get('data', '?')}",
+             "",
+             "One worker process per tree (`before`: the former `ops.project` / `ops.project_negated` kernels; "
+             "`after`: `ops.project(x, P, negate=...)`, the folded kernel, P the one-relation stack), driven "
+             "alternately case by case in two passes; medians and minima in ms over both passes; both trees "
+             "returned the same Y and argmax (checksums) on every case.  `after / before` < 1: the fold is faster.  "
+             "On a loaded machine the minimum (the run least disturbed by other jobs) is the stable estimate of "
+             "a kernel's own cost; the medians show how much the load moved.",
+             "",
+             "| B | X | variant | before median ms | after median ms | after / before (medians) | before min ms "
+             "| after min ms | after / before (minima) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    worst_med = worst_min = 0.0
+    for (b, kind, variant), t in times.items():
+        bf, af = float(np.median(t["before"])) * 1e3, float(np.median(t["after"])) * 1e3
+        bm, am = min(t["before"]) * 1e3, min(t["after"]) * 1e3
+        worst_med, worst_min = max(worst_med, af / bf), max(worst_min, am / bm)
+        lines.append(f"| {b} | {kind} | {variant} | {bf:.3f} | {af:.3f} | {af / bf:.2f}x | {bm:.3f} | {am:.3f} "
+                     f"| **{am / bm:.2f}x** |")
+    lines += ["", f"Largest after / before: {worst_min:.2f}x (minima), {worst_med:.2f}x (medians)", ""]
+    (Path(RESULTS) / "ops_fold_before_after.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

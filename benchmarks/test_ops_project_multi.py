@@ -1,4 +1,4 @@
-"""Multi-relation projection: ``ops.project_multi`` vs a per-relation loop of ``ops.project``, in one run.
+"""Multi-relation projection: one ``ops.project(X, M, rel)`` call vs a per-relation loop of ``ops.project``, in one run.
 
 Run (one pytest-benchmark run; writes benchmarks/results/ops_project_multi.md)::
 
@@ -20,9 +20,10 @@ their size):
 each plain and negated (``project_negated`` semantics).  Methods, both on the
 compiled CPU kernels, values only, ``validate=False``:
 
-- ``multi``: one ``ops.project_multi`` call over the prepared stack;
+- ``multi``: one ``ops.project(X, stack, rel)`` call over the prepared stack (``ops.project_multi`` before
+  issue 23's fold);
 - ``loop``: what the executor did before: sort the rows by relation, one
-  ``ops.project`` / ``ops.project_negated`` call per distinct relation on its
+  ``ops.project`` call (``negate=`` as the case) per distinct relation on its
   contiguous slice (relations prepared once, outside the timing), scatter back.
 
 Both must return the same Y (checked before timing).  The table reports
@@ -41,7 +42,7 @@ import torch
 
 import ops
 from conftest import RESULTS, machine_description
-from ops.project_multi import SWEEP
+from ops import SWEEP
 
 N_SYNTH, R_SYNTH, EDGES_SYNTH = 14_505, 474, 310_000
 CASES = [("onehot", 1024, False), ("dense", 256, False), ("onehot", 1024, True), ("dense", 256, True)]
@@ -78,7 +79,7 @@ def synthetic_stack(n: int = N_SYNTH, r: int = R_SYNTH, edges: int = EDGES_SYNTH
 class Data:
     def __init__(self, matrices, name: str):
         self.name = name
-        self.stack = ops.prepare_stacked(matrices)
+        self.stack = ops.prepare_matrices(matrices)
         self.n, self.r = self.stack.n, self.stack.num_relations
         self.prepared = [self.stack.relation(k) for k in range(self.r)]  # the loop's per-relation matrices
         crow = self.stack.crow.numpy()
@@ -121,7 +122,7 @@ def loop_project(d: Data, x: torch.Tensor, rel: torch.Tensor, negated: bool) -> 
     for r, c in zip(uniq.tolist(), counts.tolist()):
         m = d.prepared[r]
         if negated:
-            out = ops.project_negated(xs[lo:lo + c], m, neg_scale=3.0, backend="cpp", validate=False)
+            out = ops.project(xs[lo:lo + c], m, negate=True, neg_scale=3.0, backend="cpp", validate=False)
         else:
             out = ops.project(xs[lo:lo + c], m, backend="cpp", validate=False)
         y.index_copy_(0, order[lo:lo + c], out)
@@ -131,7 +132,7 @@ def loop_project(d: Data, x: torch.Tensor, rel: torch.Tensor, negated: bool) -> 
 
 def _method(d: Data, name: str, negated: bool):
     if name == "multi":
-        return lambda x, rel: ops.project_multi(x, rel, d.stack, negated=negated, backend="cpp", validate=False)
+        return lambda x, rel: ops.project(x, d.stack, rel, negate=negated, backend="cpp", validate=False)
     return lambda x, rel: loop_project(d, x, rel, negated)
 
 
@@ -139,7 +140,7 @@ def _method(d: Data, name: str, negated: bool):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("kind,b,negated", CASES, ids=[f"{k}-{b}-{'neg' if g else 'plain'}" for k, b, g in CASES])
 def test_project_multi(benchmark, data, kind, b, negated, method):
-    if not ops.has_kernel("project_multi", "cpu"):
+    if not ops.has_kernel("project", "cpu"):
         pytest.skip("compiled extension (project_multi) not available")
     x, rel = make_batch(data, b, kind)
     fn = _method(data, method, negated)
@@ -175,7 +176,7 @@ def test_write_table(data):
             continue
         argv.append(arg)
     lines = [
-        "# Multi-relation projection: `ops.project_multi` vs a per-relation loop of `ops.project`",
+        "# Multi-relation projection: one `ops.project(X, M, rel)` call vs a per-relation loop of `ops.project`",
         "",
         "Command: `" + (f"KGREASON_BENCH_THREADS={THREADS} " if THREADS > 0 else "")
         + " ".join(["python -m pytest"] + argv) + "`  ",
@@ -200,7 +201,7 @@ def test_write_table(data):
         if m is None or lp is None:
             continue
         x, rel = make_batch(data, b, kind)
-        codes = ops.project_multi_strategies(x, rel, data.stack)
+        codes = ops.project_strategies(x, data.stack, rel)
         plans = " / ".join(str(int(codes.eq(c).sum())) for c in (ops.STRATEGIES["push"], SWEEP, ops.STRATEGIES["pull"]))
         lines.append(f"| {kind} | {b} | {'yes' if negated else 'no'} | {int(rel.unique().numel())} | {plans} | "
                      f"{m * 1e3:.2f} | {lp * 1e3:.2f} | **{lp / m:.1f}x** | {zeros_ms(b, data.n):.2f} |")

@@ -4,8 +4,7 @@ A fake kernel computes only the outputs' shapes, dtypes and devices, mirroring
 the real kernels (csrc/cpu/*.cpp, csrc/cuda/*.cu) exactly: the opcheck tests
 (tests/test_ops_opcheck.py) compare them, and pin the list of ops so that a new
 op needs a fake.  Imported by :mod:`ops._backend` once the extension has loaded
-(the ops must exist before a fake can be registered).  The multi-relation
-projection's fakes live with its wrapper, in :mod:`ops.project_multi`.
+(the ops must exist before a fake can be registered).
 """
 from __future__ import annotations
 
@@ -26,28 +25,22 @@ def _projection_outputs(x: torch.Tensor, want_argmax: bool) -> tuple[torch.Tenso
 
 
 @register_fake("kgreason::project")
-def _project_fake(x, crow, col, val, ccol, row, tval, strategy, want_argmax):
-    torch._check(crow.shape[0] == x.shape[1] + 1, lambda: "kgreason::project: crow must have N+1 entries")
+def _project_fake(x, rel, crow, col, val, tcrow, trow, tval, num_entities, strategy, negated, neg_scale, want_argmax):
+    torch._check(rel.dim() == 1 and rel.shape[0] == x.shape[0], lambda: "kgreason::project: rel must have shape (B,)")
     return _projection_outputs(x, want_argmax)
 
 
 @register_fake("kgreason::project_out")
-def _project_out_fake(x, crow, col, val, ccol, row, tval, strategy, y, argmax):
+def _project_out_fake(x, rel, crow, col, val, tcrow, trow, tval, num_entities, strategy, negated, neg_scale, y, argmax):
     # writes into y (and argmax, unless empty); returns nothing
     torch._check(y.shape == x.shape, lambda: "kgreason::project_out: y must have X's shape")
     return None
 
 
-@register_fake("kgreason::project_negated")
-def _project_negated_fake(x, crow, col, ccol, row, tval, neg_scale, want_argmax):
-    torch._check(ccol.shape[0] == x.shape[1] + 1, lambda: "kgreason::project_negated: ccol must have N+1 entries")
-    return _projection_outputs(x, want_argmax)
-
-
 @register_fake("kgreason::project_strategy")
-def _project_strategy_fake(x, crow, nnz):
-    # The code (1 push, 2 pull) depends on X's values: a 0-dim int64 tensor stands for it.
-    return x.new_empty((), dtype=torch.int64)
+def _project_strategy_fake(x, rel, crow, num_entities):
+    # one plan code per row (1 push, 2 pull, 3 sweep); the codes depend on X's values, the shape does not
+    return x.new_empty((x.shape[0],), dtype=torch.int32)
 
 
 @register_fake("kgreason::csr_transpose")

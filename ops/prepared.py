@@ -1,13 +1,21 @@
-"""Input validation and :class:`PreparedMatrix`, the cached form of a relation matrix.
+"""The matrix container of the projection, :class:`StackedMatrices`, and input validation.
 
-A relation matrix ``M`` (N x N) arrives as a torch sparse CSR tensor.  The
-kernels need both its rows (CSR: push projection walks the rows of the active
-entities) and its columns (CSC: pull projection and negated projection walk
-the support of each output column).  :func:`prepare` validates ``M`` once and
-builds both; the engine prepares each relation once and reuses it.
+R relation matrices M_r (N x N each) are kept stacked as one (R*N, N) CSR (row
+``r*N + i`` holds ``M_r[i, :]``, the layout of :attr:`kge.artifact.Artifact.matrices`)
+plus its stacked transpose (row ``r*N + j`` holds ``M_r[:, j]``): the kernels need
+both the rows (push walks the rows of the active entities) and the columns (pull and
+the negated projection walk each output column's support).  A single relation is the
+one-relation stack.  :func:`prepare_matrices` validates a matrix or a stack once and
+builds the transpose; the engine prepares once and reuses it.
+
+``prepare`` / ``PreparedMatrix`` (one relation) and ``prepare_stacked`` are the names
+of the release before issue 23's fold; they remain as deprecated aliases building the
+same :class:`StackedMatrices`.
 """
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -16,28 +24,39 @@ from kgreason.errors import UserError
 
 from ._backend import has_kernel
 
-__all__ = ["PreparedMatrix", "prepare", "check_fuzzy", "as_prepared", "check_out", "write_out"]
+__all__ = ["StackedMatrices", "prepare_matrices", "as_stack", "PreparedMatrix", "prepare", "prepare_stacked",
+           "check_fuzzy", "check_rel", "check_out", "write_out"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
+def deprecated(old: str, new: str) -> None:
+    """Warn that ``old`` is a deprecated alias of ``new`` (kept for one release after issue 23)."""
+    warnings.warn(f"{old} is deprecated (kept for one release); use {new}", DeprecationWarning, stacklevel=3)
+
+
 @dataclass(frozen=True, eq=False)
-class PreparedMatrix:
-    """A validated N x N relation matrix in CSR and CSC form (same index dtype, same device).
+class StackedMatrices:
+    """R relation matrices (N x N) stacked as one (R*N, N) CSR, plus the stacked transpose.
 
     Attributes:
-        n: number of entities N.
-        crow, col, val: CSR, shapes (N+1,), (nnz,), (nnz,); row ``i`` holds M[i, :].
-        ccol, row, tval: CSC, shapes (N+1,), (nnz,), (nnz,); column ``j`` holds M[:, j]
-            with row indices ascending (the kernels' smallest-index tie rule relies on it).
+        n: number of entities N (>= 1).
+        num_relations: R.
+        crow, col, val: the stack, shapes (R*N+1,), (nnz,), (nnz,); row ``r*N + i`` is ``M_r[i, :]``.
+            ``crow`` int32 or int64, ``col`` int32 or int64 (they may differ: the artifact's
+            stack has int64 pointers and int32 columns), ``val`` float32 in [0, 1].
+        tcrow, trow, tval: the stacked transpose, same shapes and dtypes (``tcrow`` like ``crow``,
+            ``trow`` like ``col``); row ``r*N + j`` is ``M_r[:, j]`` with row indices ``i``
+            ascending (the kernels' smallest-index tie rule relies on it).
     """
 
     n: int
+    num_relations: int
     crow: torch.Tensor
     col: torch.Tensor
     val: torch.Tensor
-    ccol: torch.Tensor
-    row: torch.Tensor
+    tcrow: torch.Tensor
+    trow: torch.Tensor
     tval: torch.Tensor
 
     @property
@@ -48,37 +67,218 @@ class PreparedMatrix:
     def device(self) -> torch.device:
         return self.val.device
 
+    def nnz_per_relation(self) -> torch.Tensor:
+        """Entries of each ``M_r``: (R,) int64."""
+        ends = self.crow[:: self.n].long()
+        return ends[1:] - ends[:-1]
+
+    def to(self, device: torch.device | str) -> "StackedMatrices":
+        """The same stack on ``device`` (``self`` when already there)."""
+        if torch.device(device) == self.device:
+            return self
+        parts = (self.crow, self.col, self.val, self.tcrow, self.trow, self.tval)
+        return StackedMatrices(self.n, self.num_relations, *(t.to(device) for t in parts))
+
+    # The one-relation view of the former PreparedMatrix: CSC = the transpose of the only relation.
+    @property
+    def ccol(self) -> torch.Tensor:
+        """The transpose's row pointers (one relation: the CSC column pointers of M)."""
+        return self.tcrow
+
+    @property
+    def row(self) -> torch.Tensor:
+        """The transpose's column indices (one relation: the CSC row indices of M)."""
+        return self.trow
+
     @property
     def index_dtype(self) -> torch.dtype:
         return self.crow.dtype
 
-    def to(self, device: torch.device | str) -> "PreparedMatrix":
-        """The same matrix on ``device`` (``self`` when already there)."""
-        if torch.device(device) == self.device:
-            return self
-        return PreparedMatrix(
-            self.n, *(t.to(device) for t in (self.crow, self.col, self.val, self.ccol, self.row, self.tval))
-        )
-
-    def to_sparse_csr(self) -> torch.Tensor:
-        """``M`` as a torch sparse CSR tensor."""
-        # validated when prepared: skip torch's O(nnz) invariant check (and its warning)
-        return torch.sparse_csr_tensor(self.crow, self.col, self.val, size=(self.n, self.n), check_invariants=False)
-
     def row_indices(self) -> torch.Tensor:
-        """COO row index of every CSR entry (int64, (nnz,))."""
-        return torch.repeat_interleave(
-            torch.arange(self.n, device=self.device), (self.crow[1:] - self.crow[:-1]).long(), output_size=self.nnz
-        )
+        """Row index ``i`` (within its relation) of every CSR entry (int64, (nnz,))."""
+        rows = torch.arange(self.num_relations * self.n, device=self.device) % self.n
+        return torch.repeat_interleave(rows, (self.crow[1:] - self.crow[:-1]).long(), output_size=self.nnz)
 
     def col_indices_csc(self) -> torch.Tensor:
-        """Column index of every CSC entry (int64, (nnz,))."""
-        return torch.repeat_interleave(
-            torch.arange(self.n, device=self.device), (self.ccol[1:] - self.ccol[:-1]).long(), output_size=self.nnz
+        """Column index ``j`` (within its relation) of every transposed entry (int64, (nnz,))."""
+        cols = torch.arange(self.num_relations * self.n, device=self.device) % self.n
+        return torch.repeat_interleave(cols, (self.tcrow[1:] - self.tcrow[:-1]).long(), output_size=self.nnz)
+
+    def to_sparse_csr(self) -> torch.Tensor:
+        """The stack as a torch sparse CSR tensor, (R*N, N) (one relation: M itself)."""
+        # validated when prepared: skip torch's O(nnz) invariant check (and its warning)
+        return torch.sparse_csr_tensor(self.crow, self.col, self.val, size=(self.num_relations * self.n, self.n),
+                                       check_invariants=False)
+
+    def relation(self, r: int) -> "StackedMatrices":
+        """``M_r`` as a one-relation stack (values and indices are views of the stack;
+        pointers rebased to 0 and cast to the column dtype)."""
+        if not 0 <= int(r) < self.num_relations:
+            raise UserError(f"relation: id {r} is out of range [0, {self.num_relations})")
+        n, r = self.n, int(r)
+        lo, hi = int(self.crow[r * n]), int(self.crow[(r + 1) * n])
+        tlo, thi = int(self.tcrow[r * n]), int(self.tcrow[(r + 1) * n])
+        idx = self.col.dtype
+        return StackedMatrices(
+            n, 1,
+            (self.crow[r * n : (r + 1) * n + 1] - lo).to(idx), self.col[lo:hi], self.val[lo:hi],
+            (self.tcrow[r * n : (r + 1) * n + 1] - tlo).to(idx), self.trow[tlo:thi], self.tval[tlo:thi],
         )
 
     def __repr__(self) -> str:
-        return f"PreparedMatrix(n={self.n}, nnz={self.nnz}, index_dtype={self.index_dtype}, device={self.device})"
+        return (f"StackedMatrices(n={self.n}, num_relations={self.num_relations}, nnz={self.nnz}, "
+                f"index_dtypes={self.crow.dtype}/{self.col.dtype}, device={self.device})")
+
+
+class PreparedMatrix(StackedMatrices):
+    """Deprecated: a one-relation :class:`StackedMatrices` built with the former field order
+    ``(n, crow, col, val, ccol, row, tval)`` (CSR and CSC of one N x N matrix)."""
+
+    def __init__(self, n, crow, col, val, ccol, row, tval):
+        deprecated("ops.PreparedMatrix", "ops.StackedMatrices (one relation: num_relations=1)")
+        super().__init__(n, 1, crow, col, val, ccol, row, tval)
+
+
+def _as_tensor(a, name: str) -> torch.Tensor:
+    if isinstance(a, torch.Tensor):
+        return a
+    try:
+        import numpy as np
+
+        if isinstance(a, np.ndarray):
+            return torch.from_numpy(a)  # shares memory (the artifact's arrays are not copied)
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    raise UserError(f"{name}: expected a torch.Tensor or numpy array, got {type(a).__name__}")
+
+
+def _stack_parts(matrices, num_entities: int | None, name: str):
+    """(crow, col, val, N) from a torch sparse CSR, a scipy CSR or a (crow, col, val) triple."""
+    if isinstance(matrices, torch.Tensor):
+        if matrices.layout != torch.sparse_csr:
+            raise UserError(
+                f"{name}: expected a torch sparse CSR tensor of shape (R*N, N), got layout {matrices.layout}")
+        if matrices.dim() != 2:
+            raise UserError(f"{name}: expected a 2-D (R*N, N) matrix, got shape {tuple(matrices.shape)}")
+        n = int(matrices.shape[1])
+        if num_entities is not None and int(num_entities) != n:
+            raise UserError(f"num_entities: {num_entities} differs from {name}'s {n} columns")
+        # copies, not views: a view of a sparse tensor's members is rejected by FakeTensor tracing
+        return (matrices.crow_indices().clone(), matrices.col_indices().clone(), matrices.values().clone(), n,
+                int(matrices.shape[0]))
+    if hasattr(matrices, "indptr") and hasattr(matrices, "indices") and hasattr(matrices, "data"):  # scipy CSR
+        if getattr(matrices, "format", "csr") != "csr":
+            raise UserError(f"{name}: expected a scipy CSR matrix, got format {matrices.format!r}")
+        n = int(matrices.shape[1])
+        if num_entities is not None and int(num_entities) != n:
+            raise UserError(f"num_entities: {num_entities} differs from {name}'s {n} columns")
+        return (_as_tensor(matrices.indptr, f"{name}.indptr"), _as_tensor(matrices.indices, f"{name}.indices"),
+                _as_tensor(matrices.data, f"{name}.data"), n, int(matrices.shape[0]))
+    if isinstance(matrices, (tuple, list)) and len(matrices) == 3:
+        if num_entities is None:
+            raise UserError(f"num_entities: required when {name} is a (crow, col, val) triple")
+        crow, col, val = (_as_tensor(t, f"{name}[{k}]") for k, t in enumerate(matrices))
+        return crow, col, val, int(num_entities), None
+    raise UserError(f"{name}: expected a sparse CSR (R*N, N) matrix or a (crow, col, val) triple, "
+                    f"got {type(matrices).__name__}")
+
+
+def _prepare_stack(matrices, *, num_entities: int | None = None, device: torch.device | str | None = None,
+                   name: str = "matrices") -> StackedMatrices:
+    """Validate a stacked (R*N, N) relation matrix once and build its stacked transpose.
+
+    Args:
+        matrices: a torch sparse CSR or scipy CSR of shape (R*N, N) (an artifact's
+            ``matrices``: its numpy arrays are shared, not copied, on CPU), or a
+            ``(crow, col, val)`` triple of 1-D tensors / arrays with ``num_entities`` given.
+            Pointers and columns may be int32 or int64 (independently); values float32 in [0, 1].
+        num_entities: N (required for a triple; checked against the matrix otherwise).
+        device: move the stack there (default: where it is).
+        name: what error messages call the argument.
+
+    Returns a :class:`StackedMatrices` (returned unchanged when ``matrices`` already is one).
+    Raises :class:`kgreason.errors.UserError` (a ``ValueError``) naming the problem.
+    """
+    if isinstance(matrices, StackedMatrices):
+        return matrices if device is None else matrices.to(device)
+    crow, col, val, n, rows = _stack_parts(matrices, num_entities, name)
+    if isinstance(n, bool) or n < 1:
+        raise UserError(f"num_entities: expected an integer >= 1, got {n}")
+    if device is not None:
+        crow, col, val = crow.to(device), col.to(device), val.to(device)
+    for t, what in ((crow, "crow"), (col, "col"), (val, "val")):
+        if t.dim() != 1:
+            raise UserError(f"{name}: {what} must be 1-D, got shape {tuple(t.shape)}")
+    if crow.dtype not in _INDEX_DTYPES:
+        raise UserError(f"{name}: crow (row pointers) must be int32 or int64, got {crow.dtype}")
+    if col.dtype not in _INDEX_DTYPES:
+        raise UserError(f"{name}: col (column indices) must be int32 or int64, got {col.dtype}")
+    if val.dtype != torch.float32:
+        raise UserError(f"{name}: values must be float32, got {val.dtype}")
+    if not (crow.device == col.device == val.device):
+        raise UserError(
+            f"{name}: crow, col and val are on different devices ({crow.device}, {col.device}, {val.device})")
+    if (crow.numel() - 1) % n != 0 or crow.numel() < 1:
+        raise UserError(f"{name}: crow has {crow.numel()} entries, expected R*N+1 for N = {n}")
+    r = (crow.numel() - 1) // n
+    if rows is not None and rows != r * n:
+        raise UserError(f"{name}: shape ({rows}, {n}) is not (R*N, N)")
+    nnz = val.numel()
+    if col.numel() != nnz:
+        raise UserError(f"{name}: {col.numel()} column indices but {nnz} values")
+    if int(crow[0]) != 0 or int(crow[-1]) != nnz:
+        raise UserError(f"{name}: crow must start at 0 and end at nnz = {nnz}, got {int(crow[0])}..{int(crow[-1])}")
+    if crow.numel() > 1 and bool((crow[1:] < crow[:-1]).any()):
+        raise UserError(f"{name}: crow must be non-decreasing")
+    if nnz:
+        lo, hi = int(col.min()), int(col.max())
+        if lo < 0 or hi >= n:
+            raise UserError(f"{name}: column indices must lie in [0, {n}), got {lo}..{hi}")
+        vlo, vhi = torch.aminmax(val)
+        if not (float(vlo) >= 0.0 and float(vhi) <= 1.0):  # also catches NaN
+            raise UserError(f"{name}: values must lie in [0, 1], got min {float(vlo)}, max {float(vhi)}")
+    crow, col, val = crow.contiguous(), col.contiguous(), val.contiguous()
+    tcrow, trow, tval = _stacked_transpose(crow, col, val, n, r)
+    return StackedMatrices(n, r, crow, col, val, tcrow, trow, tval)
+
+
+def _stacked_transpose(crow, col, val, n: int, r: int):
+    """Row ``r*N + j`` of the result is column j of M_r: a stable sort of the entries by (r, j) keeps
+    the rows i ascending inside each (the stack lists them in (r, i) order)."""
+    dev = val.device
+    nnz = val.numel()
+    stack_row = torch.repeat_interleave(torch.arange(r * n, device=dev), (crow[1:] - crow[:-1]).long(),
+                                        output_size=nnz)
+    key = torch.div(stack_row, n, rounding_mode="floor") * n + col.long()  # r*N + j
+    order = torch.argsort(key, stable=True)
+    counts = torch.bincount(key, minlength=r * n)
+    tcrow = torch.zeros(r * n + 1, dtype=crow.dtype, device=dev)
+    tcrow[1:] = torch.cumsum(counts, 0).to(crow.dtype)
+    trow = torch.remainder(stack_row[order], n).to(col.dtype)
+    return tcrow, trow.contiguous(), val[order].contiguous()
+
+
+def check_rel(rel, b: int, r: int, device: torch.device) -> torch.Tensor:
+    """Validate ``rel`` (one relation id in [0, r) per row of a batch of b rows); contiguous tensor."""
+    if not isinstance(rel, torch.Tensor):
+        if isinstance(rel, Sequence) and not isinstance(rel, (str, bytes)):
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in rel):
+                raise UserError("rel: expected a sequence of integer relation ids")
+            rel = torch.tensor(list(rel), dtype=torch.int64, device=device)
+        else:
+            raise UserError(f"rel: expected a 1-D int32/int64 tensor or a list of ints, got {type(rel).__name__}")
+    if rel.dtype not in _INDEX_DTYPES:
+        raise UserError(f"rel: expected dtype int32 or int64, got {rel.dtype}")
+    if rel.dim() != 1 or rel.numel() != b:
+        raise UserError(f"rel: expected shape ({b},) (one relation id per row of X), got {tuple(rel.shape)}")
+    if rel.device != device:
+        raise UserError(f"rel: is on {rel.device} but X is on {device}; move one of them")
+    if b:
+        lo, hi = (int(v) for v in torch.aminmax(rel))  # one pass, one sync
+        if lo < 0 or hi >= r:
+            bad = int(((rel < 0) | (rel >= r)).nonzero()[0, 0])
+            raise UserError(f"rel: rel[{bad}] = {int(rel[bad])} is out of range [0, {r}) (R = {r} relations)")
+    return rel.contiguous()
 
 
 def check_fuzzy(x: object, name: str = "X", *, ndim: int = 2, check_values: bool = True) -> torch.Tensor:
@@ -144,25 +344,68 @@ def _transpose_reference(n: int, crow: torch.Tensor, col: torch.Tensor, val: tor
     return ccol, rows[perm].contiguous(), val[perm].contiguous()
 
 
-def prepare(m: torch.Tensor | PreparedMatrix, *, name: str = "M") -> PreparedMatrix:
-    """Validate a sparse CSR relation matrix (N x N, float32, values in [0, 1]) and cache its CSC form.
-
-    Returns ``m`` unchanged when it already is a :class:`PreparedMatrix`.
-    Raises :class:`ValueError` (``UserError``) naming ``name`` for a malformed matrix.
-    """
-    if isinstance(m, PreparedMatrix):
-        return m
+def _single(m: torch.Tensor, name: str) -> StackedMatrices:
+    """A square N x N CSR as a one-relation stack (validated; transpose by the csr_transpose kernel)."""
     crow, col, val = _check_csr(m, name)
     n = int(m.shape[0])
     if has_kernel("csr_transpose", val.device):
         ccol, row, tval = torch.ops.kgreason.csr_transpose(crow, col, val, n)
     else:
         ccol, row, tval = _transpose_reference(n, crow, col, val)
-    return PreparedMatrix(n, crow, col, val, ccol, row, tval)
+    return StackedMatrices(n, 1, crow, col, val, ccol, row, tval)
 
 
-def as_prepared(m: torch.Tensor | PreparedMatrix, name: str = "M") -> PreparedMatrix:
-    return m if isinstance(m, PreparedMatrix) else prepare(m, name=name)
+def prepare_matrices(matrices, *, num_entities: int | None = None, device: torch.device | str | None = None,
+                     name: str = "M") -> StackedMatrices:
+    """Validate relation matrices once and build their transpose: the argument ``ops.project`` wants.
+
+    Args:
+        matrices: one relation, an (N, N) torch sparse CSR (int32 or int64 indices; the
+            one-relation stack); a stack of R relations, a torch or scipy CSR of shape
+            (R*N, N) (an artifact's ``matrices``: its numpy arrays are shared, not copied,
+            on CPU) or a ``(crow, col, val)`` triple of 1-D tensors / arrays with
+            ``num_entities`` given; or a :class:`StackedMatrices` (returned as it is, moved
+            to ``device`` when given).  Values float32 in [0, 1].
+        num_entities: N (required for a triple; checked against the matrix otherwise).
+        device: move the stack there (default: where it is).
+        name: what error messages call the argument.
+
+    Raises :class:`kgreason.errors.UserError` (a ``ValueError``) naming the problem.
+    """
+    if isinstance(matrices, StackedMatrices):
+        return matrices if device is None else matrices.to(device)
+    if isinstance(matrices, torch.Tensor) and matrices.dim() == 2 and matrices.shape[0] == matrices.shape[1] \
+            and num_entities in (None, int(matrices.shape[1])):
+        s = _single(matrices, name)  # the former prepare(): its checks and its error messages
+        return s if device is None else s.to(device)
+    if isinstance(matrices, torch.Tensor) and matrices.dim() == 2 and matrices.shape[1] \
+            and matrices.shape[0] % matrices.shape[1] != 0 and matrices.layout == torch.sparse_csr:
+        raise UserError(f"{name}: expected a square N x N matrix, got shape {tuple(matrices.shape)} "
+                        "(or a stack of R relations, shape (R*N, N))")
+    if not isinstance(matrices, torch.Tensor) and not (isinstance(matrices, (tuple, list)) or hasattr(matrices, "indptr")):
+        raise UserError(f"{name}: expected a sparse CSR (N, N) matrix or (R*N, N) stack, a StackedMatrices or a "
+                        f"(crow, col, val) triple, got {type(matrices).__name__}")
+    return _prepare_stack(matrices, num_entities=num_entities, device=device, name=name)
+
+
+def as_stack(m, name: str = "M") -> StackedMatrices:
+    """``m`` as :class:`StackedMatrices` (prepared here unless it already is one)."""
+    return m if isinstance(m, StackedMatrices) else prepare_matrices(m, name=name)
+
+
+def prepare(m, *, name: str = "M") -> StackedMatrices:
+    """Deprecated alias of :func:`prepare_matrices` for one N x N relation matrix (a one-relation stack)."""
+    deprecated("ops.prepare", "ops.prepare_matrices")
+    return as_stack(m, name)
+
+
+def prepare_stacked(matrices, *, num_entities: int | None = None, device: torch.device | str | None = None,
+                    name: str = "matrices") -> StackedMatrices:
+    """Deprecated alias of :func:`prepare_matrices` for a stacked (R*N, N) matrix."""
+    deprecated("ops.prepare_stacked", "ops.prepare_matrices")
+    if isinstance(matrices, StackedMatrices):
+        return matrices if device is None else matrices.to(device)
+    return _prepare_stack(matrices, num_entities=num_entities, device=device, name=name)
 
 
 def _check_out_tensor(t: object, name: str, shape: tuple[int, int], dtype: torch.dtype, x: torch.Tensor) -> None:

@@ -8,12 +8,13 @@ anchors of real queries are popular entities, though: on the FB15k-237 artifact
 dense (B, N) tensor a batch costs B*N writes and reads per operator; as
 :class:`SparseRows` it costs what its non-zeros cost, which pays only while
 they are few: the executor decides per node (``Executor(sparse=True)``).  The operators here compute, on the support, exactly
-the float32 values of the dense operators (``ops.project_multi``,
+the float32 values of the dense operators (``ops.project``,
 ``ops.intersect``, ``ops.union``), so densifying a sparse result gives the dense
 result bit for bit:
 
-* :func:`project_multi_sparse`: ``Y[b, j] = max_i X[b, i] * M_{rel[b]}[i, j]`` for a
-  sparse ``X`` (push: the rows of M of each row's active entities), sparse out;
+* ``ops.project`` with a sparse ``X`` (kernel ``kgreason::project_multi_sparse``):
+  ``Y[b, j] = max_i X[b, i] * M_{rel[b]}[i, j]`` (push: the rows of M of each row's active
+  entities), sparse out;
 * :func:`sparse_align`: the support intersection or union of k sparse batches with
   each input's value on it (0 where absent), from which :func:`intersect_sparse`
   and :func:`union_sparse` fold the t-norm / t-conorm in argument order, as the
@@ -27,11 +28,11 @@ Backends: ``cpp`` (CPU kernels ``kgreason::project_multi_sparse`` and
 path, as no CUDA kernel is built for these two ops).
 
 >>> import torch, ops
->>> from ops.sparse_rows import SparseRows, project_multi_sparse
+>>> from ops.sparse_rows import SparseRows
 >>> M0 = torch.tensor([[0.0, 0.9], [0.5, 0.0]])
 >>> M1 = torch.tensor([[0.2, 0.0], [0.0, 1.0]])
->>> S = ops.prepare_stacked(torch.cat([M0, M1]).to_sparse_csr())
->>> y = project_multi_sparse(SparseRows.one_hot(torch.tensor([0, 1]), 2), torch.tensor([0, 1]), S)
+>>> S = ops.prepare_matrices(torch.cat([M0, M1]).to_sparse_csr())
+>>> y = ops.project(SparseRows.one_hot(torch.tensor([0, 1]), 2), S, torch.tensor([0, 1]))
 >>> y.to_dense()
 tensor([[0.0000, 0.9000],
         [0.0000, 1.0000]])
@@ -48,7 +49,8 @@ from kgreason.errors import UserError
 
 from ._backend import resolve_backend
 from .fuzzy import check_tnorm
-from .project_multi import StackedMatrices, _check_rel
+from .prepared import StackedMatrices, as_stack, deprecated
+from .prepared import check_rel as _check_rel
 
 __all__ = ["SparseRows", "project_multi_sparse", "push_sizes", "sparse_align", "intersect_sparse", "union_sparse",
            "reference_project_multi_sparse", "reference_sparse_align"]
@@ -204,11 +206,21 @@ def reference_project_multi_sparse(x: SparseRows, rel: torch.Tensor, M: StackedM
 
 def project_multi_sparse(x: SparseRows, rel, M: StackedMatrices, *, backend: str | None = None,
                          validate: bool = True) -> SparseRows:
-    """Project sparse row ``b`` through relation ``rel[b]``: ``Y[b, j] = max_i X[b, i] * M_{rel[b]}[i, j]``.
+    """Deprecated: ``ops.project(x, M, rel)`` with a :class:`SparseRows` x."""
+    deprecated("ops.sparse_rows.project_multi_sparse", "ops.project(X, M, rel) with a SparseRows X")
+    if not isinstance(M, StackedMatrices):
+        raise UserError(f"M: expected ops.StackedMatrices (from ops.prepare_matrices), got {type(M).__name__}")
+    return _project_sparse(x, M, rel, backend=backend, validate=validate)
+
+
+def _project_sparse(x: SparseRows, M: StackedMatrices, rel=None, *, backend: str | None = None,
+                    validate: bool = True) -> SparseRows:
+    """Project sparse row ``b`` through relation ``rel[b]``: ``Y[b, j] = max_i X[b, i] * M_{rel[b]}[i, j]``
+    (``ops.project``'s path for a :class:`SparseRows` X; rel None: every row through relation 0).
 
     The result's row ``b`` holds every ``j`` in a row of ``M_{rel[b]}`` of an active
-    entity (``X[b, i] > 0``), ascending; its values equal ``ops.project_multi`` on the
-    dense batch bit for bit (entries that ``project_multi`` leaves 0 are absent or stored
+    entity (``X[b, i] > 0``), ascending; its values equal ``ops.project`` on the
+    dense batch bit for bit (entries that ``ops.project`` leaves 0 are absent or stored
     as 0).  Its size is bounded by :func:`push_sizes`: callers choose this or the dense
     path by it.
 
@@ -220,12 +232,13 @@ def project_multi_sparse(x: SparseRows, rel, M: StackedMatrices, *, backend: str
         validate: check x's layout (one pass over it); rel and M are always checked.
     """
     x = _check_sparse(x, "X", validate)
-    if not isinstance(M, StackedMatrices):
-        raise UserError(f"M: expected ops.StackedMatrices (from ops.prepare_stacked), got {type(M).__name__}")
+    M = as_stack(M)
     if M.n != x.n:
         raise UserError(f"M: has N = {M.n} entities, X has {x.n}")
     if M.device != x.device:
         raise UserError(f"M: on {M.device}, X on {x.device}")
+    if rel is None:
+        rel = torch.zeros(x.batch_size, dtype=torch.int64, device=x.device)
     rel = _check_rel(rel, x.batch_size, M.num_relations, x.device).to(torch.int64)
     if resolve_backend(backend, "project_multi_sparse", x.device) == "reference":
         return reference_project_multi_sparse(x, rel, M)

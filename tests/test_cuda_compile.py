@@ -1,14 +1,22 @@
-"""Every csrc/cuda/*.cu compiles with nvcc against the installed torch's headers.
+"""Every csrc/cuda/*.cu compiles with nvcc against the installed torch's headers, and registers
+kernels only for schemas csrc/*.cpp defines, with matching C++ signatures.
 
 The project's machines have a CPU-only torch, so the CUDA kernels cannot be
 linked or run there; compiling each file with ``nvcc -c`` still catches syntax
 and type errors (host and device code).  Skipped when nvcc is absent.  The
 files compile concurrently (each nvcc run parses the ATen headers, ~25 s of
 CPU); -O0 because only the diagnostics matter here.
+
+What compiling cannot see is a CUDA kernel registered under a name or with parameters the
+schema does not have: torch rejects it when the extension loads on a GPU machine, so the whole
+extension fails there while every CPU run passes.  test_cuda_registrations_match_schemas reads
+the ``m.def`` schemas and the CUDA ``m.impl`` registrations as text (no nvcc needed) and compares
+each registered function's parameter types with its schema's.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -62,3 +70,55 @@ def test_cu_file_compiles(compiled, name):
 
 def test_there_are_cuda_sources():
     assert CU_FILES, "csrc/cuda/ holds no .cu files"
+
+
+# ------------------------------------------------------------------ registrations vs schemas
+# Schema argument type -> the C++ parameter type torch's schema inference wants for it.
+_CPP_TYPE = {"Tensor": "Tensor", "Tensor[]": "TensorList", "int": "int64_t", "float": "double", "bool": "bool"}
+
+
+def _schemas() -> dict[str, list[str]]:
+    """{op name: [C++ parameter type per argument]} of every m.def in csrc/*.cpp."""
+    out = {}
+    for cpp in sorted((ROOT / "csrc").glob("*.cpp")):
+        for call in re.finditer(r"m\.def\(\s*((?:\"[^\"]*\"\s*)+)\)", cpp.read_text()):
+            schema = "".join(re.findall(r'"([^"]*)"', call.group(1)))
+            m = re.fullmatch(r"\s*(\w+)\((.*)\)\s*->.*", schema)
+            assert m, f"{cpp.name}: cannot parse schema {schema!r}"
+            args = [a.strip() for a in m.group(2).split(",") if a.strip()]
+            types = []
+            for a in args:
+                t = re.sub(r"\(\w!?\)", "", a.split()[0])  # Tensor(a!) -> Tensor
+                assert t in _CPP_TYPE, f"{cpp.name}: schema {m.group(1)}: unknown argument type {t!r}"
+                types.append(_CPP_TYPE[t])
+            out[m.group(1)] = types
+    return out
+
+
+def _param_type(param: str) -> str:
+    for t in ("TensorList", "Tensor", "int64_t", "double", "bool"):
+        if re.search(rf"\b{t}\b", param):
+            return t
+    return param.strip()
+
+
+def _cuda_registrations() -> list[tuple[str, str, list[str]]]:
+    """[(file, op name, [C++ parameter types of the registered function])] of every CUDA m.impl."""
+    out = []
+    for cu in CU_FILES:
+        text = cu.read_text()
+        for name, func in re.findall(r'm\.impl\(\s*"(\w+)"\s*,\s*&[\w:]*?(\w+)\s*\)', text):
+            defs = re.findall(rf"\b{func}\(([^)]*)\)\s*\{{", text)
+            assert len(defs) == 1, f"{cu.name}: expected one definition of {func}, found {len(defs)}"
+            out.append((cu.name, name, [_param_type(p) for p in defs[0].split(",") if p.strip()]))
+    return out
+
+
+def test_cuda_registrations_match_schemas():
+    schemas = _schemas()
+    regs = _cuda_registrations()
+    assert {"project", "project_out", "project_strategy"} <= {name for _, name, _ in regs}
+    for file, name, params in regs:
+        assert name in schemas, f"csrc/cuda/{file} registers kgreason::{name}, which no csrc/*.cpp defines"
+        assert params == schemas[name], (f"csrc/cuda/{file}: kgreason::{name} takes {params}, "
+                                         f"its schema wants {schemas[name]}")

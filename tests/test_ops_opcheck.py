@@ -18,69 +18,51 @@ from _ops_helpers import random_batch, random_csr_multigraph, random_matrix
 pytestmark = pytest.mark.skipif(not ops.extension_available(), reason="compiled extension ops._C not built")
 
 
-def _prepared(gen: torch.Generator, device: str, index_dtype: torch.dtype, n: int = 30) -> ops.PreparedMatrix:
+def _prepared(gen: torch.Generator, device: str, index_dtype: torch.dtype, n: int = 30) -> ops.StackedMatrices:
+    """A one-relation stack (a single N x N matrix)."""
     m, _ = random_matrix(n, 0.15, gen, index_dtype=index_dtype, empty_rows=3, empty_cols=3)
-    p = ops.prepare(m).to(device)
+    p = ops.prepare_matrices(m).to(device)
     # Plain tensors: the CSR views of a sparse tensor would drag the sparse base into tracing.
-    return ops.PreparedMatrix(p.n, *(t.clone() for t in (p.crow, p.col, p.val, p.ccol, p.row, p.tval)))
+    return ops.StackedMatrices(p.n, 1, *(t.clone() for t in (p.crow, p.col, p.val, p.tcrow, p.trow, p.tval)))
 
 
 def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
     """Sample argument tuples of ``torch.ops.kgreason.<op>`` covering its modes."""
     out: list[tuple] = []
-    if op in ("project", "project_out", "project_negated", "project_strategy"):
-        for index_dtype in (torch.int32, torch.int64):
-            p = _prepared(gen, device, index_dtype)
-            for kind in ("onehot", "dense"):
-                x = random_batch(4, p.n, kind, gen).to(device)
-                if op == "project":
-                    for strategy in (0, 1, 2):
-                        for want in (True, False):
-                            out.append((x, p.crow, p.col, p.val, p.ccol, p.row, p.tval, strategy, want))
-                elif op == "project_out":  # writes into y (and argmax unless empty)
-                    for strategy in (0, 1, 2):
-                        for want in (True, False):
-                            y = torch.empty(x.shape, device=device)
-                            a = torch.empty(x.shape if want else (0,), dtype=torch.int32, device=device)
-                            out.append((x, p.crow, p.col, p.val, p.ccol, p.row, p.tval, strategy, y, a))
-                elif op == "project_negated":
-                    for want in (True, False):
-                        out.append((x, p.crow, p.col, p.ccol, p.row, p.tval, 3.0, want))
-                else:
-                    out.append((x, p.crow, p.nnz))
-    elif op in ("project_multi", "project_multi_out", "project_multi_strategy"):
-        from ops.project_multi import prepare_stacked
-
+    if op in ("project", "project_out", "project_strategy"):
         n, r = 20, 3
+        stacks = []
         for index_dtype in (torch.int32, torch.int64):
             mats = [random_matrix(n, 0.2, gen, index_dtype=index_dtype)[1] for _ in range(r)]
-            st = prepare_stacked(torch.cat(mats).to_sparse_csr(), device=device)
+            st = ops.prepare_matrices(torch.cat(mats).to_sparse_csr(), device=device)
             # plain tensors, as for _prepared
-            t = [x.clone() for x in (st.crow.to(index_dtype), st.col.to(index_dtype), st.val,
-                                     st.tcrow.to(index_dtype), st.trow.to(index_dtype), st.tval)]
-            rel = torch.randint(0, r, (5,), generator=gen).to(device)
+            stacks.append((r, [x.clone() for x in (st.crow.to(index_dtype), st.col.to(index_dtype), st.val,
+                                                   st.tcrow.to(index_dtype), st.trow.to(index_dtype), st.tval)]))
+            p = _prepared(gen, device, index_dtype, n=n)  # the degenerate one-relation stack, every row relation 0
+            stacks.append((1, [p.crow, p.col, p.val, p.tcrow, p.trow, p.tval]))
+        for nrel, t in stacks:
+            rel = torch.randint(0, nrel, (5,), generator=gen).to(device)
             for kind in ("onehot", "dense"):
                 x = random_batch(5, n, kind, gen).to(device)
-                if op == "project_multi_strategy":
+                if op == "project_strategy":
                     out.append((x, rel, t[0], n))
                     continue
                 for strategy in (0, 1, 2):
                     for negated in (False, True):
-                        if op == "project_multi_out":
+                        if op == "project_out":  # writes into y (and argmax unless empty)
                             y = torch.empty(x.shape, device=device)
                             a = torch.empty(x.shape if strategy != 1 else (0,), dtype=torch.int32, device=device)
                             out.append((x, rel, *t, n, strategy, negated, 3.0, y, a))
                         else:
                             out.append((x, rel, *t, n, strategy, negated, 3.0, strategy != 1))
     elif op == "project_multi_sparse":
-        from ops.project_multi import prepare_stacked
         from ops.sparse_rows import SparseRows
 
         n, r = 20, 3
         # (pointer dtype, column dtype) of the stack: the artifact's int64 / int32, and the other mix
         for ptr_dtype, idx_dtype in ((torch.int64, torch.int32), (torch.int32, torch.int64)):
             mats = [random_matrix(n, 0.2, gen)[1] for _ in range(r)]
-            st = prepare_stacked(torch.cat(mats).to_sparse_csr(), device=device)
+            st = ops.prepare_matrices(torch.cat(mats).to_sparse_csr(), device=device)
             m = (st.crow.to(ptr_dtype).clone(), st.col.to(idx_dtype).clone(), st.val.clone())
             rel = torch.randint(0, r, (5,), generator=gen).to(device)
             for kind in ("onehot", "dense"):
@@ -135,9 +117,8 @@ def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
 
 
 #: Every op of the extension (csrc/*.cpp); each needs a fake kernel in ops/_fake.py and samples above.
-OPS = ["calibrate_rows", "csr_transpose", "dijkstra", "fuzzy_reduce", "project", "project_multi", "project_multi_out",
-       "project_multi_sparse", "project_multi_strategy", "project_negated", "project_out", "project_strategy",
-       "sparse_align"]
+OPS = ["calibrate_rows", "csr_transpose", "dijkstra", "fuzzy_reduce", "project", "project_multi_sparse", "project_out",
+       "project_strategy", "sparse_align"]
 
 
 def test_every_op_is_checked():
@@ -208,7 +189,7 @@ def test_fake_kernel_matches_real_outputs(device, seed, op):
             fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else
                          [mode.from_tensor(t) for t in a] if isinstance(a, list) else a for a in args]
             fake = fn(*fake_args)
-        if real is None:  # an out op (project_out, project_multi_out): nothing returned
+        if real is None:  # an out op (project_out): nothing returned
             assert fake is None, f"kgreason::{op}: the real kernel returns None, the fake {fake!r}"
             continue
         real = real if isinstance(real, tuple) else (real,)
@@ -224,7 +205,8 @@ def test_fake_kernel_matches_real_outputs(device, seed, op):
 
 
 def test_csr_transpose_kernel_equals_reference(seed):
-    """ops.prepare's CSC comes from the kernel when it is built: it must equal the torch reference exactly."""
+    """ops.prepare_matrices's transpose of one matrix comes from the kernel when it is built: it must equal the
+    torch reference exactly."""
     from ops.prepared import _transpose_reference
 
     gen = torch.Generator().manual_seed(seed)

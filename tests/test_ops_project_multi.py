@@ -202,8 +202,9 @@ def test_pull_in_waves(monkeypatch, seed, negated):
     x = random_batch(b, n, "dense", gen)
     rel = torch.randint(0, r, (b,), generator=gen)
     y_ref, a_ref = project_multi(x, rel, stack, negated=negated, return_argmax=True, backend="reference")
+    monkeypatch.setenv("KGREASON_PROJECT_SPLIT_TILES", "1")  # only tiles split over threads share a wave buffer
     for floats in ("1", str(40 * n)):  # one tile per wave; two 16-row tiles or one 32-row tile per wave
-        monkeypatch.setenv("KGREASON_PROJECT_MULTI_WAVE_FLOATS", floats)
+        monkeypatch.setenv("KGREASON_PROJECT_WAVE_FLOATS", floats)
         y, a = project_multi(x, rel, stack, negated=negated, return_argmax=True, strategy="pull", backend="cpp")
         _check_equal(y, y_ref, f"Y waves={floats}", seed)
         _check_equal(a, a_ref, f"argmax waves={floats}", seed)
@@ -356,7 +357,7 @@ def _small():
         (dict(strategy="fast"), r"strategy: expected one of \('auto', 'push', 'pull'\), got 'fast'"),
         (dict(M=torch.rand(6, 3)), r"M: expected a torch sparse CSR tensor of shape \(R\*N, N\)"),
         (dict(M=(torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([0.5]))), r"num_entities: required"),
-        (dict(M=object()), r"M: expected a sparse CSR \(R\*N, N\) matrix"),
+        (dict(M=object()), r"M: expected a sparse CSR \(N, N\) matrix or \(R\*N, N\) stack, .*got object"),
         (dict(backend="gpu"), r"backend: expected one of"),
     ],
 )
@@ -416,17 +417,17 @@ def test_raw_op_checks():
     stack, x = _small()
     args = [stack.crow, stack.col, stack.val, stack.tcrow, stack.trow, stack.tval, stack.n, 0, False, 3.0, True]
     with pytest.raises(RuntimeError, match=r"rel\[1\] = 5 is out of range \[0, 2\)"):
-        torch.ops.kgreason.project_multi(x, torch.tensor([0, 5]), *args)
+        torch.ops.kgreason.project(x, torch.tensor([0, 5]), *args)
     with pytest.raises(RuntimeError, match=r"X must have N = 3 columns"):
-        torch.ops.kgreason.project_multi(torch.rand(2, 4), torch.tensor([0, 1]), *args)
+        torch.ops.kgreason.project(torch.rand(2, 4), torch.tensor([0, 1]), *args)
     with pytest.raises(RuntimeError, match=r"trow dtype"):
         bad = list(args)
         bad[4] = stack.trow.to(torch.int32) if stack.trow.dtype == torch.int64 else stack.trow.long()
-        torch.ops.kgreason.project_multi(x, torch.tensor([0, 1]), *bad)
+        torch.ops.kgreason.project(x, torch.tensor([0, 1]), *bad)
     with pytest.raises(RuntimeError, match=r"strategy must be 0 \(auto\), 1 \(push\) or 2 \(pull\)"):
         bad = list(args)
         bad[7] = 5
-        torch.ops.kgreason.project_multi(x, torch.tensor([0, 1]), *bad)
+        torch.ops.kgreason.project(x, torch.tensor([0, 1]), *bad)
 
 
 @needs_cpp
@@ -437,11 +438,11 @@ def test_opcheck(seed, negated, want_argmax):
     x = mixed_batch(9, 30, gen)
     rel = torch.randint(0, 3, (9,), generator=gen)
     torch.library.opcheck(
-        torch.ops.kgreason.project_multi.default,
+        torch.ops.kgreason.project.default,
         (x, rel, stack.crow, stack.col, stack.val, stack.tcrow, stack.trow, stack.tval, stack.n, 0, negated, 2.0,
          want_argmax),
     )
-    torch.library.opcheck(torch.ops.kgreason.project_multi_strategy.default, (x, rel, stack.crow, stack.n))
+    torch.library.opcheck(torch.ops.kgreason.project_strategy.default, (x, rel, stack.crow, stack.n))
 
 
 def test_exported_from_ops():
@@ -454,7 +455,7 @@ def test_module_docstring_example():
     import doctest
     import warnings
 
-    pm = sys.modules["ops.project_multi"]  # the attribute ops.project_multi is the function
+    pm = sys.modules["ops.projection"]  # ops.project's module (ops.project_multi is a deprecated alias now)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch's "sparse CSR is beta" note

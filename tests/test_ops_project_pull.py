@@ -272,7 +272,7 @@ def test_out_kernels_check_their_outputs():
     p = ops.prepare(random_matrix(n, 0.2, gen)[0])
     x = torch.rand(b, n, generator=gen)
     empty = torch.empty(0, dtype=torch.int32)
-    args = (x, p.crow, p.col, p.val, p.ccol, p.row, p.tval, 0)
+    args = (x, torch.zeros(b, dtype=torch.int64), p.crow, p.col, p.val, p.ccol, p.row, p.tval, n, 0, False, 3.0)
     with pytest.raises(RuntimeError, match="shape"):
         torch.ops.kgreason.project_out(*args, torch.empty(b, n + 1), empty)
     with pytest.raises(RuntimeError, match="float32"):

@@ -54,7 +54,8 @@ def test_bad_x(x, match):
         (_raw_csr([0, 1, 2, 3, 5], [0, 1, 2, 3], [0.5] * 4, 4), r"M: crow_indices must start at 0 and end at nnz=4"),
         (_raw_csr([0, 2, 1, 3, 4], [0, 1, 2, 3], [0.5] * 4, 4), r"M: crow_indices must be non-decreasing"),
         (_raw_csr([0, 1, 2, 3, 4], [0, 1, 2, 9], [0.5] * 4, 4), r"M: column indices must lie in \[0, 4\), got 0..9"),
-        ("relation", r"M: expected a torch sparse CSR tensor or PreparedMatrix, got str"),
+        ("relation", r"M: expected a sparse CSR \(N, N\) matrix or \(R\*N, N\) stack, a StackedMatrices or a "
+                     r"\(crow, col, val\) triple, got str"),
     ],
 )
 def test_bad_matrix(m, match):

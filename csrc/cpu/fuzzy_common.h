@@ -160,56 +160,6 @@ void parallel_if(double work_ns, int64_t begin, int64_t end, int64_t grain, cons
   }
 }
 
-// Split columns [0, n) into `parts` contiguous ranges of about equal work
-// (nnz + columns): at::parallel_for hands each thread one contiguous chunk of
-// the task range, so equal-work tasks keep the threads balanced on power-law
-// matrices, where a few columns hold most of the entries.
-template <typename idx_t>
-std::vector<int64_t> balanced_column_split(const idx_t* ptr, int64_t n, int64_t parts) {
-  std::vector<int64_t> bounds(parts + 1, n);
-  bounds[0] = 0;
-  const int64_t total = static_cast<int64_t>(ptr[n]) + n;
-  int64_t j = 0;
-  for (int64_t p = 1; p < parts; ++p) {
-    const int64_t target = total * p / parts;
-    while (j < n && static_cast<int64_t>(ptr[j]) + j < target) ++j;
-    bounds[p] = j;
-  }
-  return bounds;
-}
-
-// Transposed, tiled copy of X (B x N, row-major): tile q holds queries
-// qT..qT+T-1 as an N x T block, xt[(q*N + i)*T + t] = X[q*T + t, i] (zero for
-// the padding queries of the last tile).  Gathering T queries of one entity
-// into one 64-byte line (T = 16) is what lets the pull loops read a source
-// entity once per tile and update T accumulators with one vector multiply and
-// one vector max.  The whole of X is transposed up front so that the kernels
-// need a single parallel region: on a machine shared with other jobs every
-// extra fork/join waits for the slowest, possibly descheduled, thread.
-template <int T>
-void transpose_tiles(const float* X, int64_t B, int64_t N, float* xt) {
-  const int64_t ntiles = (B + T - 1) / T;
-  // ~0.5 ns per element copied
-  parallel_if(0.5 * static_cast<double>(ntiles * T * N), 0, N, 2048, [&](int64_t i0, int64_t i1) {
-    constexpr int64_t kBlock = 64;  // 64 entities x T floats stay in L1 while written
-    for (int64_t q = 0; q < ntiles; ++q) {
-      for (int64_t ib = i0; ib < i1; ib += kBlock) {
-        const int64_t ie = std::min(i1, ib + kBlock);
-        float* dst = xt + q * N * T;
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t b = q * T + t;
-          if (b < B) {
-            const float* src = X + b * N;
-            for (int64_t i = ib; i < ie; ++i) dst[i * T + t] = src[i];
-          } else {
-            for (int64_t i = ib; i < ie; ++i) dst[i * T + t] = 0.f;
-          }
-        }
-      }
-    }
-  });
-}
-
 // An uninitialised float buffer whose data() is 64-byte aligned (one tile row
 // per cache line).  Not a std::vector: zero-filling a 15 MB tile copy that is
 // overwritten right away would cost an extra pass (~1-2 ms at B = 256).
@@ -225,27 +175,6 @@ class AlignedFloats {
   std::unique_ptr<float[]> store_;
   float* ptr_;
 };
-
-// Tile width T (queries per tile) of project_negated's pull for a batch of B
-// queries: 1 for B = 1 (a scalar gather straight from X), 16 up to 16 queries,
-// else 32 (project's pull chooses per matrix: pull_tile in project_cpu.cpp).  Wider tiles
-// amortise the per-entry index and value loads over more queries, but the tile
-// (N x T floats) must stay in L2 while the supports stream past it: N x 32
-// floats is 1.9 MB for N = 14,505 (L2 is 2 MB per core on Sapphire Rapids).
-// Measured single-threaded on Sapphire Rapids (FB15k-237's largest relation,
-// 1.66M entries, B = 256, tile transposition + pull + write-back, with the
-// accumulator chains of column_max): T = 16 32.6 ms, T = 32 27.4 ms,
-// T = 64 32.0 ms, T = 128 48-98 ms (the tile no longer fits in L2).
-inline int tile_width(int64_t B) { return B <= 1 ? 1 : B <= 16 ? 16 : 32; }
-
-template <typename F>
-void dispatch_tile(int64_t B, F&& f) {
-  switch (tile_width(B)) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 16: f(std::integral_constant<int, 16>{}); break;
-    default: f(std::integral_constant<int, 32>{}); break;
-  }
-}
 
 // The widest float vector of the build target, as a GCC/Clang vector type.
 // The explicit vector loop below runs 3.8x faster than the same loop written
@@ -419,24 +348,24 @@ inline void transpose16(__m512 r[16]) {
 }
 #endif
 
-// One tile of the batch-minor layout: xt[i*T + t] = X[(b0 + t)*N + i] for the
+// One tile of the batch-minor layout: xt[i*T + t] = X[rows[t]*N + i] for the
 // entities i in [i0, i1) and the tile's nb (<= T) rows, 0 for t in [nb, T).
 // With AVX-512 in 16 x 16 blocks transposed in registers (16 row loads, 16
 // aligned 64-byte stores, 64 shuffles): 1.4 ms for a batch of 256 x 14,505
 // (16 tiles of 16) against 3.2 ms for the scalar blocked copy below (single
 // thread, about the cost of a plain copy of X).  xt must be 64-byte aligned.
 template <int T>
-void transpose_tile(const float* X, int64_t N, int64_t b0, int64_t nb, int64_t i0, int64_t i1, float* xt) {
+void transpose_rows(const float* X, int64_t N, const int64_t* rows, int64_t nb, int64_t i0, int64_t i1, float* xt) {
 #if defined(__AVX512F__)
   if constexpr (T % 16 == 0) {
     for (int64_t t0 = 0; t0 < T; t0 += 16) {
-      const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(16, nb - t0));
+      const int64_t live = std::max<int64_t>(0, std::min<int64_t>(16, nb - t0));
       for (int64_t ib = i0; ib < i1; ib += 16) {
         const int64_t len = std::min<int64_t>(16, i1 - ib);
         const __mmask16 m = static_cast<__mmask16>((1u << len) - 1u);
         __m512 r[16];
         for (int64_t t = 0; t < 16; ++t)
-          r[t] = t < rows ? _mm512_maskz_loadu_ps(m, X + (b0 + t0 + t) * N + ib) : _mm512_setzero_ps();
+          r[t] = t < live ? _mm512_maskz_loadu_ps(m, X + rows[t0 + t] * N + ib) : _mm512_setzero_ps();
         transpose16(r);
         for (int64_t c = 0; c < len; ++c) _mm512_store_ps(xt + (ib + c) * T + t0, r[c]);
       }
@@ -449,7 +378,7 @@ void transpose_tile(const float* X, int64_t N, int64_t b0, int64_t nb, int64_t i
     const int64_t ie = std::min(i1, ib + kBlock);
     for (int64_t t = 0; t < T; ++t) {
       if (t < nb) {
-        const float* src = X + (b0 + t) * N;
+        const float* src = X + rows[t] * N;
         for (int64_t i = ib; i < ie; ++i) xt[i * T + t] = src[i];
       } else {
         for (int64_t i = ib; i < ie; ++i) xt[i * T + t] = 0.f;
@@ -460,36 +389,36 @@ void transpose_tile(const float* X, int64_t N, int64_t b0, int64_t nb, int64_t i
 
 // Writes a block of nc (<= 16) consecutive output columns jb.. of one tile
 // back to the batch-major Y (and A): buf[c*T + t] is the value of column jb + c
-// for row b0 + t (t < nb).  With AVX-512, 16 x 16 register transposes and one
+// for row rows[t] (t < nb).  With AVX-512, 16 x 16 register transposes and one
 // masked 64-byte store per output row instead of 16 scalar strided copies.
 template <int T, bool ARG>
-inline void store_columns(const float* ybuf, const int32_t* abuf, int64_t nc, int64_t N, int64_t b0, int64_t nb,
-                          int64_t jb, float* Y, int32_t* A) {
+inline void store_rows(const float* ybuf, const int32_t* abuf, int64_t nc, int64_t N, const int64_t* rows, int64_t nb,
+                       int64_t jb, float* Y, int32_t* A) {
 #if defined(__AVX512F__)
   if constexpr (T % 16 == 0) {
     const __mmask16 m = static_cast<__mmask16>((1u << nc) - 1u);
     for (int64_t t0 = 0; t0 < nb; t0 += 16) {
-      const int64_t rows = std::min<int64_t>(16, nb - t0);
+      const int64_t live = std::min<int64_t>(16, nb - t0);
       __m512 r[16];
       for (int64_t c = 0; c < 16; ++c) r[c] = c < nc ? _mm512_load_ps(ybuf + c * T + t0) : _mm512_setzero_ps();
       transpose16(r);
-      for (int64_t t = 0; t < rows; ++t) _mm512_mask_storeu_ps(Y + (b0 + t0 + t) * N + jb, m, r[t]);
+      for (int64_t t = 0; t < live; ++t) _mm512_mask_storeu_ps(Y + rows[t0 + t] * N + jb, m, r[t]);
       if constexpr (ARG) {
         for (int64_t c = 0; c < 16; ++c)
           r[c] = c < nc ? _mm512_castsi512_ps(_mm512_load_si512(abuf + c * T + t0)) : _mm512_setzero_ps();
         transpose16(r);
-        for (int64_t t = 0; t < rows; ++t)
-          _mm512_mask_storeu_epi32(A + (b0 + t0 + t) * N + jb, m, _mm512_castps_si512(r[t]));
+        for (int64_t t = 0; t < live; ++t)
+          _mm512_mask_storeu_epi32(A + rows[t0 + t] * N + jb, m, _mm512_castps_si512(r[t]));
       }
     }
     return;
   }
 #endif
   for (int64_t t = 0; t < nb; ++t) {
-    float* y = Y + (b0 + t) * N + jb;
+    float* y = Y + rows[t] * N + jb;
     for (int64_t c = 0; c < nc; ++c) y[c] = ybuf[c * T + t];
     if constexpr (ARG) {
-      int32_t* a = A + (b0 + t) * N + jb;
+      int32_t* a = A + rows[t] * N + jb;
       for (int64_t c = 0; c < nc; ++c) a[c] = abuf[c * T + t];
     }
   }

@@ -52,35 +52,14 @@
 #include <vector>
 
 #include "fuzzy_common.h"
+#include "project_cost.h"
 #include "sparse_rows_cpu.h"
 
 namespace kgreason {
 namespace cpu {
 namespace {
 
-// Costs in ns, single-threaded (AMD EPYC Zen 4): a pushed entry (scalar scatter-max into the scratch, the
-// same step as project_multi's push) 1.8; a phase-1 entry of X 1.0; an entry copied in phase 3 0.7;
-// per row 30.
-constexpr double kPushStepNs = 1.8;
-constexpr double kEntryNs = 1.0;
-constexpr double kCopyNs = 0.7;
-constexpr double kRowNs = 30.0;
-// Emitting the t touched columns of a row in ascending order, measured with g++ -O3 -march=native on this
-// machine (random columns, values gathered and marker reset included):
-//   sort the touched list:            ~3 ns * t log2 t  (std::sort of uint32; 1.2 us for t = 64, 36 us for 1,024)
-//   scan the bitmap, ctz per word:   ~0.3 ns per word (ceil(N/64) words) + ~2-4 ns per touched column
-//                                      (the bit loop's branch; 0.6 us for t = 64, 6.6 us for t = 1,024, N = 14,505)
-// With a bitmap the scan reads N/64 words, not N markers, so it wins as soon as t log2 t exceeds ~W/10:
-// t >= ~12 for N = 14,505 (227 words), t >= ~50 for N = 120,000 (1,875 words).  Sorting wins only for
-// rows that reach a handful of columns in a large N.
-constexpr double kSortNs = 3.0;
-constexpr double kWordNs = 0.3;
-constexpr double kBitNs = 2.0;
-
-inline bool use_sort(int64_t t, int64_t words) {
-  const double tt = static_cast<double>(t);
-  return kSortNs * tt * std::log2(std::max(tt, 2.0)) < kWordNs * static_cast<double>(words) + kBitNs * tt;
-}
+using namespace cost;
 
 // Prefetch distance, in entries of X (phase 2) or rows (phase 3), for the rows of M about to be read.
 constexpr int64_t kAhead = 8;

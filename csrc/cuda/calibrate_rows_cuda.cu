@@ -32,7 +32,7 @@ __device__ __forceinline__ bool observed(const uint32_t* bits, int64_t j) {
 
 __device__ __forceinline__ float prob(float s, float m, float scale) { return expf(s - m) * scale; }
 
-// Block-wide reductions (kRowThreads threads); every thread gets the result.
+// Block-wide max (kRowThreads threads); every thread gets the result (the sum: block_sum).
 __device__ float block_max(float v, float* red) {
   for (int off = kWarp / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
   const int w = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -41,17 +41,6 @@ __device__ float block_max(float v, float* red) {
   __syncthreads();
   float r = red[0];
   for (int i = 1; i < kRowWarps; ++i) r = fmaxf(r, red[i]);
-  return r;
-}
-
-__device__ double block_sum(double v, double* red) {
-  for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
-  const int w = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  __syncthreads();
-  if (lane == 0) red[w] = v;
-  __syncthreads();
-  double r = red[0];
-  for (int i = 1; i < kRowWarps; ++i) r += red[i];
   return r;
 }
 
@@ -75,13 +64,13 @@ __global__ void stats_kernel(const float* __restrict__ S, int64_t c, int64_t N, 
     m = block_max(m, fred);
     double z = 0.0;
     for (int64_t j = threadIdx.x; j < N; j += blockDim.x) z += static_cast<double>(expf(s[j] - m));
-    z = block_sum(z, dred);  // its __syncthreads also publish the bitmap's bits to the block
+    z = block_sum<double, kRowWarps>(z, dred);  // its __syncthreads also publish the bitmap's bits to the block
     const float k = static_cast<float>(o1 - o0 > 1 ? o1 - o0 : 1);
     const float scale = k / static_cast<float>(z);
     double cnt = 0.0;
     for (int64_t j = threadIdx.x; j < N; j += blockDim.x)
       cnt += (observed(b, j) || prob(s[j], m, scale) >= thr) ? 1.0 : 0.0;
-    cnt = block_sum(cnt, dred);
+    cnt = block_sum<double, kRowWarps>(cnt, dred);
     if (threadIdx.x == 0) {
       row_max[r] = m;
       row_scale[r] = scale;

@@ -40,6 +40,29 @@ inline int64_t blocks_for(int64_t work, int64_t per_block, int64_t cap = 65535LL
   return b < cap ? b : cap;
 }
 
+// Grid-stride loops: `for (int64_t e = grid_first(); e < n; e += grid_step())` visits every e in [0, n)
+// once whatever the grid size (blocks_for caps it); the warp forms give every warp one item (a column).
+__device__ __forceinline__ int64_t grid_first() {
+  return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_step() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+__device__ __forceinline__ int64_t warp_first() { return grid_first() / kWarp; }
+__device__ __forceinline__ int64_t warp_step() { return grid_step() / kWarp; }
+
+// Block-wide sum over kWarps warps (blockDim.x == kWarps * kWarp); every thread gets the total.
+// red: kWarps elements of shared memory.  Starts with a __syncthreads, so red may be reused by
+// consecutive calls.
+template <typename T, int kWarps>
+__device__ __forceinline__ T block_sum(T v, T* red) {
+  for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+  __syncthreads();
+  if (threadIdx.x % kWarp == 0) red[threadIdx.x / kWarp] = v;
+  __syncthreads();
+  T r = red[0];
+  for (int i = 1; i < kWarps; ++i) r += red[i];
+  return r;
+}
+
 // Non-negative floats order like their bit patterns read as unsigned ints, so
 // a max of products in [0, 1] is an integer atomicMax.  With an argmax the
 // value goes in the high word and the complemented index in the low word:
@@ -47,6 +70,13 @@ inline int64_t blocks_for(int64_t work, int64_t per_block, int64_t cap = 65535LL
 __device__ __forceinline__ unsigned long long pack_value_index(float v, int64_t i) {
   return (static_cast<unsigned long long>(__float_as_uint(v)) << 32) |
          static_cast<unsigned long long>(0xFFFFFFFFu - static_cast<uint32_t>(i));
+}
+
+// The (value, argmax) a packed key holds: (0, -1) for a key never written (all zero).
+__device__ __forceinline__ void unpack_value_index(unsigned long long key, float& v, int32_t& i) {
+  const unsigned int hi = static_cast<unsigned int>(key >> 32);
+  v = __uint_as_float(hi);
+  i = hi == 0u ? -1 : static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key & 0xFFFFFFFFull));
 }
 
 // (value desc, index asc) order: true when (v1, i1) beats (v2, i2).

@@ -21,8 +21,7 @@ struct Inputs {
 };
 
 __global__ void reduce_kernel(Inputs in, int64_t n, int op, bool complemented_first, float* __restrict__ out) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t e = grid_first(); e < n; e += grid_step()) {
     float acc = in.p[0][e];
     if (op == 2 && !complemented_first) acc = 1.f - acc;  // running prod(1 - x)
     for (int m = 1; m < in.k; ++m) {
@@ -39,8 +38,7 @@ __global__ void reduce_kernel(Inputs in, int64_t n, int op, bool complemented_fi
 }
 
 __global__ void complement_kernel(float* __restrict__ x, int64_t n) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+  for (int64_t e = grid_first(); e < n; e += grid_step())
     x[e] = 1.f - x[e];
 }
 
