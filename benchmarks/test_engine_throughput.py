@@ -12,7 +12,7 @@ of the same size when it is absent), three measurements in the same run:
              reference QTO implementation runs queries (no batching);
 * ``b1``     ``Executor.iter_scores`` with ``batch_size=1`` (the engine's overhead);
 * ``b1024``  ``Executor.iter_scores`` with ``batch_size=1024`` (shape batching, one
-             ``ops.project_multi`` call per projection node, passes of ``Executor.pass_rows`` rows);
+             ``ops.project`` call per projection node, passes of ``Executor.pass_rows`` rows);
 * ``sparse`` the same with sparse intermediate sets where they are small (``Executor(sparse=True)``);
 * ``qto``    the QTO reference algorithm on a subsample (``ENGINE_BENCH_QTO_QUERIES``, default 4
              per structure): one query at a time, every projection a dense max-product
@@ -155,7 +155,7 @@ def loop_eval(ex: Executor, node: Node) -> torch.Tensor:
     """The baseline: evaluate one query on a (1, N) vector with the ops operators, node by node."""
     def project(x: torch.Tensor, p: Node) -> torch.Tensor:
         if isinstance(p, NegatedProjection):
-            return ops.project_negated(x, ex.matrix(p.relation), neg_scale=NEG_SCALE, validate=False)
+            return ops.project(x, ex.matrix(p.relation), negate=True, neg_scale=NEG_SCALE, validate=False)
         return ops.project(x, ex.matrix(p.relation), validate=False)
 
     return eval_tree(node, ex.num_entities, project)

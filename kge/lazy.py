@@ -261,7 +261,7 @@ class LazyMatrices:
 
         Row ``k*N + h`` is ``M_{relations[k]}[h, :]`` for ``h`` in ``heads[k]`` (sorted,
         unique) and empty otherwise.  Returns ``(crow int64, col int32, val float32)``,
-        what ``ops.prepare_stacked`` takes with ``num_entities=N``: project rows with
+        what ``ops.prepare_matrices`` takes with ``num_entities=N``: project rows with
         local relation ids ``k`` whose nonzero inputs all lie in ``heads[k]``.
         """
         n = self.num_entities

@@ -8,10 +8,10 @@ input, in QTO's negated projection too (the factor is multiplied by ``X[b, i]``)
 
 :class:`RelationRows` is the interface the executor (:mod:`engine.exec.executor`)
 projects through.  For a batch it hands out :class:`RowBlock` s: an
-``ops.StackedMatrices`` (stacked CSR plus its transpose, what ``ops.prepare_stacked``
+``ops.StackedMatrices`` (stacked CSR plus its transpose, what ``ops.prepare_matrices``
 returns) holding at least the rows the block's batch rows need, the local relation
 id of each of those batch rows in that stack, and which batch rows they are.  The
-executor makes one ``ops.project_multi`` call per block and nothing else, so:
+executor makes one ``ops.project`` call per block and nothing else, so:
 
 * :class:`EagerRows`: an eager artifact's CSR prepared ONCE into one stack and one
   transpose (the arrays of the artifact's scipy CSR are shared on CPU, not copied);
@@ -41,7 +41,7 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from ops import PreparedMatrix, StackedMatrices
+    from ops import StackedMatrices
 
     from .lazy import LazyMatrices
 
@@ -139,8 +139,8 @@ class RelationRows(ABC):
         """The whole ``(R*N, N)`` stack when it is held (eager rows), else ``None``."""
         return None
 
-    def relation(self, r: int) -> "PreparedMatrix":
-        """``M_r`` as an ``ops.PreparedMatrix`` (N, N) on :attr:`device` (whole-relation consumers, e.g. a
+    def relation(self, r: int) -> "StackedMatrices":
+        """``M_r`` as a one-relation ``ops.StackedMatrices`` (N, N) on :attr:`device` (whole-relation consumers, e.g. a
         reference loop of ``ops.project``).  Default: a view of :meth:`full_stack`; implementations without
         a full stack override it."""
         if not 0 <= int(r) < self.num_relations:
@@ -178,7 +178,7 @@ class EagerRows(RelationRows):
         if self._stack is None:
             import ops
 
-            self._stack = ops.prepare_stacked(self.matrices, num_entities=self.num_entities, device=self.device)
+            self._stack = ops.prepare_matrices(self.matrices, num_entities=self.num_entities, device=self.device)
         return self._stack
 
     def blocks(self, x: Any, relations: Sequence[int] | np.ndarray) -> Iterator[RowBlock]:
@@ -275,7 +275,7 @@ class LazyRows(RelationRows):
             bounds = np.searchsorted(key_rel, group, side="left"), np.searchsorted(key_rel, group, side="right")
             heads = [keys[lo:hi] % n for lo, hi in zip(*bounds)]
             crow, col, val = self.matrices.stacked(group.tolist(), heads)
-            stack = ops.prepare_stacked((torch.from_numpy(crow), torch.from_numpy(col), torch.from_numpy(val)),
+            stack = ops.prepare_matrices((torch.from_numpy(crow), torch.from_numpy(col), torch.from_numpy(val)),
                                         num_entities=n, device=self.device, name="lazy rows")
             local = torch.from_numpy(np.searchsorted(group, rels[in_group])).to(self.device)
             covered = rows[in_group]
@@ -287,11 +287,11 @@ class LazyRows(RelationRows):
         pos = int(cols.searchsorted(j))
         return float(vals[pos]) if pos < len(cols) and cols[pos] == j else 0.0
 
-    def relation(self, r: int) -> "PreparedMatrix":
+    def relation(self, r: int) -> "StackedMatrices":
         """All N rows of ``M_r``, computed now (not through the row cache) and prepared on :attr:`device`."""
         import ops
 
-        return ops.prepare(csr_tensor(self.matrices.relation_block(r), self.device))
+        return ops.prepare_matrices(csr_tensor(self.matrices.relation_block(r), self.device))
 
     def __repr__(self) -> str:
         return f"LazyRows({self.matrices!r})"

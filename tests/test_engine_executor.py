@@ -308,7 +308,7 @@ def loop_eval(ex: Executor, node: Node) -> torch.Tensor:
     if isinstance(node, Projection):
         return ops.project(loop_eval(ex, node.arg), ex.matrix(node.relation))
     if isinstance(node, NegatedProjection):
-        return ops.project_negated(loop_eval(ex, node.arg), ex.matrix(node.relation), neg_scale=ex.neg_scale)
+        return ops.project(loop_eval(ex, node.arg), ex.matrix(node.relation), negate=True, neg_scale=ex.neg_scale)
     if isinstance(node, Intersection):
         return ops.intersect(*[loop_eval(ex, a) for a in node.args], tnorm=ex.tnorm)
     if isinstance(node, Union):

@@ -691,7 +691,7 @@ def test_projection_with_an_empty_input_still_reaches_its_hooks(backend):
     ex.add_hook(hook, ops=("p",))
     for call in (lambda: ex.scores([q]), lambda: ex.answer([q], k=3), lambda: list(ex.iter_scores([q]))):
         seen.clear()
-        out = call()
+        call()
         assert seen == [((0,), False), ((), True)]
     (res,) = ex.answer([q], k=3)
     assert [(a.entity, a.provenance) for a in res.answers] == [("g", "llm")]

@@ -70,14 +70,14 @@ def structure_queries(seed: int, n: int, r: int, per: int = 3) -> list:
 
 
 def project_through(rows: RelationRows, x: torch.Tensor, rels: list[int], negated: bool = False):
-    """The executor's route, spelled out: one project_multi call per block, rows scattered back."""
+    """The executor's route, spelled out: one ops.project call per block, rows scattered back."""
     y = torch.zeros_like(x)
     a = torch.full(x.shape, -1, dtype=torch.int32)
     seen = torch.zeros(x.shape[0], dtype=torch.int64)
     for block in rows.blocks(x, rels):
         idx = torch.arange(x.shape[0]) if block.rows is None else block.rows
         seen[idx] += 1
-        yb, ab = ops.project_multi(x[idx], block.rel, block.stack, negated=negated, return_argmax=True)
+        yb, ab = ops.project(x[idx], block.stack, block.rel, negate=negated, return_argmax=True)
         y[idx], a[idx] = yb, ab
     assert torch.equal(seen, torch.ones_like(seen)), "every batch row in exactly one block"
     return y, a
@@ -95,7 +95,7 @@ class ShardedRows(RelationRows):
             rels = list(range(parity, r, 2))
             part = sp.vstack([artifact.relation_block(k) for k in rels], format="csr") if rels else None
             self.shards.append((np.asarray(rels, dtype=np.int64),
-                                None if part is None else ops.prepare_stacked(part, num_entities=n)))
+                                None if part is None else ops.prepare_matrices(part, num_entities=n)))
         self.blocks_drawn = 0
 
     def blocks(self, x, relations):
@@ -123,7 +123,7 @@ def test_eager_rows_hold_the_kg_once():
     m = art.matrices
     for t, a in ((stack.crow, m.indptr), (stack.col, m.indices), (stack.val, m.data)):
         assert t.data_ptr() == a.__array_interface__["data"][0]  # shared, not copied
-    ref = ops.prepare_stacked(m)
+    ref = ops.prepare_matrices(m)
     for f in ("tcrow", "trow", "tval"):
         assert torch.equal(getattr(stack, f), getattr(ref, f))
     # per-relation matrices are views of the stack: no second transposed copy
@@ -241,20 +241,21 @@ def test_lazy_sparse_sets_equal_dense_bitwise(seed, kw, monkeypatch):
 
 
 def test_one_route_one_op_call_per_block(monkeypatch):
-    """Single-relation batches go through ops.project_multi like mixed ones; ops.project is not used."""
+    """Single-relation batches go through the one op (ops.project with a per-row rel) like mixed ones; the
+    deprecated names are not used."""
     art = random_artifact(5)
     calls = []
-    real = ops.project_multi
+    real = ops.project
 
     def counting(*a, **k):
-        calls.append(a[1].tolist())
+        calls.append(a[2].tolist())
         return real(*a, **k)
 
     def forbidden(*a, **k):
-        raise AssertionError("the executor projects through ops.project_multi only")
+        raise AssertionError("the executor projects through ops.project only")
 
-    monkeypatch.setattr(ops, "project_multi", counting)
-    monkeypatch.setattr(ops, "project", forbidden)
+    monkeypatch.setattr(ops, "project", counting)
+    monkeypatch.setattr(ops, "project_multi", forbidden)
     monkeypatch.setattr(ops, "project_negated", forbidden)
     ex = Executor(art)
     y = ex.scores([parse("(p r1 e3)"), parse("(p r1 e4)")])  # one relation: the degenerate case

@@ -229,3 +229,30 @@ def test_strategies_report_push_for_one_hot_and_pull_for_dense():
     assert codes.dtype == torch.int32 and codes.shape == (16,)
     assert codes[:8].eq(ops.STRATEGIES["push"]).all() and codes[8:].eq(ops.STRATEGIES["pull"]).all()
     assert ops.choose_strategy(x[:8], m) == "push" and ops.choose_strategy(x[8:], m) == "pull"
+
+
+# ----------------------------------------------------------------------------- the stacked transpose
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("dtypes", [(torch.int32, torch.int32), (torch.int64, torch.int64), (torch.int64, torch.int32)])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 40)])
+def test_stacked_transpose_kernel_path_equals_argsort_path(seed, dtypes, shape, monkeypatch):
+    """prepare_matrices transposes a stack relation by relation with the csr_transpose kernel (bounded
+    memory); the argsort path (devices without the kernel) must give the same bits."""
+    import ops.prepared as prepared
+
+    if not ops.has_kernel("csr_transpose", torch.device("cpu")):
+        pytest.skip("no csr_transpose kernel")
+    r, n = shape
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.rand(r * n, n, generator=g)
+    dense[dense < 0.7] = 0
+    if r > 1:
+        dense[n:2 * n] = 0  # an empty relation
+    m = dense.to_sparse_csr()
+    crow, col, val = m.crow_indices().to(dtypes[0]), m.col_indices().to(dtypes[1]), m.values().contiguous()
+    fast = prepared._stacked_transpose(crow, col, val, n, r)
+    monkeypatch.setattr(prepared, "has_kernel", lambda *a, **k: False)
+    slow = prepared._stacked_transpose(crow, col, val, n, r)
+    for a, b in zip(fast, slow):
+        assert a.dtype == b.dtype
+        assert torch.equal(a, b)

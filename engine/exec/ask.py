@@ -46,11 +46,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np

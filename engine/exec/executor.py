@@ -5,7 +5,7 @@ is a fuzzy set, a float32 vector over the N entities with values in [0, 1]:
 
 * ``Anchor(e)``               one-hot at ``e``;
 * ``(p r q)``                 ``Y[j] = max_i q[i] * M_r[i, j]``            (``ops.project``);
-* ``(np r q)``                ``Y[j] = max_i q[i] * (1 - min(1, s * M_r[i, j]))`` (``ops.project_negated``);
+* ``(np r q)``                ``Y[j] = max_i q[i] * (1 - min(1, s * M_r[i, j]))`` (``ops.project(..., negate=True)``);
 * ``(i q1 q2 ...)``           t-norm of the values (product or Gödel/min) (``ops.intersect``);
 * ``(u q1 q2 ...)``           the dual t-conorm                          (``ops.union``);
 * ``(n q)``                   ``1 - q``                                    (``ops.negate``).
@@ -17,8 +17,8 @@ Projection, one route: the executor reads the relation matrices through a
 :class:`kge.rows.RelationRows` (``artifact.relation_rows(device=...)``, or the
 ``rows=`` argument), which hands out, for a batch and its rows' relations,
 :class:`kge.rows.RowBlock` s (a stacked CSR with its transpose, each row's relation in
-it, which batch rows); each block is one ``ops.project_multi`` call (dense sets) or
-``ops.sparse_rows.project_multi_sparse`` call (sparse sets), each row through its own
+it, which batch rows); each block is one ``ops.project`` call (dense sets, or sparse sets
+as ``SparseRows``), each row through its own
 relation; one relation for all rows is the degenerate case.  Eager artifacts: one
 block, the whole KG prepared once per artifact and device (one stacked transpose,
 shared by every executor).  Lazy artifacts (:mod:`kge.lazy`): compact blocks of
@@ -33,7 +33,7 @@ same way, so the two stay comparable.
 Sparse sets (``Executor(sparse=True)``): where nobody needs a node's (B, N) tensor (scores without
 explanations, hooks or kept trace values), sets with few non-zeros travel as
 :class:`ops.sparse_rows.SparseRows`: anchors, projections of sparse sets whose
-push stays small (``ops.sparse_rows.project_multi_sparse``), intersections with a
+push stays small (``ops.project`` on a ``SparseRows``), intersections with a
 sparse argument and unions of sparse arguments.  A node with full support
 (negation, negated projection, union with a dense argument) and the query's
 result are dense, and so is a projection whose rows come in several blocks.
@@ -77,7 +77,7 @@ import torch
 import ops
 from kgreason.errors import UserError
 from ops.fuzzy import TNORMS
-from ops.sparse_rows import SparseRows, intersect_sparse, project_multi_sparse, push_sizes, union_sparse
+from ops.sparse_rows import SparseRows, intersect_sparse, push_sizes, union_sparse
 
 from engine.exec.explain import Answer, Explanation, QueryResult, combine_scores
 from engine.exec.hooks import OPS, Hook, HookHandle, NodeContext, NodeValue
@@ -137,10 +137,10 @@ class _Ops:
         if isinstance(x, SparseRows):
             if sparse_ratio is not None and not negated and \
                     int(push_sizes(x, block.rel, block.stack).sum()) * sparse_ratio <= x.batch_size * x.n:
-                return project_multi_sparse(x, block.rel, block.stack, **self.sparse_kw(x.device)), None
+                return ops.project(x, block.stack, block.rel, **self.sparse_kw(x.device)), None
             x = x.to_dense()
-        out = ops.project_multi(x, block.rel, block.stack, negated=negated, neg_scale=neg_scale, strategy=strategy,
-                                return_argmax=want_arg, **self._kw())
+        out = ops.project(x, block.stack, block.rel, negate=negated, neg_scale=neg_scale, strategy=strategy,
+                          return_argmax=want_arg, **self._kw())
         return out if want_arg else (out, None)
 
     def topk_prune(self, x, k: int):
@@ -364,7 +364,7 @@ class Executor:
 
     # ------------------------------------------------------------------------------ helpers
     def matrix(self, r: int):
-        """M_r as an ``ops.PreparedMatrix`` on this executor's device (cached; projections do not use it).
+        """M_r as a one-relation ``ops.StackedMatrices`` on this executor's device (cached; projections do not use it).
 
         Eager rows: a view of the one prepared stack (no copy of the KG).  With a lazy artifact
         this computes all N rows of M_r.
@@ -518,7 +518,7 @@ class Executor:
     def _compute_projection(self, nodes: list[Node], path: tuple[int, ...], run: _Run):
         """``p``/``np`` for every row, each by its own relation: the child, then :meth:`_project_rows`.
 
-        One-hot anchors go through the same call (``ops.project_multi`` on a one-hot
+        One-hot anchors go through the same call (``ops.project`` on a one-hot
         batch measured faster than a vectorised gather of CSR rows, the former anchor
         fast path), with the push strategy; sparse children may stay sparse (``run.sparse``).
         """
