@@ -442,8 +442,32 @@ def write_plot(path: Path, results: dict[str, dict[str, Any]], chosen: dict[str,
     ax.set_title("Entity linking on the labelled MetaQA set")
     ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Software": PLOT_MARK})
     plt.close(fig)
+
+
+# The plot's name is derived from --out, not given by the user, so it may only replace a file this tool
+# wrote: one carrying this PNG "Software" text, or the plot an existing linkeval report beside it links to.
+PLOT_MARK = "kgreason llm_bridge.linkeval"
+
+
+def plot_replaceable(plot: Path, report: Path) -> bool:
+    """True when writing ``plot`` loses nothing: it does not exist, or an earlier run of this tool wrote it."""
+    if not plot.exists():
+        return True
+    if not plot.is_file():
+        return False
+    try:
+        with plot.open("rb") as f:
+            if PLOT_MARK.encode() in f.read(1 << 16):
+                return True
+        if report.is_file():
+            with report.open("rb") as f:
+                head = f.read(1 << 20)
+            return head.startswith(b"# Entity linking") and f"]({plot.name})".encode() in head
+    except OSError:
+        return False
+    return False
 
 
 # ---------------------------------------------------------------------------------------- CLI
@@ -481,8 +505,15 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     if Path(a.out).is_dir():
         raise UserError(f"--out: {a.out!r} is a folder; give the Markdown file to write")
     # Before any linking: the report and its plot never replace --kb, and their folder can be made.
-    for what, path in (("--out", a.out), ("--out's plot", Path(a.out).with_suffix(".png"))):
+    plot = Path(a.out).with_suffix(".png")
+    if plot == Path(a.out):
+        raise UserError(f"--out: {a.out!r} ends in .png, the name of its plot; give the Markdown report's name "
+                        "(the plot is written next to it as .png)")
+    for what, path in (("--out", a.out), ("--out's plot", plot)):
         check_not_input(path, what=what, inputs=[("--kb", a.kb)])
+    if not plot_replaceable(plot, Path(a.out)):
+        raise UserError(f"--out's plot: {str(plot)!r} exists and was not written by llm_bridge.linkeval; not "
+                        "replacing it (move it, or choose another --out)")
     _check_parent(Path(a.out), "--out", create=True)
     if a.embedding is not None:
         from engine.paths.embeddings import ENCODERS

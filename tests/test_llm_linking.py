@@ -406,6 +406,13 @@ def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
     small = tmp_path / "small.md"
     assert linkeval.main(["--kb", str(kb), "--out", str(small), "--per-kind", "5", "--max-names", "120"]) == 0
     assert "a random 120 of its names" in small.read_text(encoding="utf-8")
+    # A rerun replaces its own plot (marked in the PNG's text) ...
+    assert linkeval.main(["--kb", str(kb), "--out", str(out), "--per-kind", "5", "--seed", "2"]) == 0
+    # ... and the plot an existing linkeval report links to, written before the mark existed.
+    plot = out.with_suffix(".png")
+    plot.write_bytes(b"\x89PNG\r\n\x1a\n unmarked")
+    assert linkeval.main(["--kb", str(kb), "--out", str(out), "--per-kind", "5", "--seed", "2"]) == 0
+    assert linkeval.PLOT_MARK.encode() in plot.read_bytes()[:1 << 16]
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -426,6 +433,10 @@ def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
     (["--kb", "EMPTY.txt", "--out", "x.md"], "error: --kb EMPTY.txt: no head|relation|tail line"),
     (["--kb", "KB", "--out", "x.md", "--embedding", "nosuch"],
      "error: --embedding: unknown encoder 'nosuch'; known: minilm"),
+    # Regression (CI fuzzing): the plot's derived name replaced an unrelated file; --out x.png was both.
+    (["--kb", "KB", "--out", "OTHER.md"],
+     "error: --out's plot: 'OTHER.png' exists and was not written by llm_bridge.linkeval; not replacing it"),
+    (["--kb", "KB", "--out", "r.png"], "error: --out: 'r.png' ends in .png, the name of its plot"),
 ])
 def test_linkeval_cli_errors(tmp_path, capsys, monkeypatch, argv, message):
     from llm_bridge import linkeval
@@ -433,6 +444,7 @@ def test_linkeval_cli_errors(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
     _write_kb(tmp_path / "KB")
     _write_kb(tmp_path / "KB.png")
+    (tmp_path / "OTHER.png").write_bytes(b"\x89PNG\r\n\x1a\n someone else's picture")
     (tmp_path / "BAD.txt").write_text("a|b|c\na|b\n", encoding="utf-8")
     (tmp_path / "EMPTY.txt").write_text("\n \n", encoding="utf-8")
     (tmp_path / "LATIN1.txt").write_bytes("a|b|c\nCaf\u00e9|b|c\n".encode("latin-1"))
