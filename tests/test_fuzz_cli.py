@@ -447,6 +447,9 @@ def _named_paths(parser: argparse.ArgumentParser, argv: list[str], lay: Layout, 
         p = Path(os.path.abspath(lay.root / argv[k + 1]))
         if a.dest in _OUTPUT_DESTS:
             outs.append(p)
+            plot = p.with_suffix(".png")
+            if cli == "llm_bridge.linkeval" and plot != p and not plot.exists():
+                outs.append(plot)  # its documented plot next to --out, when new (replacing a file is not allowed)
         elif a.dest in _CACHE_DESTS:
             outs.append(_Cache(p))
         elif a.dest in _INPUT_DESTS:
@@ -689,6 +692,9 @@ _EXAMPLES = [
     ("llm_bridge.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --embedding nope", None),
     ("llm_bridge.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --held-out nan", None),
     ("llm_bridge.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --max-names 12", None),
+    # The slow fuzz run's find (CI rehearsal, stop 26): --out inputs/tiny.tsv writes its documented plot
+    # inputs/tiny.png, a new file; replacing an existing one is refused (tests/test_llm_linking.py).
+    ("llm_bridge.linkeval", "--kb {metaqa_kb} --seed 0 --per-kind 2 --embedding hashing --out {kg}", None),
 ]
 
 
