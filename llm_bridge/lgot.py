@@ -40,7 +40,10 @@ At a projection node ``(p r q)``, for each of the B rows (all rows in one
 
 **LLM answer sets through the set operators** (LGOT §3.2): every node has, per
 row, an LLM answer set ``{entity: p}`` (an anchor: ``{a: 1}``), possibly
-*negated* (from ``np`` or ``n``), or undefined.  Intersection = the
+*negated* (from ``np`` or ``n``), or undefined; it travels with the node's value
+to the parent's hook call as an annotation (:class:`LGOTRow` under the hook's name,
+see :meth:`engine.exec.hooks.NodeValue.annotate`), beside the sub-question the node
+was asked with (what an empty-input parent nests).  Intersection = the
 intersection of the positive children's sets (``p`` = min) minus the union of
 the negated children's sets (LGOT's difference); union = the union (``p`` =
 max), undefined when a child is negated; ``n`` flips the child's sign.  The
@@ -119,6 +122,7 @@ __all__ = [
     "RELATION_QUESTION_MODES",
     "LGOTSettings",
     "LLMSet",
+    "LGOTRow",
     "likelihood_filter",
     "merge_value",
     "combine_sets",
@@ -201,6 +205,22 @@ def combine_sets(op: str, children: Sequence[LLMSet | None]) -> tuple[LLMSet | N
     raise ValueError(f"not a set operator: {op!r}")
 
 
+@dataclass(frozen=True)
+class LGOTRow:
+    """What the hook annotates each row of a node's value with (key: the hook's ``name``, ``"llm"``).
+
+    ``llm_set``: the row's LLM answer set at the node (``None``: undefined); ``asked``:
+    ``(question template, input names)`` the node's sub-question was asked with (a
+    projection), or the one an intersection stands for; ``None`` when there is none.
+    The parent node's call reads its children's rows from ``ctx.inputs[k]``
+    (:meth:`~engine.exec.hooks.NodeValue.annotation`): LGOT's set operators and nested
+    questions need nothing else, so nothing is kept between calls.
+    """
+
+    llm_set: LLMSet | None
+    asked: tuple[str, list[str]] | None = None
+
+
 def _unlinked_text(link: Any) -> str:
     """``"text" (closest "name" 84.2)``: an unlinked answer and the KG name it came closest to."""
     near = list(getattr(link, "nearest", ()) or ())
@@ -281,12 +301,6 @@ class LGOTHook:
         self.linker = linker
         self.questions = questions
         self.stats = HookStats()
-        # (query indices of the batch, path) -> per-row LLM sets; children are hooked right before
-        # their parent in the same batch, so an entry is always fresh when the parent reads it.
-        self._sets: dict[tuple[tuple[int, ...], tuple[int, ...]], list[LLMSet | None]] = {}
-        # Same keys -> per-row (question template, input names) the node's sub-question was asked
-        # with (None: no sub-question): what an empty-input parent nests (llm_bridge.nested).
-        self._asked: dict[tuple[tuple[int, ...], tuple[int, ...]], list[tuple[str, list[str]] | None]] = {}
         if artifact is not None:
             self.bind(artifact)
 
@@ -315,26 +329,23 @@ class LGOTHook:
             out = None
         elif ctx.op in ("p", "np"):
             out, sets, asked = self._projection(ctx, value)
-        else:
+        elif ctx.op in ("i", "u", "n"):
             out, sets = self._set_op(ctx, value)
             if ctx.op == "i":
                 asked = self._intersection_question(ctx)
-        key = (tuple(ctx.query_indices), tuple(ctx.path))
-        if ctx.path == ():
-            # The batch is done: forget its sets and questions (they were only needed by parents).
-            for table in (self._sets, self._asked):
-                for k in [k for k in table if k[0] == key[0]]:
-                    del table[k]
-        else:
-            self._sets[key] = sets
-            self._asked[key] = asked
-        return out
+        else:  # a node type registered beyond LGOT's operators: its LLM set is undefined
+            out, sets = None, [None] * ctx.rows
+        # The rows' sets and questions travel with the node's value to the parent's call.
+        return (value if out is None else out).annotate(
+            self.name, [LGOTRow(st, a) for st, a in zip(sets, asked)])
+
+    def _child_rows(self, ctx: NodeContext, k: int) -> tuple[LGOTRow | None, ...]:
+        """Child ``k``'s per-row :class:`LGOTRow` (``None`` per row when this hook did not annotate it)."""
+        got = ctx.inputs[k].annotation(self.name)
+        return (None,) * ctx.rows if got is None else got
 
     def _child_asked(self, ctx: NodeContext, k: int) -> list[tuple[str, list[str]] | None]:
-        got = self._asked.get((tuple(ctx.query_indices), tuple(ctx.path) + (k,)))
-        if got is None or len(got) != ctx.rows:
-            return [None] * ctx.rows
-        return got
+        return [None if r is None else r.asked for r in self._child_rows(ctx, k)]
 
     def _intersection_question(self, ctx: NodeContext) -> list[tuple[str, list[str]] | None]:
         """Per row, the sub-question an intersection stands for: that of its one positive child with a
@@ -349,10 +360,7 @@ class LGOTHook:
         return out
 
     def _child_sets(self, ctx: NodeContext, k: int) -> list[LLMSet | None]:
-        got = self._sets.get((tuple(ctx.query_indices), tuple(ctx.path) + (k,)))
-        if got is None or len(got) != ctx.rows:
-            return [None] * ctx.rows
-        return got
+        return [None if r is None else r.llm_set for r in self._child_rows(ctx, k)]
 
     # ---------------------------------------------------------------------------- projection
     def _inputs(self, ctx: NodeContext) -> tuple[list[list[int]], list[int]]:

@@ -483,6 +483,15 @@ class Executor:
             out = entry.hook(ctx, value)
             if out is None or out is value:
                 continue
+            if not isinstance(out, NodeValue):
+                raise TypeError(f"hook {entry.name!r} at node {list(path)} returned {type(out).__name__}; "
+                                "expected a NodeValue or None")
+            if value.annotations and not value.annotations.keys() <= out.annotations.keys():
+                # Another hook's annotations travel on even when this hook built its value afresh.
+                out = out.replace(annotations={**value.annotations, **out.annotations})
+            if out.same_scores(value):  # annotations only: the node's value did not change
+                value = out
+                continue
             self._check_hook_value(out, value, entry.name, path)
             run.trace.add_hook(path, entry.name)
             value = out

@@ -39,6 +39,23 @@ A KG-only run has no hooks; an "LLM-only" run has a hook that replaces each
 row (:meth:`ValueEdit.replace_row`); a merged run has a hook that merges
 (``merge="max"`` or ``"add"``).  All three are the same executor path.
 
+Annotations: a hook may also hand data to the hooks of the nodes above
+without changing any score.  ``value.annotate(key, rows)`` returns the value with
+``annotations[key]`` set to one payload per row (any Python objects; by
+convention ``key`` is the hook's name); a parent's hook reads it from
+``ctx.inputs[k].annotation(key)``.  Annotations travel with the value: they
+survive :meth:`NodeValue.replace`, :meth:`NodeValue.edit` and later hooks (the
+executor keeps a key a later hook's value lacks), are sliced and concatenated
+with the rows (:meth:`NodeValue.select`, :meth:`NodeValue.concat`), and each
+query's trace shows its row's payloads (:attr:`~engine.exec.trace.NodeTrace.annotations`).
+A hook that returns its input with only annotations added is not listed as
+having changed the node.  The LLM bridge passes its per-row LLM answer sets
+this way (:mod:`llm_bridge.lgot`)::
+
+    def count_inputs(ctx, value):
+        below = [c.annotation("count") or (0,) * ctx.rows for c in ctx.inputs]
+        return value.annotate("count", [1 + sum(b[row] for b in below) for row in range(ctx.rows)])
+
 Merge rules (``Evidence.merge``), with ``kg`` the node's value before the merge:
 
 * ``"max"``:     ``merged = max(kg, score)``
@@ -84,6 +101,11 @@ OPS = ("e", "p", "np", "i", "u", "n")
 #: Merge rules of :class:`Evidence`.
 MERGES = ("max", "add", "replace", "scale")
 _NO_EVIDENCE: Mapping[int, "Evidence"] = MappingProxyType({})
+_NO_ANNOTATIONS: Mapping[str, tuple] = MappingProxyType({})
+
+
+def _no_annotations() -> Mapping[str, tuple]:
+    return _NO_ANNOTATIONS
 
 
 def _check_json(value: Any, what: str) -> None:
@@ -194,6 +216,9 @@ class NodeValue:
     ``"replace"``) of every entity of the row without evidence of its own: set by
     :meth:`ValueEdit.replace_row`, which discards the row's KG values, listed
     entities or not.
+    ``annotations``: read-only mapping, key (by convention a hook's name) -> a tuple of
+    B payloads, one per row: what a hook hands to the hooks of the nodes above
+    (see the module doc); empty when nobody annotated.
 
     Treat the tensors as read-only: the executor may keep them for explanations
     and traces.  Change a value through :meth:`edit` / :func:`merge_scores`,
@@ -204,6 +229,7 @@ class NodeValue:
     argmax: torch.Tensor | None = None
     evidence: tuple[Mapping[int, Evidence], ...] = ()
     row_evidence: tuple[Evidence | None, ...] = ()
+    annotations: Mapping[str, tuple[Any, ...]] = field(default_factory=_no_annotations)
 
     def __post_init__(self) -> None:
         if self.values.dim() != 2 or self.values.dtype != torch.float32:
@@ -225,6 +251,9 @@ class NodeValue:
             raise ValueError(f"NodeValue.row_evidence has {len(self.row_evidence)} rows, values {self.values.shape[0]}")
         else:
             object.__setattr__(self, "row_evidence", tuple(self.row_evidence))
+        ann = self.annotations
+        if ann is not _NO_ANNOTATIONS:
+            object.__setattr__(self, "annotations", _check_annotations(ann, self.values.shape[0]))
 
     def evidence_at(self, row: int, entity: int) -> Evidence | None:
         """The evidence behind ``values[row, entity]``: its own, else the row's, else ``None`` (KG only)."""
@@ -243,8 +272,75 @@ class NodeValue:
         return ValueEdit(self)
 
     def replace(self, **changes: Any) -> "NodeValue":
-        """A NodeValue with some fields replaced (``dataclasses.replace``)."""
+        """A NodeValue with some fields replaced (``dataclasses.replace``; annotations carried unless replaced)."""
         return replace(self, **changes)
+
+    def annotation(self, key: str, default: Any = None) -> tuple[Any, ...] | Any:
+        """The B per-row payloads annotated under ``key``, else ``default``."""
+        return self.annotations.get(key, default)
+
+    def annotate(self, key: str, rows: Sequence[Any]) -> "NodeValue":
+        """This value with ``annotations[key]`` set to ``rows`` (one payload per row); tensors shared, not copied."""
+        return replace(self, annotations={**self.annotations, key: tuple(rows)})
+
+    def same_scores(self, other: "NodeValue") -> bool:
+        """True when ``other`` holds this value's very tensors and evidence (it may differ in annotations)."""
+        return (other.values is self.values and other.argmax is self.argmax and other.evidence is self.evidence
+                and other.row_evidence is self.row_evidence)
+
+    def select(self, rows: Sequence[int]) -> "NodeValue":
+        """The rows ``rows`` (in that order) of this value: tensors, evidence and every annotation."""
+        idx = [int(r) for r in rows]
+        b = self.rows
+        for r in idx:
+            if not -b <= r < b:
+                raise IndexError(f"row {r} out of range for a batch of {b}")
+        t = torch.tensor(idx, dtype=torch.int64, device=self.values.device)
+        return NodeValue(values=self.values.index_select(0, t),
+                         argmax=None if self.argmax is None else self.argmax.index_select(0, t),
+                         evidence=tuple(self.evidence[r] for r in idx),
+                         row_evidence=tuple(self.row_evidence[r] for r in idx),
+                         annotations={k: tuple(v[r] for r in idx) for k, v in self.annotations.items()})
+
+    @staticmethod
+    def concat(parts: Sequence["NodeValue"]) -> "NodeValue":
+        """The rows of ``parts`` one after the other (the inverse of splitting a batch with :meth:`select`).
+
+        ``argmax`` is kept when some part has one (``-1``, no witness, in the rows of parts
+        without); an annotation key some part lacks is ``None`` in that part's rows.
+        """
+        if not parts:
+            raise ValueError("NodeValue.concat needs at least one part")
+        values = torch.cat([p.values for p in parts], dim=0)
+        argmax = None
+        if any(p.argmax is not None for p in parts):
+            argmax = torch.cat([p.argmax if p.argmax is not None else
+                                torch.full(p.values.shape, -1, dtype=torch.int32, device=p.values.device)
+                                for p in parts], dim=0)
+        keys = list(dict.fromkeys(k for p in parts for k in p.annotations))
+        ann = {k: tuple(x for p in parts for x in p.annotations.get(k, (None,) * p.rows)) for k in keys}
+        return NodeValue(values=values, argmax=argmax, evidence=tuple(e for p in parts for e in p.evidence),
+                         row_evidence=tuple(e for p in parts for e in p.row_evidence), annotations=ann)
+
+
+def _check_annotations(ann: Any, rows: int) -> Mapping[str, tuple]:
+    """``ann`` as a read-only mapping of str keys to tuples of ``rows`` payloads (or a clear error)."""
+    if not isinstance(ann, Mapping):
+        raise TypeError(f"NodeValue.annotations must be a mapping, got {type(ann).__name__}")
+    if not ann:
+        return _NO_ANNOTATIONS
+    out: dict[str, tuple] = {}
+    for k, v in ann.items():
+        if not isinstance(k, str) or not k:
+            raise TypeError(f"NodeValue.annotations keys must be non-empty strings, got {k!r}")
+        if isinstance(v, (str, bytes)) or not isinstance(v, Sequence):
+            raise TypeError(f"NodeValue.annotations[{k!r}] must be a sequence of per-row payloads, "
+                            f"got {type(v).__name__}")
+        v = tuple(v)
+        if len(v) != rows:
+            raise ValueError(f"NodeValue.annotations[{k!r}] has {len(v)} rows, values {rows}")
+        out[k] = v
+    return MappingProxyType(out)
 
 
 class ValueEdit:
@@ -363,7 +459,7 @@ class ValueEdit:
             return self._base
         assert self._evidence is not None
         return NodeValue(values=self._values, argmax=self._argmax, evidence=tuple(self._evidence),
-                         row_evidence=tuple(self._row_evidence))
+                         row_evidence=tuple(self._row_evidence), annotations=self._base.annotations)
 
 
 def merge_scores(value: NodeValue, row: int, entity_ids: Sequence[int], scores: Sequence[float], *,

@@ -48,6 +48,7 @@ class _NodeRecord:
     notes: dict[int, dict[str, Any]] = field(default_factory=dict)
     evidence: tuple[Mapping[int, Evidence], ...] = ()
     row_evidence: tuple[Evidence | None, ...] = ()
+    annotations: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     values: torch.Tensor | None = None
 
 
@@ -84,6 +85,7 @@ class BatchTrace:
         rec = self.records[path]
         rec.evidence = value.evidence
         rec.row_evidence = value.row_evidence
+        rec.annotations = value.annotations
         if self.keep_values:
             # A copy: callers may edit the scores they get back in place.
             rec.values = value.values.detach().to("cpu", copy=True)
@@ -109,7 +111,11 @@ class NodeTrace:
     (for the batch); ``notes``: what hooks noted for this query; ``evidence``:
     entity id -> :class:`~engine.exec.hooks.Evidence` merged at this node;
     ``row_evidence``: when a hook replaced this query's row (its KG values
-    discarded), the evidence of every entity it did not list, else ``None``; ``values``: the (N,) float32 values (after hooks) when kept, else ``None``.
+    discarded), the evidence of every entity it did not list, else ``None``; ``annotations``: this
+    query's payload under each key hooks annotated the node's value with (see
+    :meth:`~engine.exec.hooks.NodeValue.annotate`; Python objects of the hook's choosing, so
+    :meth:`to_json` leaves them out: a hook notes what the JSON should show); ``values``: the
+    (N,) float32 values (after hooks) when kept, else ``None``.
     """
 
     path: tuple[int, ...]
@@ -122,6 +128,7 @@ class NodeTrace:
     notes: Mapping[str, Any] = field(default_factory=dict)
     evidence: Mapping[int, Evidence] = field(default_factory=dict)
     row_evidence: Evidence | None = None
+    annotations: Mapping[str, Any] = field(default_factory=dict)
     values: torch.Tensor | None = None
 
     def to_json(self, entity_names=None) -> dict[str, Any]:
@@ -184,6 +191,7 @@ class Trace:
                     hooks=tuple(rec.hooks), notes=dict(rec.notes.get(r, {})),
                     evidence=dict(rec.evidence[r]) if rec.evidence else {},
                     row_evidence=rec.row_evidence[r] if rec.row_evidence else None,
+                    annotations={k: v[r] for k, v in rec.annotations.items()},
                     values=None if rec.values is None else rec.values[r],
                 ))
             self._nodes = tuple(out)
