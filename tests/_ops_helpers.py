@@ -10,6 +10,39 @@ import ops
 BACKENDS = list(ops.BACKENDS)
 
 
+def _param_id(v) -> str:
+    return str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else str(v)
+
+
+def lane_grid(*axes: list) -> list:
+    """Every case of the product of ``axes`` as a ``pytest.param``; all but a covering subset marked ``slow``.
+
+    The fast lane (``-m "not slow"``) keeps a few cases in which every value of every axis occurs at least
+    once (picked greedily from a fixed shuffle of the product, so values are not always paired alike); the
+    full run (CI) runs the whole product.  An axis whose values are tuples fills several argnames, so
+    ``lane_grid(BACKENDS, [(1, 3), (7, 5)])`` goes with ``parametrize("backend,n,b", ...)``.
+    """
+    import itertools
+    import random
+
+    cases = list(itertools.product(*axes))
+    order = list(range(len(cases)))
+    random.Random(0).shuffle(order)
+    fast: set[int] = set()
+    todo = {(i, repr(v)) for i, axis in enumerate(axes) for v in axis}
+    for k in order:
+        new = {(i, repr(v)) for i, v in enumerate(cases[k])} & todo
+        if new:
+            fast.add(k)
+            todo -= new
+    params = []
+    for k, case in enumerate(cases):
+        flat = [x for v in case for x in (v if isinstance(v, tuple) else (v,))]
+        params.append(pytest.param(*flat, marks=() if k in fast else pytest.mark.slow,
+                                   id="-".join(_param_id(x) for x in flat)))
+    return params
+
+
 def require_backend(backend: str, op: str, device: str) -> None:
     """Skip the calling test when ``backend`` cannot run ``kgreason::<op>`` on ``device``."""
     if backend == "cpp" and not ops.has_kernel(op, device):

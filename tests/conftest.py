@@ -108,6 +108,68 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+# ------------------------------------------------------------------ per-test CPU time (KGREASON_TEST_CPU=FILE)
+# The fast lane's budget is counted in CPU seconds: wall time on a shared machine mostly measures the
+# neighbours.  With KGREASON_TEST_CPU set, each test's CPU seconds (this process's threads plus the
+# subprocesses it waited for: nvcc, fresh interpreters) and wall seconds over setup, call and teardown
+# (a session fixture counts for the first test that uses it) go to that file as a TSV, largest first,
+# then per-file totals and the whole session's (collection included).  docs/testing.md has the command.
+CPU_ENV = "KGREASON_TEST_CPU"
+_cpu_rows: dict[str, tuple[float, float]] = {}
+_cpu_start: list[tuple[float, float]] = []
+
+
+def _cpu_now() -> float:
+    import os
+
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def pytest_sessionstart(session):
+    import time
+
+    _cpu_start.append((_cpu_now(), time.perf_counter()))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    import os
+    import time
+
+    if not os.environ.get(CPU_ENV):
+        return (yield)
+    c0, w0 = _cpu_now(), time.perf_counter()
+    try:
+        return (yield)
+    finally:
+        _cpu_rows[item.nodeid] = (_cpu_now() - c0, time.perf_counter() - w0)
+
+
+def pytest_sessionfinish(session):
+    import os
+    import time
+
+    path = os.environ.get(CPU_ENV)
+    if not path or not _cpu_start:
+        return
+    cpu0, wall0 = _cpu_start[0]
+    files: dict[str, list[float]] = {}
+    for nodeid, (cpu, wall) in _cpu_rows.items():
+        acc = files.setdefault(nodeid.split("::")[0], [0.0, 0.0, 0])
+        acc[0] += cpu
+        acc[1] += wall
+        acc[2] += 1
+    lines = ["cpu_s\twall_s\ttest"]
+    lines += [f"{c:.3f}\t{w:.3f}\t{n}" for n, (c, w) in sorted(_cpu_rows.items(), key=lambda kv: -kv[1][0])]
+    lines += ["", "cpu_s\twall_s\ttests\tfile"]
+    lines += [f"{c:.2f}\t{w:.2f}\t{k}\t{f}" for f, (c, w, k) in sorted(files.items(), key=lambda kv: -kv[1][0])]
+    lines += ["", f"# {len(_cpu_rows)} tests: {sum(c for c, _ in _cpu_rows.values()):.1f} s of CPU in tests; session "
+                  f"(collection included) {_cpu_now() - cpu0:.1f} s of CPU, {time.perf_counter() - wall0:.1f} s wall"]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 # ------------------------------------------------------------------ hypothesis (tests/test_fuzz_*.py)
 # "ci" (the default) keeps the fuzzing suite a bounded part of the normal run; "slow"
 # (HYPOTHESIS_PROFILE=slow, or the slow-marked twins of the fuzz tests) searches far longer.

@@ -68,6 +68,7 @@ def package_of(name: str) -> str:
     return name if _is_package(name) else name.rsplit(".", 1)[0]
 
 
+@lru_cache(maxsize=None)  # asked once per import edge by the package-graph tests
 def is_entry_point(name: str) -> bool:
     path = project_modules()[name]
     if path.name == "__main__.py":
@@ -213,9 +214,7 @@ def loaded_after_import(modules: list[str]) -> set[str]:
     return set(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_import_in_fresh_interpreter(package):
-    loaded = loaded_after_import(_modules_of(package))
+def _check_loaded(package: str, loaded: set[str]) -> None:
     heavy = loaded & NEVER_AT_IMPORT
     assert not heavy, f"importing {package} loads {sorted(heavy)}"
     bad = loaded & FORBIDDEN.get(package, set())
@@ -223,3 +222,82 @@ def test_import_in_fresh_interpreter(package):
     if package == "kgreason":  # the base of every layer: the standard library only
         extra = {m for m in loaded if m not in sys.stdlib_module_names and not m.startswith("_")} - {"kgreason"}
         assert not extra, f"importing kgreason loads {sorted(extra)}"
+
+
+@pytest.mark.slow  # ~2.5 s of CPU per package (torch imported nine times); fast twin: test_import_in_shared_interpreter
+@pytest.mark.parametrize("package", PACKAGES)
+def test_import_in_fresh_interpreter(package):
+    _check_loaded(package, loaded_after_import(_modules_of(package)))
+
+
+# ------------------------------------------------------------------ one interpreter, a fork per package
+# Importing torch is most of each fresh interpreter's cost.  One interpreter imports it once and forks a
+# child per package, which imports that package's modules and reports sys.modules.  A child sees what
+# its parent had loaded, so its set is a superset of a fresh interpreter's: the checks can only fail
+# more, never less.  For that reason the packages that must not load torch (and kgreason, which may
+# load nothing outside the standard library) fork before torch is imported; the others after, and
+# test_import_in_shared_interpreter fails (instead of blaming the package) if torch itself loads a
+# module forbidden to one of them.
+_FORK_DRIVER = r"""
+import importlib, json, os, sys, traceback
+
+def loaded():
+    return sorted({k.split('.')[0] for k in sys.modules})
+
+def in_child(modules):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            for m in modules:
+                importlib.import_module(m)
+            out = {"loaded": loaded()}
+        except BaseException:
+            out = {"error": traceback.format_exc()}
+        with os.fdopen(w, "w") as f:
+            f.write(json.dumps(out))
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    return json.loads(data) if data else {"error": f"child exited with status {status} and no report"}
+
+results = {}
+for preload, packages in json.loads(sys.argv[1]):
+    for m in preload:
+        importlib.import_module(m)
+    pre = loaded()
+    for package, modules in packages:
+        results[package] = dict(in_child(modules), preloaded=pre)
+print(json.dumps(results))
+"""
+#: Packages forked from the bare interpreter: those that must not load torch, and the stdlib-only base.
+BARE = ["kgreason"] + [p for p in PACKAGES if "torch" in FORBIDDEN.get(p, ())]
+
+
+@pytest.fixture(scope="module")
+def shared_interpreter_imports() -> dict[str, dict]:
+    """{package: {"loaded" or "error", "preloaded"}} from one interpreter forking a child per package."""
+    if not hasattr(os, "fork"):  # no fork (Windows): one fresh interpreter per package, as the slow twin
+        return {p: {"loaded": sorted(loaded_after_import(_modules_of(p))), "preloaded": []} for p in PACKAGES}
+    plan = [[[], [[p, _modules_of(p)] for p in BARE]],
+            [["torch"], [[p, _modules_of(p)] for p in PACKAGES if p not in BARE]]]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", _FORK_DRIVER, json.dumps(plan)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"the import driver failed:\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_import_in_shared_interpreter(shared_interpreter_imports, package):
+    """What importing each package loads, from a fork of one interpreter (torch imported once)."""
+    res = shared_interpreter_imports[package]
+    assert "error" not in res, f"importing {package} failed:\n{res['error'][-3000:]}"
+    pre = set(res["preloaded"])
+    inherited = pre & (NEVER_AT_IMPORT | FORBIDDEN.get(package, set()))
+    assert not inherited, (f"the shared interpreter had loaded {sorted(inherited)} before forking for {package}, "
+                        f"which {package} must not load: add {package} to BARE")
+    _check_loaded(package, set(res["loaded"]))

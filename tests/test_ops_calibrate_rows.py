@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ops
-from _ops_helpers import BACKENDS, require_backend
+from _ops_helpers import BACKENDS, lane_grid, require_backend
 from kgreason.errors import UserError
 
 CPP = ops.extension_available() and ops.has_kernel("calibrate_rows", "cpu")
@@ -103,10 +103,10 @@ def _run(backend: str, device: str, s, ptr, ocol, threshold: float, delta: float
 SIZES = [(1, 1), (1, 17), (2, 1), (3, 16), (5, 33), (17, 100), (64, 1000), (7, 5003), (40, 300)]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("c,n", SIZES)
-@pytest.mark.parametrize("obs", ["none", "random", "all", "mixed"])
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+# Both grids run whole in the full run (CI); the fast lane keeps the cases in which every value of every
+# axis occurs (tests/_ops_helpers.lane_grid).
+@pytest.mark.parametrize("backend,c,n,obs,index_dtype", lane_grid(
+    BACKENDS, SIZES, ["none", "random", "all", "mixed"], [torch.int32, torch.int64]))
 def test_matches_float64_formula(device, seed, backend, c, n, obs, index_dtype):
     require_backend(backend, "calibrate_rows", device)
     gen = torch.Generator().manual_seed(seed)
@@ -130,10 +130,9 @@ def test_matches_float64_formula(device, seed, backend, c, n, obs, index_dtype):
 
 
 @needs_cpp
-@pytest.mark.parametrize("c,n", SIZES + [(300, 2000), (3, 63000)])
-@pytest.mark.parametrize("scores", ["normal", "equal", "mixed"])
-@pytest.mark.parametrize("obs", ["none", "random", "all", "mixed"])
-@pytest.mark.parametrize("threshold", [1e-4, 2e-3, 0.3, 0.999, 5.5])
+@pytest.mark.parametrize("c,n,scores,obs,threshold", lane_grid(
+    SIZES + [(300, 2000), (3, 63000)], ["normal", "equal", "mixed"], ["none", "random", "all", "mixed"],
+    [1e-4, 2e-3, 0.3, 0.999, 5.5]))
 def test_kernel_matches_reference(device, seed, c, n, scores, obs, threshold):
     """Random inputs, thresholds from keeping much to dropping everything but the observed edges."""
     require_backend("cpp", "calibrate_rows", device)

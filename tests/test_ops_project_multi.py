@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import ops
-from _ops_helpers import BACKENDS, dense_negation_factor, dense_project, random_batch, random_matrix, require_backend
+from _ops_helpers import (
+    BACKENDS, dense_negation_factor, dense_project, lane_grid, random_batch, random_matrix, require_backend,
+)
 from ops.project_multi import SWEEP, StackedMatrices, prepare_stacked, project_multi, project_multi_strategies
 
 # torch warns once per process that sparse CSR tensors are "beta" when a test builds one; only a note
@@ -81,13 +83,12 @@ def _rels(b: int, r: int, mode: str, gen: torch.Generator) -> torch.Tensor:
     return torch.randint(0, r, (b,), generator=gen)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("strategy", STRATS)
-@pytest.mark.parametrize("ptr_dtype,idx_dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("negated", [False, True], ids=["plain", "negated"])
-@pytest.mark.parametrize("rel_mode", ["mixed", "equal"])
-@pytest.mark.parametrize("n,b,r,density", [(1, 1, 1, 1.0), (1, 4, 3, 1.0), (7, 5, 3, 0.3), (64, 0, 2, 0.05),
-                                           (50, 40, 5, 0.1), (130, 70, 4, 0.03)])
+# 576 cases in the full run; the fast lane keeps the 6 in which every value of every axis occurs
+# (tests/_ops_helpers.lane_grid), beside test_ops_project.py::test_project_matches_brute_force, the fold's
+# own grid over the same kernel (sizes, strategies, negate, index dtypes, mixed relations: all in the fast lane).
+@pytest.mark.parametrize("backend,strategy,ptr_dtype,idx_dtype,negated,rel_mode,n,b,r,density", lane_grid(
+    BACKENDS, STRATS, INDEX_DTYPES, [False, True], ["mixed", "equal"],
+    [(1, 1, 1, 1.0), (1, 4, 3, 1.0), (7, 5, 3, 0.3), (64, 0, 2, 0.05), (50, 40, 5, 0.1), (130, 70, 4, 0.03)]))
 def test_matches_brute_force(device, seed, backend, strategy, ptr_dtype, idx_dtype, negated, rel_mode, n, b, r,
                              density):
     require_backend(backend, "project_multi", device)
@@ -108,9 +109,7 @@ def test_matches_brute_force(device, seed, backend, strategy, ptr_dtype, idx_dty
 
 
 @needs_cpp
-@pytest.mark.parametrize("negated", [False, True], ids=["plain", "negated"])
-@pytest.mark.parametrize("rel_mode", ["mixed", "equal", "few"])
-@pytest.mark.parametrize("b", [1, 17, 40, 130])
+@pytest.mark.parametrize("negated,rel_mode,b", lane_grid([False, True], ["mixed", "equal", "few"], [1, 17, 40, 130]))
 def test_kernel_equals_reference_larger(seed, negated, rel_mode, b):
     """Bigger inputs, where tiles of 16 and 32 rows and ragged last tiles occur, against the reference."""
     gen = torch.Generator().manual_seed(seed)

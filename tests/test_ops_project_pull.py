@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ops
-from _ops_helpers import dense_project, random_batch, random_matrix, require_backend
+from _ops_helpers import dense_project, lane_grid, random_batch, random_matrix, require_backend
 
 CPP = ops.extension_available()
 needs_cpp = pytest.mark.skipif(not CPP, reason="compiled extension ops._C not built")
@@ -40,10 +40,9 @@ class _threads:
 
 # ------------------------------------------------------------------------------------ pull kernel
 @needs_cpp
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("b", [1, 2, 15, 16, 17, 31, 32, 33, 50, 64, 65])
-@pytest.mark.parametrize("n", [1, 13, 16, 47, 160])
-@pytest.mark.parametrize("kind", ["dense", "sparse", "zeros"])
+@pytest.mark.parametrize("index_dtype,b,n,kind", lane_grid(  # full grid (330) in CI; the fast lane: each value once
+    [torch.int32, torch.int64], [1, 2, 15, 16, 17, 31, 32, 33, 50, 64, 65], [1, 13, 16, 47, 160],
+    ["dense", "sparse", "zeros"]))
 def test_pull_matches_brute_force(seed, index_dtype, b, n, kind):
     """Every tile width (B = 1: scalar gather; <= 16; > 16), ragged last tiles, N below, at and above a
     multiple of the 16-float vector (transpose and write-back tails), empty rows and columns."""
@@ -107,8 +106,7 @@ def test_pull_long_columns_use_32_wide_tiles(seed, index_dtype, b, ties):
 
 
 @needs_cpp
-@pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("b", [1, 16, 40, 45, 96, 97, 130])
+@pytest.mark.parametrize("threads,b", lane_grid([1, 2, 3], [1, 16, 40, 45, 96, 97, 130]))  # fast lane: 7 of 21
 def test_pull_parallel_split_equals_reference(seed, threads, b):
     """A matrix big enough (~1 ms of work) for the kernel to go parallel: tiles dealt to threads
     (a private transposed copy each), tiles split into column ranges (tile count not a multiple

@@ -5,7 +5,9 @@ import pytest
 import torch
 
 import ops
-from _ops_helpers import BACKENDS, dense_negation_factor, dense_project, random_batch, random_matrix, require_backend
+from _ops_helpers import (
+    BACKENDS, dense_negation_factor, dense_project, lane_grid, random_batch, random_matrix, require_backend,
+)
 
 CPP = ops.extension_available()
 needs_cpp = pytest.mark.skipif(not CPP, reason="compiled extension ops._C not built")
@@ -19,13 +21,11 @@ def _check_equal(got, want, what: str, seed: int):
         raise AssertionError(f"{what}: differs at {diff} (seed={seed})")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("strategy", STRATS)
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize(
-    "n,b,density", [(1, 1, 1.0), (7, 3, 0.3), (64, 1, 0.05), (150, 17, 0.02), (257, 40, 0.1)]
-)
-@pytest.mark.parametrize("kind", ["onehot", "sparse", "dense", "zeros"])
+# The grids below run whole in the full run (CI); the fast lane keeps the cases in which every value of
+# every axis occurs (tests/_ops_helpers.lane_grid), beside test_ops_project.py's grid over the same kernel.
+@pytest.mark.parametrize("backend,strategy,index_dtype,n,b,density,kind", lane_grid(
+    BACKENDS, STRATS, [torch.int32, torch.int64],
+    [(1, 1, 1.0), (7, 3, 0.3), (64, 1, 0.05), (150, 17, 0.02), (257, 40, 0.1)], ["onehot", "sparse", "dense", "zeros"]))
 def test_project_matches_brute_force(device, seed, backend, strategy, index_dtype, n, b, density, kind):
     require_backend(backend, "project", device)
     gen = torch.Generator().manual_seed(seed)
@@ -41,9 +41,7 @@ def test_project_matches_brute_force(device, seed, backend, strategy, index_dtyp
 
 
 @needs_cpp
-@pytest.mark.parametrize("strategy", STRATS)
-@pytest.mark.parametrize("b", [1, 2, 5, 9, 16, 33])
-@pytest.mark.parametrize("kind", ["onehot", "sparse", "dense"])
+@pytest.mark.parametrize("strategy,b,kind", lane_grid(STRATS, [1, 2, 5, 9, 16, 33], ["onehot", "sparse", "dense"]))
 def test_kernels_equal_reference_larger(device, seed, strategy, b, kind):
     """Bigger random inputs (every tile width, ragged last tile) where brute force would be slow."""
     require_backend("cpp", "project", device)
@@ -121,11 +119,9 @@ def test_auto_strategy_choice():
     assert ops.choose_strategy(random_batch(64, n, "dense", gen), prep) == "pull"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("n,b,density", [(1, 1, 1.0), (30, 4, 0.2), (120, 19, 0.05), (200, 1, 0.5)])
-@pytest.mark.parametrize("kind", ["onehot", "sparse", "dense", "zeros", "ones"])
-@pytest.mark.parametrize("neg_scale", [3.0, 0.7])
+@pytest.mark.parametrize("backend,index_dtype,n,b,density,kind,neg_scale", lane_grid(
+    BACKENDS, [torch.int32, torch.int64], [(1, 1, 1.0), (30, 4, 0.2), (120, 19, 0.05), (200, 1, 0.5)],
+    ["onehot", "sparse", "dense", "zeros", "ones"], [3.0, 0.7]))
 def test_project_negated_matches_dense_formula(device, seed, backend, index_dtype, n, b, density, kind, neg_scale):
     require_backend(backend, "project_negated", device)
     gen = torch.Generator().manual_seed(seed)
@@ -164,8 +160,7 @@ def test_project_negated_ties_and_full_support(device, seed, backend, neg_scale)
 
 
 @needs_cpp
-@pytest.mark.parametrize("b", [1, 3, 8, 20])
-@pytest.mark.parametrize("kind", ["onehot", "sparse", "dense"])
+@pytest.mark.parametrize("b,kind", lane_grid([1, 3, 8, 20], ["onehot", "sparse", "dense"]))
 def test_project_negated_kernel_equals_reference_larger(device, seed, b, kind):
     require_backend("cpp", "project_negated", device)
     gen = torch.Generator().manual_seed(seed)
