@@ -1,0 +1,44 @@
+"""tests/_ops_helpers.lane_grid: the whole product in the full run, every axis value in the fast lane."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from _ops_helpers import lane_grid
+
+
+def _is_slow(param) -> bool:
+    return any(m.name == "slow" for m in param.marks)
+
+
+@pytest.mark.parametrize("trial", range(20))
+def test_lane_grid_is_the_product_and_the_fast_cases_cover_every_value(trial):
+    rng = random.Random(trial)
+    axes = []
+    for _ in range(rng.randint(1, 5)):
+        k = rng.randint(1, 6)
+        if rng.random() < 0.3:  # a tuple-valued axis fills two argnames
+            axes.append([(rng.randint(0, 9), i) for i in range(k)])
+        else:
+            axes.append(rng.sample([0, 1, 2.5, "a", "b", torch.int32, torch.int64, None, True], k))
+    params = lane_grid(*axes)
+    flat = [tuple(x for v in case for x in (v if isinstance(v, tuple) else (v,))) for case in itertools.product(*axes)]
+    assert [p.values for p in params] == flat  # every case, in product order
+    assert len({p.id for p in params}) == len(params)
+    fast = [p for p in params if not _is_slow(p)]
+    assert len(fast) <= sum(len(a) for a in axes)  # each fast case adds a value not yet covered
+    for i, axis in enumerate(axes):
+        start = sum(len(a[0]) if isinstance(a[0], tuple) else 1 for a in axes[:i])
+        width = len(axis[0]) if isinstance(axis[0], tuple) else 1
+        seen = {p.values[start:start + width] for p in fast}
+        want = {v if isinstance(v, tuple) else (v,) for v in axis}
+        assert seen == want, f"axis {i}: the fast cases miss {want - seen}"
+
+
+def test_lane_grid_ids_name_dtypes_plainly():
+    params = lane_grid([torch.int32], [(3, 0.5)])
+    assert [p.id for p in params] == ["int32-3-0.5"]
+    assert not _is_slow(params[0])
