@@ -54,6 +54,8 @@ class AskConfig:
     exemplar_weight: float = 4.0
     exemplar_k: int = 3
     embedding_candidates: int = 0
+    vote_paths: int = 16  # answers without a reasoner's pick: vote of this many candidate paths (1: the best path)
+    vote_temperature: float = 0.1
     json: bool = False
     show_context: bool = False
     llm: Any = None  # llm_bridge.config.LLMConfig with --llm, else None (embedding-only)
@@ -99,6 +101,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-candidates", type=int, default=0,
                    help="with --llm: when the best embedding-only path of a planned length is not among the planned "
                         "candidates, show the reasoner this many such paths too (default 0)")
+    p.add_argument("--vote-paths", type=int, default=16,
+                   help="answers not picked by an LLM reasoner: a vote of this many candidate paths, each weighted "
+                        "exp(-(cost - lowest cost) / T) (default 16; 1: the best path's answers)")
+    p.add_argument("--vote-temperature", type=float, default=0.1, metavar="T",
+                   help="temperature T of the vote's path weights (default 0.1)")
     p.add_argument("--json", action="store_true", help="print one JSON object per question (JSON lines)")
     p.add_argument("--show-context", action="store_true", help="print the KG context the reasoner sees")
     from llm_bridge.config import add_llm_arguments
@@ -119,9 +126,11 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
     for flag, v, low in (("--k", ns.k, 1), ("--max-hops", ns.max_hops, 1), ("--answers", ns.answers, 1),
                          ("--candidate-relations", ns.candidate_relations, 1),
                          ("--max-context-tokens", ns.max_context_tokens, 0), ("--exemplar-k", ns.exemplar_k, 1),
-                         ("--embedding-candidates", ns.embedding_candidates, 0)):
+                         ("--embedding-candidates", ns.embedding_candidates, 0), ("--vote-paths", ns.vote_paths, 1)):
         if v < low:
             raise UserError(f"{flag} must be >= {low}, got {v}")
+    if not 0.0 < ns.vote_temperature <= 100.0:
+        raise UserError(f"--vote-temperature must be in (0, 100], got {ns.vote_temperature}")
     if not 0.0 <= ns.exemplar_weight <= 10.0:
         raise UserError(f"--exemplar-weight must be in [0, 10], got {ns.exemplar_weight}")
     if ns.max_hops > 6:
@@ -146,7 +155,8 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
                      replan=ns.replan, context=ns.context, max_context_tokens=ns.max_context_tokens,
                      exclude_topic=ns.exclude_topic, explain=ns.explain, encoder=ns.encoder, encoder_kwargs=kwargs,
                      path_text=ns.path_text, exemplars=ns.exemplars, exemplar_weight=ns.exemplar_weight,
-                     exemplar_k=ns.exemplar_k, embedding_candidates=ns.embedding_candidates, json=ns.json,
+                     exemplar_k=ns.exemplar_k, embedding_candidates=ns.embedding_candidates,
+                     vote_paths=ns.vote_paths, vote_temperature=ns.vote_temperature, json=ns.json,
                      show_context=ns.show_context, llm=llm, reasoner=ns.reasoner)
 
 
@@ -238,7 +248,8 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
                            candidate_relations=cfg.candidate_relations, replan=cfg.replan, context=cfg.context,
                            max_context_tokens=cfg.max_context_tokens, exclude_topic=cfg.exclude_topic,
                            explain=cfg.explain, exemplar_weight=cfg.exemplar_weight, exemplar_k=cfg.exemplar_k,
-                           embedding_candidates=cfg.embedding_candidates)
+                           embedding_candidates=cfg.embedding_candidates, vote_paths=cfg.vote_paths,
+                           vote_temperature=cfg.vote_temperature)
     items = [("question", cfg.question, None)] if cfg.question is not None else read_questions(cfg.questions)
     engine = Engine.load(cfg.artifact)
     exemplars = None if cfg.exemplars is None else read_exemplars(cfg.exemplars, engine.artifact.relations)

@@ -43,7 +43,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator
 
-from kgreason.errors import Terminated, UserError
+from kgreason.errors import Terminated, UserError, unknown_name
 
 __all__ = [
     "MANIFEST",
@@ -58,6 +58,9 @@ __all__ = [
     "open_output",
     "write_output",
     "read_lines",
+    "read_json_objects",
+    "relation_path_field",
+    "text_field",
 ]
 
 #: The file that makes a folder ours: a JSON object whose ``"files"`` lists every other entry.
@@ -532,3 +535,49 @@ def _decoded_lines(f: IO[bytes], name: str) -> Iterator[tuple[int, str]]:
                         f"save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8)"
                     ) from None
                 yield lineno, text
+
+
+def read_json_objects(path: str | os.PathLike, *, what: str = "", shape: str = "") -> Iterator[tuple[str, dict]]:
+    """``("FILE:LINE", object)`` of every non-blank line of a JSON-lines file of objects (:func:`read_lines`).
+
+    A line that is not JSON, or JSON but not an object, is a ``UserError`` naming ``FILE:LINE``;
+    ``shape`` (e.g. ``{"question": ..., "path": [...]}``) is the object the message says was expected.
+    """
+    for n, line in read_lines(path, what=what):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise UserError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{where}: expected a JSON object {shape}".rstrip())
+        yield where, obj
+
+
+def text_field(obj: dict, key: str, where: str) -> str:
+    """``obj[key]`` as non-empty text, otherwise a ``UserError`` at ``where`` (a missing key, a wrong type)."""
+    if key not in obj:
+        raise UserError(f"{where}: missing key {key!r}")
+    v = obj[key]
+    if not isinstance(v, str) or not v.strip():
+        raise UserError(f"{where}: {key!r} must be non-empty text, got {v!r}")
+    return v
+
+
+def relation_path_field(obj: dict, key: str, where: str, relations: Iterable[str] | None = None) -> tuple[str, ...]:
+    """``obj[key]`` as a relation path: a non-empty list of non-empty names, each one of ``relations`` when
+    given; otherwise a ``UserError`` at ``where`` (a missing key, a wrong type, the closest known names)."""
+    if key not in obj:
+        raise UserError(f"{where}: missing key {key!r} (a non-empty list of relation names)")
+    p = obj[key]
+    if not isinstance(p, list) or not p or not all(isinstance(x, str) and x for x in p):
+        raise UserError(f"{where}: {key!r} must be a non-empty list of relation names, got {p!r}")
+    if relations is not None:
+        known = list(relations)
+        names = set(known)
+        for x in p:
+            if x not in names:
+                raise unknown_name("relation", x, known, where)
+    return tuple(p)

@@ -93,30 +93,11 @@ def load_gold(path: str | Path, relations: Sequence[str] | None = None) -> dict[
 
     Errors name ``file:line``; with ``relations`` every path step must be one of them.
     """
-    from kgreason.files import read_lines
+    from kgreason.files import read_json_objects, relation_path_field, text_field
 
-    known = set(relations) if relations is not None else None
     gold: dict[str, tuple[str, ...]] = {}
-    for ln, line in read_lines(path, what="--questions"):
-        if not line.strip():
-            continue
-        where = f"{path}:{ln}"
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise UserError(f"{where}: not a JSON object ({exc.msg})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("question"), str):
-            raise UserError(f"{where}: expected an object with a \"question\" string")
-        p = obj.get("path")
-        if not isinstance(p, list) or not p or not all(isinstance(x, str) for x in p):
-            raise UserError(f"{where}: the simulator needs \"path\": a non-empty list of relation names")
-        if known is not None:
-            bad = [x for x in p if x not in known]
-            if bad:
-                from kgreason.errors import unknown_name
-
-                raise unknown_name("relation", bad[0], sorted(known), where)
-        gold[_fold(obj["question"])] = tuple(p)
+    for where, obj in read_json_objects(path, what="--questions", shape='{"question": ..., "path": [...]}'):
+        gold[_fold(text_field(obj, "question", where))] = relation_path_field(obj, "path", where, relations)
     if not gold:
         raise UserError(f"--questions: {path} has no questions")
     return gold

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -129,7 +130,7 @@ def test_settings_are_checked():
 # ------------------------------------------------------------------------------ embedding-only
 def test_embedding_only_answers_are_the_best_paths_executor_answers(kg, questions):
     _, eng, ret = kg
-    res = eng.ask([q for q, _, _ in questions], retriever=ret)
+    res = eng.ask([q for q, _, _ in questions], retriever=ret, vote_paths=1)
     for r, (q, _, _) in zip(res, questions):
         assert r.error is None and r.retrieval == "embedding" and r.llm_calls == 0
         assert 1 <= len(r.paths) <= 16
@@ -142,6 +143,65 @@ def test_embedding_only_answers_are_the_best_paths_executor_answers(kg, question
             assert a.path == best.names and a.selected_by == "best-path" and a.provenance == "kg"
             assert a.explanation is not None and abs(a.explanation.recompute("product") - a.score) < 1e-5
         assert json.loads(json.dumps(r.to_json()))["answers"][0]["path"] == list(best.names)
+
+
+def reference_vote(eng, r, paths, temperature, n=10):
+    """The vote of engine.exec.ask.vote_ranking written out over the executor's full answer lists."""
+    used = [i for i, p in enumerate(r.paths) if p.answers][:paths]
+    c0 = min(r.paths[i].cost for i in used)
+    vote, first = {}, {}
+    for k, i in enumerate(used):
+        w = float(np.exp(-(r.paths[i].cost - c0) / temperature))
+        got = eng.answer(path_query(r.topic_id, r.paths[i].relations), k=eng.artifact.num_entities, explain=False)
+        for a in got[0].answers:
+            if a.id != r.topic_id:
+                vote[a.id] = vote.get(a.id, 0.0) + w * a.score
+                first.setdefault(a.id, (i, a.score))
+    order = sorted(vote, key=lambda e: (-round(vote[e], 9), first[e][0], -first[e][1], e))[:n]
+    return order, first
+
+
+@pytest.mark.parametrize("paths, temperature", [(16, 0.05), (4, 0.5), (2, 10.0)])
+def test_embedding_only_answers_are_the_candidate_paths_vote(kg, questions, paths, temperature):
+    _, eng, ret = kg
+    res = eng.ask([q for q, _, _ in questions], retriever=ret, vote_paths=paths, vote_temperature=temperature)
+    for r in res:
+        order, first = reference_vote(eng, r, paths, temperature)
+        assert [a.id for a in r.answers] == order
+        for a in r.answers:
+            i, score = first[a.id]  # the best-ranked voting path that reaches it, its score there
+            assert a.selected_by == "vote" and a.path == r.paths[i].names and a.path_rank == i + 1
+            assert a.score == pytest.approx(score, abs=1e-6) and a.provenance == "kg"
+            assert a.explanation is not None and abs(a.explanation.recompute("product") - a.score) < 1e-5
+        assert any(t["step"] == "vote" for t in r.trace)
+
+
+def test_vote_ranking_matches_brute_force_on_random_scores(seed):
+    from engine.exec.ask import vote_ranking
+
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        P, N = int(rng.integers(1, 6)), int(rng.integers(1, 40))
+        S = rng.choice([0.0, 0.25, 0.5, 1.0], size=(P, N), p=[0.6, 0.1, 0.1, 0.2]).astype(np.float32)
+        costs = np.sort(rng.choice([0.1, 0.2, 0.35], size=P))
+        t, n = float(rng.choice([0.05, 0.3, 2.0])), int(rng.integers(1, 12))
+        w = [np.exp(-(c - costs.min()) / t) for c in costs]
+        vote = {e: sum(w[i] * float(S[i, e]) for i in range(P)) for e in range(N)}
+        first = {e: next((i for i in range(P) if S[i, e] > 0), P) for e in range(N)}
+        ref = sorted((e for e in range(N) if vote[e] > 0),
+                     key=lambda e: (-round(vote[e], 9), first[e], -float(S[first[e], e]), e))[:n]
+        ents, f = vote_ranking(S, costs, t, n)
+        assert ents.tolist() == ref and f.tolist() == [first[e] for e in ref]
+    ents, f = vote_ranking(np.zeros((2, 5), np.float32), [0.1, 0.2], 0.05, 3)
+    assert ents.tolist() == [] and f.tolist() == []
+
+
+def test_vote_settings_are_checked():
+    for bad in (0, 0.0, -1.0, True, 1000.0):
+        with pytest.raises(UserError, match="vote_temperature"):
+            AskSettings(vote_temperature=bad)
+    with pytest.raises(UserError, match="vote_paths"):
+        AskSettings(vote_paths=0)
 
 
 # ------------------------------------------------------------------------------ over HTTP
@@ -227,7 +287,7 @@ def test_timeouts_degrade_to_embedding_only(kg, questions):
         assert r.retrieval == "embedding" and r.answers
         assert any("timeout" in w for w in r.warnings), r.warnings
         assert any(w.startswith("reason") for w in r.warnings)
-        assert all(a.selected_by == "best-path" for a in r.answers)
+        assert all(a.selected_by == "vote" for a in r.answers)
 
 
 def test_a_raising_or_misbehaving_planner_degrades(kg, questions):
@@ -418,8 +478,17 @@ def test_simulator_questions_file_errors(kg, tmp_path):
     with pytest.raises(UserError, match=r"g.jsonl:1.*direcVted_by"):
         load_gold(p, kg[1].artifact.relations)
     p.write_text('{"question": "a"}\n', encoding="utf-8")
-    with pytest.raises(UserError, match="needs \"path\""):
+    with pytest.raises(UserError, match=r"g.jsonl:1: missing key 'path'"):
         load_gold(p)
+    # one reader with engine.ask --exemplars (kgreason.files.read_json_objects): the same words
+    from engine.exec.ask import read_exemplars
+
+    for line, message in [('["a"]', "expected a JSON object"), ("{", "not JSON"), ('{"path": ["x"]}', "missing key 'question'"),
+                          ('{"question": "a", "path": []}', "'path' must be a non-empty list of relation names")]:
+        p.write_text("\n" + line + "\n", encoding="utf-8")
+        for load in (load_gold, read_exemplars):
+            with pytest.raises(UserError, match=f"g.jsonl:2: {re.escape(message)}"):
+                load(p)
 
 
 def test_reachable_sequences_equal_karpa_h_enumeration(kg, seed):
@@ -618,8 +687,11 @@ def test_verbalized_paths_pick_the_inverse_relation_asked_in_words(tmp_path):
     eng = _follows_engine(tmp_path)
     ret = eng.retriever(encoder="hashing", encoder_kwargs=ENC)
     question = "Who or what follows [p1]?"
-    old = eng.ask(question, retriever=ret, max_hops=2, explain=False)
-    new = eng.ask(question, retriever=ret, max_hops=2, explain=False, verbalizer=fallback_template)
+    # the best path's answers (vote_paths=1): the vote would add other paths' answers after p0
+    old = eng.ask(question, retriever=ret, max_hops=2, explain=False, vote_paths=1)
+    new = eng.ask(question, retriever=ret, max_hops=2, explain=False, verbalizer=fallback_template, vote_paths=1)
+    assert new.answers[0].entity == eng.ask(question, retriever=ret, max_hops=2, explain=False,
+                                            verbalizer=fallback_template).answers[0].entity
     assert old.paths[0].names == ("follows",)
     assert new.paths[0].names == ("follows^-1",)
     followers = {"p0"}  # p0 -> p1 is the only edge into p1

@@ -49,7 +49,7 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
@@ -58,7 +58,7 @@ from engine.exec.context import CONTEXT_STYLES, ContextPath, format_context
 from engine.lang.query import Anchor, Complement, Intersection, Node, Projection
 from engine.paths import PathRetriever, Plan, PlanStep, relation_text
 from kgreason.errors import UserError, unknown_name
-from kgreason.files import read_lines
+from kgreason.files import read_json_objects, relation_path_field, text_field
 
 __all__ = [
     "ASK_MODES",
@@ -78,11 +78,12 @@ __all__ = [
     "question_text",
     "answer_phrase",
     "read_exemplars",
+    "vote_ranking",
 ]
 
 ASK_MODES = ("pathfinding", "heuristic")
 #: Embedding-only retrieval's cost per hop beyond the first (see AskSettings.length_penalty).
-LENGTH_PENALTY = 0.07
+LENGTH_PENALTY = 0.15
 #: Answer-type term and question-length prior of embedding-only retrieval (AskSettings.answer_type_weight,
 #: range_examples, length_prior, length_pivot), chosen on MetaQA dev questions (docs/ask.md).
 ANSWER_TYPE_WEIGHT = 0.7
@@ -104,6 +105,10 @@ EXEMPLAR_K = 3
 EMBEDDING_CANDIDATES = 0
 #: Plans of several steps with one step replaced, shown beside the planned paths (AskSettings.plan_variants).
 PLAN_VARIANTS = 4
+#: Answers without a reasoner's pick: a vote of the top candidate paths (AskSettings.vote_paths /
+#: vote_temperature), chosen on MetaQA dev questions (docs/ask.md).
+VOTE_PATHS = 16
+VOTE_TEMPERATURE = 0.1
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 _WORD = re.compile(r"\S+")
 
@@ -150,6 +155,12 @@ class AskSettings:
             one wrong step still offers the reasoner the right path (default :data:`PLAN_VARIANTS`; 0: off).
         exemplar_k: the vote is the mean of the ``exemplar_k`` highest cosines between the question
             and the exemplar questions labelled with that path (default :data:`EXEMPLAR_K`).
+        vote_paths: answers not picked by a reasoner (no reasoner, or it failed) are ranked by a vote of the
+            first this many candidate paths that have answers (:func:`vote_ranking`): an entity's vote is
+            the sum over those paths of ``exp(-(cost - lowest cost) / vote_temperature)`` times its executor
+            score on the path, so where the retrieval hesitates between paths, answers several of them reach
+            come first (default :data:`VOTE_PATHS`; 1: the best path's answers, ``selected_by="best-path"``).
+        vote_temperature: see ``vote_paths`` (default :data:`VOTE_TEMPERATURE`; must be > 0).
     """
 
     k: int = 16
@@ -173,12 +184,14 @@ class AskSettings:
     exemplar_k: int = EXEMPLAR_K
     embedding_candidates: int = EMBEDDING_CANDIDATES
     plan_variants: int = PLAN_VARIANTS
+    vote_paths: int = VOTE_PATHS
+    vote_temperature: float = VOTE_TEMPERATURE
 
     def __post_init__(self) -> None:
         for name, low in (("k", 1), ("max_hops", 1), ("candidate_relations", 1), ("answers", 1),
                           ("max_context_tokens", 0), ("tails_per_path", 1), ("exemplar_k", 1),
                           ("length_pivot", 0), ("range_examples", 1), ("embedding_candidates", 0),
-                          ("plan_variants", 0)):
+                          ("plan_variants", 0), ("vote_paths", 1)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise UserError(f"ask: {name} must be an integer >= {low}, got {v!r}")
@@ -192,6 +205,9 @@ class AskSettings:
             v = getattr(self, name)
             if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0.0 <= v <= hi):
                 raise UserError(f"ask: {name} must be in [0, {hi:g}], got {v!r}")
+        t = self.vote_temperature
+        if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0.0 < t <= 100.0):
+            raise UserError(f"ask: vote_temperature must be in (0, 100], got {t!r}")
         w = self.exemplar_weight
         if isinstance(w, bool) or not (isinstance(w, (int, float)) and 0.0 <= w <= 10.0):
             raise UserError(f"ask: exemplar_weight must be in [0, 10], got {w!r}")
@@ -410,33 +426,33 @@ def read_exemplars(path: str | os.PathLike, relation_names: Sequence[str] | None
     key, a relation not in ``relation_names`` when given) is a :class:`UserError` naming ``FILE:LINE``.
     """
     out: list[tuple[str, tuple[str, ...]]] = []
-    known = None if relation_names is None else set(relation_names)
-    for n, line in read_lines(path, what="exemplars file"):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise UserError(f"{where}: not JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise UserError(f"{where}: expected a JSON object {{\"question\": ..., \"path\": [...]}}")
-        for key in ("question", "path"):
-            if key not in obj:
-                raise UserError(f"{where}: missing key {key!r}")
-        q, p = obj["question"], obj["path"]
-        if not isinstance(q, str) or not q.strip():
-            raise UserError(f"{where}: 'question' must be non-empty text, got {q!r}")
-        if not isinstance(p, list) or not p or not all(isinstance(x, str) and x for x in p):
-            raise UserError(f"{where}: 'path' must be a non-empty list of relation names, got {p!r}")
-        if known is not None:
-            for x in p:
-                if x not in known:
-                    raise unknown_name("relation", x, list(relation_names or ()), where)
-        out.append((q, tuple(p)))
+    for where, obj in read_json_objects(path, what="exemplars file", shape='{"question": ..., "path": [...]}'):
+        out.append((text_field(obj, "question", where), relation_path_field(obj, "path", where, relation_names)))
     if not out:
         raise UserError(f"{path}: no exemplars in the file")
     return out
+
+
+def vote_ranking(scores: np.ndarray, costs: Sequence[float], temperature: float, n: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n`` best entities of a vote of candidate paths, and for each the first path that reaches it.
+
+    ``scores``: (P, N) executor scores of every entity on each of P candidate paths, best-ranked path first;
+    ``costs``: their retrieval costs.  Path ``i`` weighs ``exp(-(costs[i] - min(costs)) / temperature)``; an
+    entity's vote is the weighted sum of its scores.  Entities with a positive vote, by vote (highest
+    first), then the first path with a positive score for it, its score there (highest first), its id.
+    Returns (entity ids, path indices), both int64 of length ``min(n, entities with a vote)``.
+    """
+    S = np.asarray(scores, dtype=np.float64)
+    c = np.asarray(costs, dtype=np.float64)
+    w = np.exp(-(c - c.min()) / float(temperature)) if len(c) else c
+    vote = np.round(w @ S, 12)  # sums of equal terms in another order tie exactly
+    cand = np.flatnonzero(vote > 0)
+    reach = S[:, cand] > 0
+    first = np.argmax(reach, axis=0)
+    own = S[first, cand]
+    order = np.lexsort((cand, -own, first, -vote[cand]))[:n]
+    return cand[order].astype(np.int64), first[order].astype(np.int64)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -756,8 +772,13 @@ class Asker:
                                     "answers": list(rep.answers)})
                     if rep.ok:
                         picked[id(r)] = rep
+        unpicked = []
         for r in live:
             r.answers = self._select(r, picked.get(id(r)))
+            if not r.answers and r.paths:
+                unpicked.append(r)
+        self._vote(unpicked)
+        for r in live:
             if not r.answers and r.paths:
                 r.warn("answer", "no candidate path has answers")
             elif not r.paths:
@@ -1050,9 +1071,7 @@ class Asker:
             if a.id in seen or len(out) >= s.answers:
                 return
             seen.add(a.id)
-            p = r.paths[rank - 1]
-            out.append(AskAnswer(entity=a.entity, id=a.id, score=a.score, path=p.names, path_rank=rank,
-                                 query=p.query, provenance=a.provenance, selected_by=by, explanation=a.explanation))
+            out.append(self._answer(r, rank, a, by))
 
         if rep is not None:
             bad = [i for i in rep.paths if not (isinstance(i, int) and 1 <= i <= len(r.paths))]
@@ -1080,10 +1099,61 @@ class Asker:
                     add(-neg_i, a, "llm")
             if out:
                 return out
-            r.warn("reason", "the reasoner picked nothing usable: best-path answers")
-        for i, p in enumerate(r.paths, 1):
-            if p.answers:
-                for a in p.answers:
-                    add(i, a, "best-path")
-                break
+            r.warn("reason", "the reasoner picked nothing usable: "
+                   + ("best-path answers" if s.vote_paths == 1 else "the candidate paths' vote"))
         return out
+
+    def _vote(self, rs: Sequence[AskResult], chunk: int = 64) -> None:
+        """Answers of questions without a reasoner's pick: the vote of their first ``vote_paths`` candidate
+        paths with answers (:func:`vote_ranking` on the executor's scores of every entity), each answer
+        carrying the best-ranked of those paths that reaches it, its score and explanation there."""
+        s = self.settings
+        if s.vote_paths == 1:
+            for r in rs:
+                for i, p in enumerate(r.paths, 1):
+                    if p.answers:
+                        r.answers = [self._answer(r, i, a, "best-path") for a in p.answers[: s.answers]]
+                        break
+            return
+        jobs = [(r, [i for i, p in enumerate(r.paths) if p.answers][: s.vote_paths]) for r in rs]
+        jobs = [(r, idx) for r, idx in jobs if idx]
+        need: list[tuple[AskResult, int, int]] = []  # (question, path index, entity): explanations to compute
+        for c0 in range(0, len(jobs), chunk):  # bounded memory: (paths of `chunk` questions) x entities floats
+            part = jobs[c0:c0 + chunk]
+            nodes = [path_query(int(r.topic_id), r.paths[i].relations, exclude_topic=s.exclude_topic)
+                     for r, idx in part for i in idx]
+            rows = np.zeros((len(nodes), self.engine.artifact.num_entities), dtype=np.float32)
+            for ids, scores in self.engine.executor.iter_scores(nodes):
+                rows[np.asarray(ids, dtype=np.int64)] = scores.float().cpu().numpy()
+            at = 0
+            for r, idx in part:
+                S = rows[at:at + len(idx)]
+                at += len(idx)
+                if s.exclude_topic:
+                    S[:, int(r.topic_id)] = 0.0
+                ents, first = vote_ranking(S, [r.paths[i].cost for i in idx], s.vote_temperature, s.answers)
+                r.trace.append({"step": "vote", "paths": len(idx), "temperature": s.vote_temperature})
+                for e, f in zip(ents.tolist(), first.tolist()):
+                    i = idx[f]
+                    a = next((a for a in r.paths[i].answers if a.id == e), None)
+                    if a is None:
+                        from engine.exec.explain import Answer
+
+                        a = Answer(entity=self.engine.artifact.entities[e], id=e, score=float(S[f, e]),
+                                   explanation=None, provenance="kg")
+                        if s.explain:
+                            need.append((r, len(r.answers), i))
+                    r.answers.append(self._answer(r, i + 1, a, "vote"))
+        if need:
+            # An answer past the tails the path kept: its explanation from the path query restricted to it.
+            nodes = [Intersection((path_query(int(r.topic_id), r.paths[i].relations, exclude_topic=s.exclude_topic),
+                                   Anchor(r.answers[j].id))) for r, j, i in need]
+            for (r, j, _), qr in zip(need, self.engine.executor.answer(nodes, k=1, explain=True)):
+                if qr.answers and qr.answers[0].explanation is not None:
+                    ex = qr.answers[0].explanation.children[0]
+                    r.answers[j] = replace(r.answers[j], explanation=ex, provenance=qr.answers[0].provenance)
+
+    def _answer(self, r: AskResult, rank: int, a: Any, by: str) -> AskAnswer:
+        p = r.paths[rank - 1]
+        return AskAnswer(entity=a.entity, id=a.id, score=a.score, path=p.names, path_rank=rank, query=p.query,
+                         provenance=a.provenance, selected_by=by, explanation=a.explanation)
