@@ -18,6 +18,12 @@ of ``(h, r)``) and ``G[b, r_b*N + h] = F[b, h]``.  A complement is kept
 lazily (``neg`` flag: the set is "everything except the stored rows") and
 only materialised when it is projected or returned, so ``a AND NOT b`` never
 builds an ``N``-wide row.
+
+Each node type's step is its ``exact`` facet in the op table
+(:mod:`engine.lang.optable`): ``exact(nodes, graph, evaluate) -> Frontier``, where
+``evaluate(column)`` answers a column of same-shaped sub-queries (the built-ins
+register theirs at the bottom of this module).  A registered type composes
+:func:`project`, :func:`conjoin`, :func:`disjoin` and :func:`complement`.
 """
 from __future__ import annotations
 
@@ -29,9 +35,10 @@ import scipy.sparse as sp
 
 from kge.index import TripleIndex
 
+from engine.lang import optable
 from engine.lang.query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union, shape_key
 
-__all__ = ["Graph", "answers", "answer_sets", "skeleton"]
+__all__ = ["Graph", "Frontier", "answers", "answer_sets", "skeleton", "project", "conjoin", "disjoin", "complement"]
 
 
 #: The graph queries are answered on: the project's one triple index.  Its
@@ -43,7 +50,7 @@ Graph = TripleIndex
 
 
 @dataclass
-class _Frontier:
+class Frontier:
     """Rows of entity sets: ``mat`` (B, N) CSR of ones; the set is its complement when ``neg``."""
 
     mat: sp.csr_matrix
@@ -57,7 +64,7 @@ def _ones_like_pattern(m: sp.csr_matrix) -> sp.csr_matrix:
     return m
 
 
-def _materialise(f: _Frontier) -> sp.csr_matrix:
+def _materialise(f: Frontier) -> sp.csr_matrix:
     if not f.neg:
         return f.mat
     b, n = f.mat.shape
@@ -71,7 +78,8 @@ def _materialise(f: _Frontier) -> sp.csr_matrix:
     return sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, n), dtype=np.float32)
 
 
-def _project(f: _Frontier, rels: np.ndarray, graph: Graph) -> _Frontier:
+def project(f: Frontier, rels: np.ndarray, graph: Graph) -> Frontier:
+    """Row ``b`` of ``f`` through relation ``rels[b]``: ``{t : (h, rels[b], t) in graph, h in f[b]}``."""
     m = _materialise(f)
     n, r = graph.num_entities, graph.num_relations
     if len(rels) and (rels.min() < 0 or rels.max() >= r):
@@ -79,25 +87,27 @@ def _project(f: _Frontier, rels: np.ndarray, graph: Graph) -> _Frontier:
     counts = np.diff(m.indptr)
     cols = m.indices.astype(np.int64) + np.repeat(rels.astype(np.int64) * n, counts)
     g = sp.csr_matrix((np.ones(len(cols), np.float32), cols, m.indptr.astype(np.int64)), shape=(m.shape[0], r * n))
-    return _Frontier(_ones_like_pattern(g @ graph.relation_adjacency()), False)
+    return Frontier(_ones_like_pattern(g @ graph.relation_adjacency()), False)
 
 
-def _and(a: _Frontier, b: _Frontier) -> _Frontier:
+def conjoin(a: Frontier, b: Frontier) -> Frontier:
+    """Row-wise ``a AND b``."""
     if not a.neg and not b.neg:
-        return _Frontier(_ones_like_pattern(a.mat.multiply(b.mat)), False)
+        return Frontier(_ones_like_pattern(a.mat.multiply(b.mat)), False)
     if a.neg and b.neg:  # not x and not y = not (x or y)
-        return _Frontier(_ones_like_pattern(a.mat + b.mat), True)
+        return Frontier(_ones_like_pattern(a.mat + b.mat), True)
     pos, neg = (b, a) if a.neg else (a, b)  # x and not y = x - (x * y)
-    return _Frontier(_ones_like_pattern(pos.mat - pos.mat.multiply(neg.mat)), False)
+    return Frontier(_ones_like_pattern(pos.mat - pos.mat.multiply(neg.mat)), False)
 
 
-def _or(a: _Frontier, b: _Frontier) -> _Frontier:
+def disjoin(a: Frontier, b: Frontier) -> Frontier:
+    """Row-wise ``a OR b``."""
     if not a.neg and not b.neg:
-        return _Frontier(_ones_like_pattern(a.mat + b.mat), False)
+        return Frontier(_ones_like_pattern(a.mat + b.mat), False)
     if a.neg and b.neg:  # not x or not y = not (x and y)
-        return _Frontier(_ones_like_pattern(a.mat.multiply(b.mat)), True)
+        return Frontier(_ones_like_pattern(a.mat.multiply(b.mat)), True)
     pos, neg = (b, a) if a.neg else (a, b)  # x or not y = not (y - x)
-    return _Frontier(_ones_like_pattern(neg.mat - neg.mat.multiply(pos.mat)), True)
+    return Frontier(_ones_like_pattern(neg.mat - neg.mat.multiply(pos.mat)), True)
 
 
 def skeleton(node: Node) -> tuple:
@@ -111,31 +121,48 @@ def _int_id(value, kind: str) -> int:
     raise TypeError(f"{kind} {value!r} is not an id: resolve() the query against an artifact first")
 
 
-def _eval(nodes: Sequence[Node], graph: Graph) -> _Frontier:
-    head = nodes[0]
+def complement(f: Frontier) -> Frontier:
+    """Row-wise ``NOT f`` (kept lazily: nothing ``N``-wide is built)."""
+    return Frontier(f.mat, not f.neg)
+
+
+def _eval(nodes: Sequence[Node], graph: Graph) -> Frontier:
+    """One column of same-shaped sub-queries: its node type's ``exact`` facet (the op table)."""
+    entry = optable.lookup(type(nodes[0]))
+    return entry.need("exact", "answer it on exact sets")(nodes, graph, lambda column: _eval(column, graph))
+
+
+def _exact_anchor(nodes: Sequence[Node], graph: Graph, evaluate) -> Frontier:
     b, n = len(nodes), graph.num_entities
-    if isinstance(head, Anchor):
-        ids = np.fromiter((_int_id(x.entity, "entity") for x in nodes), dtype=np.int64, count=b)
-        if b and (ids.min() < 0 or ids.max() >= n):
-            raise ValueError(f"entity id out of range [0, {n})")
-        return _Frontier(sp.csr_matrix((np.ones(b, np.float32), ids, np.arange(b + 1)), shape=(b, n)))
-    if isinstance(head, (Projection, NegatedProjection)):
-        rels = np.fromiter((_int_id(x.relation, "relation") for x in nodes), dtype=np.int64, count=b)
-        out = _project(_eval([x.arg for x in nodes], graph), rels, graph)
-        if isinstance(head, NegatedProjection):
-            out.neg = True
-        return out
-    if isinstance(head, Complement):
-        inner = _eval([x.arg for x in nodes], graph)
-        return _Frontier(inner.mat, not inner.neg)
-    if isinstance(head, (Intersection, Union)):
-        op = _and if isinstance(head, Intersection) else _or
+    ids = np.fromiter((_int_id(x.entity, "entity") for x in nodes), dtype=np.int64, count=b)  # type: ignore[attr-defined]
+    if b and (ids.min() < 0 or ids.max() >= n):
+        raise ValueError(f"entity id out of range [0, {n})")
+    return Frontier(sp.csr_matrix((np.ones(b, np.float32), ids, np.arange(b + 1)), shape=(b, n)))
+
+
+def _exact_projection(nodes: Sequence[Node], graph: Graph, evaluate) -> Frontier:
+    rels = np.fromiter((_int_id(x.relation, "relation") for x in nodes), dtype=np.int64,  # type: ignore[attr-defined]
+                       count=len(nodes))
+    return project(evaluate([x.arg for x in nodes]), rels, graph)  # type: ignore[attr-defined]
+
+
+def _exact_negated_projection(nodes: Sequence[Node], graph: Graph, evaluate) -> Frontier:
+    return complement(_exact_projection(nodes, graph, evaluate))
+
+
+def _exact_complement(nodes: Sequence[Node], graph: Graph, evaluate) -> Frontier:
+    return complement(evaluate([x.arg for x in nodes]))  # type: ignore[attr-defined]
+
+
+def _fold(op):
+    def exact(nodes: Sequence[Node], graph: Graph, evaluate) -> Frontier:
         acc = None
-        for column in zip(*(x.args for x in nodes)):
-            f = _eval(column, graph)
+        for column in zip(*(x.children() for x in nodes)):
+            f = evaluate(column)
             acc = f if acc is None else op(acc, f)
         return acc
-    raise TypeError(f"not a query node: {head!r}")
+
+    return exact
 
 
 def answer_sets(nodes: Sequence[Node], graph: Graph) -> sp.csr_matrix:
@@ -180,3 +207,12 @@ def answers(
     if bar is not None:
         bar.close()
     return out  # type: ignore[return-value]
+
+
+# This layer's facets of the built-in node types (the language registered them in engine.lang.query).
+optable.register(Anchor, exact=_exact_anchor)
+optable.register(Projection, exact=_exact_projection)
+optable.register(NegatedProjection, exact=_exact_negated_projection)
+optable.register(Complement, exact=_exact_complement)
+optable.register(Intersection, exact=_fold(conjoin))
+optable.register(Union, exact=_fold(disjoin))

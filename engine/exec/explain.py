@@ -14,6 +14,10 @@ the witness source entity (the argmax) and the atom's truth value
 * evidence ``"replace"``: ``evidence.score`` (no KG part);
 * evidence ``"scale"``:   ``kg * evidence.score`` (a factor: the LLM answer check's penalty).
 
+The KG part of each op is its ``recompute`` facet in the op table
+(:mod:`engine.lang.optable`; the built-ins' are registered at the bottom of this
+module), so a registered node type's explanations recompute too.
+
 Provenance (``Explanation.source``, ``Answer.provenance``) is the set of
 sources that contributed a positive part to the score, anywhere in the
 explanation tree: ``"kg"`` (KG atoms only), ``"llm"`` (hook evidence only),
@@ -26,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from engine.exec.hooks import Evidence, provenance_label
+from engine.lang import optable
+from engine.lang.query import Anchor, Complement, Intersection, NegatedProjection, Projection, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     from engine.exec.trace import Trace
@@ -102,20 +108,9 @@ class Explanation:
 
     # ---------------------------------------------------------------------------- scores
     def kg_score(self, tnorm: str) -> float:
-        """The KG part of the score (before this node's evidence), recomputed from the children (float64)."""
-        if self.op == "e":  # the anchor atom: 1 at the anchor entity, 0 elsewhere
-            return self.score if self.truth is None else float(self.truth)
-        if self.op in ("p", "np"):
-            if not self.children:
-                return 0.0
-            return self.children[0].recompute(tnorm) * float(self.truth)
-        if not self.children:  # i/u/n without children: their KG part was discarded (a replace)
-            return 0.0
-        if self.op in ("i", "u"):
-            return combine_scores(self.op, [c.recompute(tnorm) for c in self.children], tnorm)
-        if self.op == "n":
-            return 1.0 - self.children[0].recompute(tnorm)
-        raise ValueError(self.op)
+        """The KG part of the score (before this node's evidence), recomputed from the children (float64):
+        the op's ``recompute`` facet (:mod:`engine.lang.optable`)."""
+        return optable.by_op(self.op).need("recompute", "recompute explained scores")(self, tnorm)
 
     def recompute(self, tnorm: str) -> float:
         """The score recomputed from the atoms' truth values and the evidence alone (float64)."""
@@ -147,7 +142,8 @@ class Explanation:
             inner = self.children[0]
             # 1 - 0: the closed-world absence of the inner set is a fact of the KG
             return inner._sources if inner.score > 0 else _KG
-        raise ValueError(self.op)
+        # A registered op: the sources of the children that hold (score > 0), as for a union.
+        return _union([c._sources for c in self.children if c.score > 0])
 
     def sources(self) -> frozenset[str]:
         """Every source contributing a positive part to this score (``"kg"`` for KG atoms)."""
@@ -199,14 +195,13 @@ class Explanation:
 
     def _block(self) -> list[str]:
         tag = f" {self._tag()}" if self.evidence is not None else ""
-        if self.op in ("i", "u"):
+        if self.op != "n":  # i, u, and registered ops over children at the same entity
             if not self.children:
                 return [f"{self.entity_name} ({self.score:.4f}){tag}"]
-            word = "all of" if self.op == "i" else "any of"
+            word, bullet = _BLOCK_WORDS.get(self.op, (f"{self.op} of", "· "))
             lines = [f"{self.entity_name} ({self.score:.4f}) satisfies {word}:{tag}"]
             for c in self.children:
-                lines.extend("  " + ("∧ " if self.op == "i" else "∨ ") + l if k == 0 else "    " + l
-                             for k, l in enumerate(c.lines()))
+                lines.extend("  " + bullet + l if k == 0 else "    " + l for k, l in enumerate(c.lines()))
             return lines
         if self.op == "n":
             if not self.children:
@@ -226,7 +221,7 @@ class Explanation:
         Evidence a hook merged in shows as ``⟨source score merge⟩`` after the entity
         it concerns (``⟨llm 0.4000 max⟩ —treats→ C`` when there is no KG witness).
         """
-        if self.op in ("i", "u", "n"):
+        if self.op not in ("e", "p", "np"):
             return self._block()
         pre, chain = self._chain()
         if not chain:
@@ -248,6 +243,35 @@ class Explanation:
         if self.children:
             d["children"] = [c.to_json() for c in self.children]
         return d
+
+
+_BLOCK_WORDS = {"i": ("all of", "∧ "), "u": ("any of", "∨ ")}
+
+
+# ------------------------------------------------------------------- recompute facets (op table)
+def _kg_anchor(e: Explanation, tnorm: str) -> float:
+    return e.score if e.truth is None else float(e.truth)  # the anchor atom: 1 at the anchor entity, 0 elsewhere
+
+
+def _kg_projection(e: Explanation, tnorm: str) -> float:
+    return e.children[0].recompute(tnorm) * float(e.truth) if e.children else 0.0  # type: ignore[arg-type]
+
+
+def _kg_combination(e: Explanation, tnorm: str) -> float:
+    # no children: the KG part was discarded (a replace)
+    return combine_scores(e.op, [c.recompute(tnorm) for c in e.children], tnorm) if e.children else 0.0
+
+
+def _kg_complement(e: Explanation, tnorm: str) -> float:
+    return 1.0 - e.children[0].recompute(tnorm) if e.children else 0.0
+
+
+optable.register(Anchor, recompute=_kg_anchor)
+optable.register(Projection, recompute=_kg_projection)
+optable.register(NegatedProjection, recompute=_kg_projection)
+optable.register(Intersection, recompute=_kg_combination)
+optable.register(Union, recompute=_kg_combination)
+optable.register(Complement, recompute=_kg_complement)
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,8 @@ __all__ = [
     "provenance_label",
 ]
 
-#: Node ops, as in :class:`~engine.exec.explain.Explanation` (``"e"`` is an anchor).
+#: The built-in node ops, as in :class:`~engine.exec.explain.Explanation` (``"e"`` is an anchor); a node
+#: type registered in :mod:`engine.lang.optable` adds its own (``optable.ops()`` lists them all).
 OPS = ("e", "p", "np", "i", "u", "n")
 #: Merge rules of :class:`Evidence`.
 MERGES = ("max", "add", "replace", "scale")
@@ -479,8 +480,8 @@ class NodeContext:
     ``node``: the template node (resolved: ids) -- row 0's; ``nodes``: the B
     resolved nodes at this path, one per row (relations and anchors may differ
     by row); ``roots``: the B resolved queries; ``path``: child indices from the
-    root (``()`` = the root); ``op``: ``"e"``, ``"p"``, ``"np"``, ``"i"``, ``"u"``
-    or ``"n"``; ``relations``: per-row relation ids for ``p``/``np``, else
+    root (``()`` = the root); ``op``: ``"e"``, ``"p"``, ``"np"``, ``"i"``, ``"u"``,
+    ``"n"`` or a registered type's op; ``relations``: per-row relation ids for ``p``/``np``, else
     ``None``; ``anchors``: per-row entity ids for ``"e"``, else ``None``;
     ``inputs``: the children's :class:`NodeValue` after their own hooks (read
     only); ``query_indices``: row -> index of the query in the caller's list;

@@ -30,7 +30,10 @@ stays far inside Python's recursion limit.  Real queries are shallow (the
 deepest BetaE structure has depth 3).
 
 The AST nodes are frozen dataclasses; :data:`NODE_TYPES` maps each
-S-expression head (``p``, ``np``, ``i``, ``u``, ``n``) to its class.
+S-expression head (``p``, ``np``, ``i``, ``u``, ``n``) to its class.  Printing,
+parsing and the walks here go by each class's ``shape`` through the op table
+(:mod:`engine.lang.optable`), so a node type registered there is parsed, printed
+and resolved like the built-in ones.
 """
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Iterator
 
 from kgreason.errors import UserError
+
+from engine.lang.optable import NODE_TYPES, lookup, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from kge.artifact import Artifact
@@ -59,6 +64,8 @@ __all__ = [
     "named",
     "shape_key",
     "describe",
+    "rebuild",
+    "set_depth",
     "iter_nodes",
     "anchors_of",
     "relations_of",
@@ -74,39 +81,46 @@ MAX_QUERY_DEPTH = 100
 class Node:
     """Base class of query AST nodes (all frozen dataclasses).
 
-    ``head`` is the S-expression head (``None`` for an anchor); ``children()``
-    the sub-queries in order; ``depth`` the number of operators on the longest
-    root-to-leaf path (0 for an anchor, at most :data:`MAX_QUERY_DEPTH`).
+    ``head`` is the S-expression head (``None`` for an anchor); ``shape`` how the
+    node is built and written (:data:`engine.lang.optable.SHAPES`: ``"anchor"``,
+    ``"relation"``, ``"unary"``, ``"nary"``); ``children()`` the sub-queries in
+    order; ``depth`` the number of operators on the longest root-to-leaf path (0
+    for an anchor, at most :data:`MAX_QUERY_DEPTH`).
     """
 
     head: ClassVar[str | None] = None
+    shape: ClassVar[str] = ""
 
     def children(self) -> tuple["Node", ...]:
         return ()
 
     @property
     def depth(self) -> int:
-        # Set once by the operator constructors (_set_depth); anchors have none.
+        # Set once by the operator constructors (set_depth); anchors have none.
         return self.__dict__.get("_depth", 0)
 
     def __str__(self) -> str:
         return to_sexpr(self)
 
 
-def _set_depth(node: Node) -> None:
-    """Record ``node.depth`` (children are built first, so this is O(#children)); refuse too deep a query."""
+def set_depth(node: Node) -> None:
+    """Record ``node.depth`` (children are built first, so this is O(#children)); refuse too deep a query.
+
+    Every operator node's ``__post_init__`` calls it (a registered node type's too).
+    """
     depth = 1 + max(c.depth for c in node.children())
     if depth > MAX_QUERY_DEPTH:
         raise UserError(f"query nested too deeply: {depth} levels, the maximum query depth is {MAX_QUERY_DEPTH}")
     object.__setattr__(node, "_depth", depth)
 
 
-NODE_TYPES: dict[str, type[Node]] = {}
-
-
 def _register(cls):
-    NODE_TYPES[cls.head] = cls
+    register(cls)  # the language entry; engine.exec and engine.eval add their facets
     return cls
+
+
+def _shape(node: Node) -> str:
+    return lookup(type(node)).shape
 
 
 def _check_name(value, what: str) -> None:
@@ -124,10 +138,12 @@ def _norm_name(value):
     return value
 
 
+@_register
 @dataclass(frozen=True)
 class Anchor(Node):
     """A constant: one entity, by name (``str``) or id (``int``)."""
 
+    shape: ClassVar[str] = "anchor"
     entity: str | int
 
     def __post_init__(self) -> None:
@@ -141,6 +157,7 @@ class Projection(Node):
     """``(p REL arg)``: entities ``y`` with ``r(x, y)`` for some ``x`` in ``arg`` (max-product)."""
 
     head: ClassVar[str] = "p"
+    shape: ClassVar[str] = "relation"
     relation: str | int
     arg: Node
 
@@ -149,7 +166,7 @@ class Projection(Node):
         _check_name(self.relation, "relation")
         if not isinstance(self.arg, Node):
             raise TypeError(f"projection argument must be a Node, got {type(self.arg).__name__}")
-        _set_depth(self)
+        set_depth(self)
 
     def children(self) -> tuple[Node, ...]:
         return (self.arg,)
@@ -161,6 +178,7 @@ class NegatedProjection(Node):
     """``(np REL arg)``: QTO's negated edge, value ``max_x arg(x) * (1 - min(1, s * M_r[x, y]))``."""
 
     head: ClassVar[str] = "np"
+    shape: ClassVar[str] = "relation"
     relation: str | int
     arg: Node
 
@@ -169,7 +187,7 @@ class NegatedProjection(Node):
         _check_name(self.relation, "relation")
         if not isinstance(self.arg, Node):
             raise TypeError(f"projection argument must be a Node, got {type(self.arg).__name__}")
-        _set_depth(self)
+        set_depth(self)
 
     def children(self) -> tuple[Node, ...]:
         return (self.arg,)
@@ -183,7 +201,7 @@ def _check_args(self, what: str) -> None:
     for a in args:
         if not isinstance(a, Node):
             raise TypeError(f"{what} arguments must be Nodes, got {type(a).__name__}")
-    _set_depth(self)
+    set_depth(self)
 
 
 @_register
@@ -192,6 +210,7 @@ class Intersection(Node):
     """``(i q1 q2 ...)``: conjunction of the sub-queries (t-norm of their values)."""
 
     head: ClassVar[str] = "i"
+    shape: ClassVar[str] = "nary"
     args: tuple[Node, ...]
 
     def __post_init__(self) -> None:
@@ -207,6 +226,7 @@ class Union(Node):
     """``(u q1 q2 ...)``: disjunction of the sub-queries (t-conorm of their values)."""
 
     head: ClassVar[str] = "u"
+    shape: ClassVar[str] = "nary"
     args: tuple[Node, ...]
 
     def __post_init__(self) -> None:
@@ -222,12 +242,13 @@ class Complement(Node):
     """``(n arg)``: ``1 - arg`` (every entity not in the sub-query)."""
 
     head: ClassVar[str] = "n"
+    shape: ClassVar[str] = "unary"
     arg: Node
 
     def __post_init__(self) -> None:
         if not isinstance(self.arg, Node):
             raise TypeError(f"complement argument must be a Node, got {type(self.arg).__name__}")
-        _set_depth(self)
+        set_depth(self)
 
     def children(self) -> tuple[Node, ...]:
         return (self.arg,)
@@ -252,15 +273,12 @@ def format_name(value: str | int) -> str:
 
 def to_sexpr(node: Node) -> str:
     """The S-expression of ``node``; ``parse(to_sexpr(node)) == node``."""
-    if isinstance(node, Anchor):
-        return format_name(node.entity)
-    if isinstance(node, (Projection, NegatedProjection)):
-        return f"({node.head} {format_name(node.relation)} {to_sexpr(node.arg)})"
-    if isinstance(node, (Intersection, Union)):
-        return f"({node.head} " + " ".join(to_sexpr(a) for a in node.args) + ")"
-    if isinstance(node, Complement):
-        return f"(n {to_sexpr(node.arg)})"
-    raise TypeError(f"not a query node: {node!r}")
+    shape = _shape(node)
+    if shape == "anchor":
+        return format_name(node.entity)  # type: ignore[attr-defined]
+    if shape == "relation":
+        return f"({node.head} {format_name(node.relation)} {to_sexpr(node.children()[0])})"  # type: ignore[attr-defined]
+    return f"({node.head} " + " ".join(to_sexpr(a) for a in node.children()) + ")"
 
 
 # ----------------------------------------------------------------------------------------- parsing
@@ -413,19 +431,21 @@ class _Parser:
         if depth > MAX_QUERY_DEPTH:
             raise self.too_deep(tok)
         head = self.take()
-        heads = "'p', 'np', 'i', 'u' or 'n'"
         if head.kind != "name" or head.quoted or head.value not in NODE_TYPES:
-            raise self.fail(head, f"an operator {heads}")
+            known = [f"'{h}'" for h in NODE_TYPES]
+            raise self.fail(head, f"an operator {', '.join(known[:-1])} or {known[-1]}")
         op = head.value
-        if op in ("p", "np"):
+        cls = NODE_TYPES[op]
+        shape = lookup(cls).shape
+        if shape == "relation":
             rel = self.take()
             if rel.kind not in ("name", "id"):
                 raise self.fail(rel, f"a relation name after '{op}'")
             assert rel.value is not None
             arg = self.query(depth)
-            node: Node = (Projection if op == "p" else NegatedProjection)(rel.value, arg)
-        elif op == "n":
-            node = Complement(self.query(depth))
+            node: Node = cls(rel.value, arg)
+        elif shape == "unary":
+            node = cls(self.query(depth))
         else:
             args = [self.query(depth)]
             while self.peek().kind != ")":
@@ -434,10 +454,10 @@ class _Parser:
                 args.append(self.query(depth))
             if len(args) < 2:
                 raise self.fail(self.peek(), f"a second sub-query for '{op}' (it takes 2 or more)")
-            node = (Intersection if op == "i" else Union)(tuple(args))
+            node = cls(tuple(args))
         close = self.take()
         if close.kind != ")":
-            if op in ("p", "np", "n"):
+            if shape != "nary":
                 expected = f"')' closing '({op}'"
             else:
                 expected = f"a sub-query or ')' closing '({op}'"
@@ -476,12 +496,12 @@ def iter_nodes(node: Node) -> Iterator[Node]:
 
 def anchors_of(node: Node) -> list[str | int]:
     """Anchor entities in left-to-right order."""
-    return [n.entity for n in iter_nodes(node) if isinstance(n, Anchor)]
+    return [n.entity for n in iter_nodes(node) if _shape(n) == "anchor"]  # type: ignore[attr-defined]
 
 
 def relations_of(node: Node) -> list[str | int]:
     """Relations in pre-order (outermost first)."""
-    return [n.relation for n in iter_nodes(node) if isinstance(n, (Projection, NegatedProjection))]
+    return [n.relation for n in iter_nodes(node) if _shape(n) == "relation"]  # type: ignore[attr-defined]
 
 
 def shape_key(node: Node) -> tuple:
@@ -494,16 +514,25 @@ def shape_key(node: Node) -> tuple:
     return (node.head,) + tuple(shape_key(c) for c in node.children())
 
 
+def rebuild(node: Node, children: tuple[Node, ...], relation: str | int | None = None) -> Node:
+    """A node of ``node``'s type with these ``children`` (and ``relation``, for the ``"relation"`` shape)."""
+    shape = _shape(node)
+    if shape == "relation":
+        return type(node)(relation, children[0])  # type: ignore[call-arg]
+    if shape == "unary":
+        return type(node)(children[0])  # type: ignore[call-arg]
+    if shape == "nary":
+        return type(node)(tuple(children))  # type: ignore[call-arg]
+    raise TypeError(f"an anchor has no children to rebuild with: {node!r}")
+
+
 def _map(node: Node, entity_fn, relation_fn) -> Node:
-    if isinstance(node, Anchor):
-        return Anchor(entity_fn(node.entity))
-    if isinstance(node, (Projection, NegatedProjection)):
-        return type(node)(relation_fn(node.relation), _map(node.arg, entity_fn, relation_fn))
-    if isinstance(node, (Intersection, Union)):
-        return type(node)(tuple(_map(a, entity_fn, relation_fn) for a in node.args))
-    if isinstance(node, Complement):
-        return Complement(_map(node.arg, entity_fn, relation_fn))
-    raise TypeError(f"not a query node: {node!r}")
+    shape = _shape(node)
+    if shape == "anchor":
+        return type(node)(entity_fn(node.entity))  # type: ignore[attr-defined,call-arg]
+    # The relation before the children (outermost first): the first unknown name is the one reported.
+    rel = relation_fn(node.relation) if shape == "relation" else None  # type: ignore[attr-defined]
+    return rebuild(node, tuple(_map(a, entity_fn, relation_fn) for a in node.children()), rel)
 
 
 def resolve(node: Node, artifact: "Artifact", *, where: str = "") -> Node:
@@ -518,11 +547,12 @@ def resolve(node: Node, artifact: "Artifact", *, where: str = "") -> Node:
     def fast() -> bool:
         """True when ``node`` already holds only in-range ids (then it is returned as is, no copy)."""
         for n in iter_nodes(node):
-            if isinstance(n, Anchor):
-                if not (type(n.entity) is int and n.entity < n_ent):
+            shape = _shape(n)
+            if shape == "anchor":
+                if not (type(n.entity) is int and n.entity < n_ent):  # type: ignore[attr-defined]
                     return False
-            elif isinstance(n, (Projection, NegatedProjection)):
-                if not (type(n.relation) is int and n.relation < n_rel):
+            elif shape == "relation":
+                if not (type(n.relation) is int and n.relation < n_rel):  # type: ignore[attr-defined]
                     return False
         return True
 
@@ -593,7 +623,11 @@ def describe(node: Node, artifact: "Artifact | None" = None) -> str:
             return " or ".join(f"({about(a, var)})" for a in n.args)
         if isinstance(n, Complement):
             return f"not ({about(n.arg, var)})"
-        raise TypeError(f"not a query node: {n!r}")
+        # A registered node type: its own words, else its op over its children's.
+        entry = lookup(type(n))
+        if entry.describe is not None:
+            return entry.describe(n, var, about)
+        return f"{n.head}(" + ", ".join(f"[{about(c, var)}]" for c in n.children()) + ")"
 
     def _is_chain(n: Node) -> bool:
         while isinstance(n, Projection):

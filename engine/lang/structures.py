@@ -25,7 +25,17 @@ from typing import Any, Iterator, Sequence
 
 from kgreason.errors import UserError
 
-from engine.lang.query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union, to_sexpr
+from engine.lang.query import (
+    Anchor,
+    Complement,
+    Intersection,
+    NegatedProjection,
+    Node,
+    Projection,
+    Union,
+    rebuild,
+    to_sexpr,
+)
 
 __all__ = ["Structure", "STRUCTURES", "NEGATION_MODES", "BETAE_NAMES", "structure_of", "from_betae", "get_structure",
            "convert_negation", "check_negation"]
@@ -276,6 +286,9 @@ def convert_negation(node, mode: str | None):
             return Projection(n.relation, walk(n.arg))
         if isinstance(n, (Intersection, Union)):
             return type(n)(tuple(walk(a) for a in n.args))
-        raise TypeError(f"not a query node: {_show(n)}")
+        if not isinstance(n, Node):
+            raise TypeError(f"not a query node: {_show(n)}")
+        # A node type registered in the op table: the same node over converted children.
+        return rebuild(n, tuple(walk(c) for c in n.children()), getattr(n, "relation", None))
 
     return walk(node)
