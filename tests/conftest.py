@@ -1,8 +1,17 @@
 """Shared pytest configuration: device parametrisation and the cuda marker."""
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# OpenMP threads waiting for work sleep instead of spinning.  On a busy machine a spinning thread burns
+# its core while the thread it waits for is descheduled: the 2-thread determinism runs of
+# test_kge_complex_n3.py took ~10 s of CPU and 19-29 s wall at load 5-7, ~1.8 s and 4-5 s passive.
+# libgomp reads it when torch loads, hence before the import (and subprocesses inherit it); a value
+# the user set wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
