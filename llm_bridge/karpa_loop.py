@@ -24,8 +24,8 @@
 
 Every prompt is one request with ``n=1``; server trouble (timeouts, errors,
 budget) comes back as an :class:`~llm_bridge.client.LLMFailure` and becomes a
-failed reply, so the loop falls back (embedding-only retrieval, best-path
-answers) and says so in its trace.  The prompts are the module constants
+failed reply, so the loop falls back (embedding-only retrieval, the candidate
+paths' vote) and says so in its trace.  The prompts are the module constants
 :data:`PLAN_SYSTEM`, :data:`PLAN_USER`, :data:`REASON_SYSTEM`, :data:`REASON_USER`;
 :func:`parse_plan_prompt` / :func:`parse_reason_prompt` read them back (the
 simulator uses them, so tests go through the real prompt text).
@@ -41,6 +41,7 @@ from engine.exec.ask import PlanReply, PlanRequest, ReasonReply, ReasonRequest
 from engine.exec.context import estimate_tokens
 
 from .client import LLMClient
+from .parse import extract_entities
 
 __all__ = ["LLMPlanner", "LLMReasoner", "plan_messages", "reason_messages", "parse_plan_reply",
            "parse_reason_reply", "parse_plan_prompt", "parse_reason_prompt", "PlanPrompt", "ReasonPrompt"]
@@ -202,8 +203,20 @@ def parse_plan_reply(text: str) -> tuple[tuple[str, ...], ...]:
 
 
 def parse_reason_reply(text: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """(path numbers, answer names) of a reasoner reply; raises ValueError saying what is wrong."""
-    v = _json_value(text)
+    """(path numbers, answer names) of a reasoner reply; raises ValueError saying what is wrong.
+
+    A reply with no JSON at all is read as a list of answer names (bullets, quoted or numbered lines,
+    :func:`llm_bridge.parse.extract_entities`; not prose): SmolLM2-135M answers that way, e.g.
+    ``'The answer entities are:\\n- "John Sayles"\\n- "Amigo"'``; names not among the candidates' answers
+    are dropped later with a warning.
+    """
+    try:
+        v = _json_value(text)
+    except ValueError:
+        got = extract_entities(text)
+        if got.how not in ("lines", "quoted-list") or not got.entities:
+            raise  # prose (a bare comma list would read any sentence as a name)
+        return (), tuple(got.entities)
     if isinstance(v, list):  # bare list: path numbers or answer names
         v = {"paths": [x for x in v if isinstance(x, int)], "answers": [x for x in v if isinstance(x, str)]}
     if not isinstance(v, dict):
