@@ -280,8 +280,12 @@ def _stacked_transpose(crow, col, val, n: int, r: int):
     return tcrow, trow.contiguous(), val[order].contiguous()
 
 
-def check_rel(rel, b: int, r: int, device: torch.device) -> torch.Tensor:
-    """Validate ``rel`` (one relation id in [0, r) per row of a batch of b rows); contiguous tensor."""
+def check_rel(rel, b: int, r: int, device: torch.device, *, check_range: bool = True) -> torch.Tensor:
+    """Validate ``rel`` (one relation id in [0, r) per row of a batch of b rows); contiguous tensor.
+
+    ``check_range=False`` skips the pass over the ids for a caller whose kernel checks them
+    itself (and calls this again, with the check, to word the error when the kernel refuses).
+    """
     if not isinstance(rel, torch.Tensor):
         if isinstance(rel, Sequence) and not isinstance(rel, (str, bytes)):
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in rel):
@@ -295,7 +299,7 @@ def check_rel(rel, b: int, r: int, device: torch.device) -> torch.Tensor:
         raise UserError(f"rel: expected shape ({b},) (one relation id per row of X), got {tuple(rel.shape)}")
     if rel.device != device:
         raise UserError(f"rel: is on {rel.device} but X is on {device}; move one of them")
-    if b:
+    if b and check_range:
         lo, hi = (int(v) for v in torch.aminmax(rel))  # one pass, one sync
         if lo < 0 or hi >= r:
             bad = int(((rel < 0) | (rel >= r)).nonzero()[0, 0])
