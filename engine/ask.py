@@ -11,7 +11,7 @@ Examples::
 ``--questions`` files: one question per line, or JSON lines ``{"question": ...,
 "answers": [...]}`` (``"path"`` is for the simulator); with gold answers the
 run ends with Hits@1 on stderr.  Without ``--llm`` retrieval is embedding-only
-and the best path's answers are returned.  ``--json`` prints one
+and the answers are a vote of the best candidate paths (``--vote-paths``).  ``--json`` prints one
 :meth:`AskResult.to_json <engine.exec.ask.AskResult.to_json>` object per question.
 See docs/ask.md.
 """

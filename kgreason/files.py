@@ -549,7 +549,7 @@ def read_json_objects(path: str | os.PathLike, *, what: str = "", shape: str = "
         where = f"{path}:{n}"
         try:
             obj = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise UserError(f"{where}: not JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
             raise UserError(f"{where}: expected a JSON object {shape}".rstrip())

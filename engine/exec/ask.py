@@ -30,11 +30,12 @@ For each question:
    ``(p r_L … (p r_1 topic))``, all of them run by the executor in one batch
    (scores, explanations).  With a :class:`Reasoner` the LLM sees the paths and
    their tail entities (:mod:`engine.exec.context`, bounded in tokens) and picks
-   paths and/or answers; without one (or when it fails) the answers of the
-   best-ranked path with answers are returned.
+   paths and/or answers; without one (or when it fails) the answers are ranked
+   by a vote of the best ``vote_paths`` candidate paths (:func:`vote_ranking`).
 
 Every answer carries the path and query that produced it, the executor's score,
-explanation and provenance, and who selected it (``"llm"`` or ``"best-path"``).
+explanation and provenance, and who selected it (``"llm"``, ``"vote"``, or ``"best-path"`` with
+``vote_paths=1``).
 The trace (``AskResult.trace``) says what each step did, and its warnings every
 fallback.  ``exclude_topic`` (default on) removes the topic entity from the
 answers, as MetaQA's gold answers do ("co-directors of X" does not list X).
@@ -305,7 +306,7 @@ class AskAnswer:
     path_rank: int  # 1-based position of the path among the candidates
     query: str
     provenance: str  # the executor's: "kg" (or "llm"/"both" when executor hooks merged evidence)
-    selected_by: str  # "llm" (the reasoner picked it) or "best-path"
+    selected_by: str  # "llm" (the reasoner picked it), "vote" (the candidate paths' vote) or "best-path"
     explanation: Any = None
 
     def to_json(self) -> dict[str, Any]:
@@ -758,7 +759,7 @@ class Asker:
                     replies_r = list(reasoner.reason(reqs_r))
                 except UserError:
                     raise
-                except Exception as exc:  # a broken reasoner degrades to the best path, with a warning
+                except Exception as exc:  # a broken reasoner degrades to the paths' vote, with a warning
                     replies_r = [ReasonReply(ok=False, warnings=(f"reasoner failed: {type(exc).__name__}: {exc}",))
                                  for _ in reqs_r]
                 if len(replies_r) != len(reqs_r):

@@ -13,7 +13,8 @@
 Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, seeded sample):
 
 * ``embedding``: no LLM; embedding-only retrieval (KARPA-H with the question as the plan, per-hop
-  cost AskSettings.length_penalty), the best path's answers; paths read as their relations' questions
+  cost AskSettings.length_penalty), the answers by the vote of the top candidate paths
+  (AskSettings.vote_paths / vote_temperature); paths read as their relations' questions
   (llm_bridge.prompts.fallback_template, centred embeddings; ``--path-text names``: the relation names);
 * ``karpa-eE``: the loop with the simulated planner/reasoner (llm_bridge.simulate_ask) over HTTP on
   127.0.0.1, plan error = reason error = E; paraphrased plans (synonym rate 0.5), one re-plan;
@@ -67,6 +68,8 @@ def run(args) -> dict:
     out = {"artifact": str(args.artifact), "label": args.label, "per_hop": args.per_hop, "runs": []}
     for hops in args.hops:
         qs = load_metaqa_questions(args.data, hops=hops, limit=args.per_hop, seed=0)
+        if args.first:  # the first N of the same seeded --per-hop sample the other rows use
+            qs = qs[: args.first]
         gold = [set(q.answers) for q in qs]
         texts = [q.question for q in qs]
 
@@ -100,6 +103,26 @@ def run(args) -> dict:
                     score(res, f"karpa-e{e:g}", time.perf_counter() - t, {"error": e})
             finally:
                 server.stop()
+        if args.llm_url:
+            # A real model behind an OpenAI-compatible server (e.g. python -m llm_bridge.local): one request at a
+            # time by default (llama.cpp's server runs one), and a whole-stage deadline that a slow CPU model
+            # answering every question of the stage can meet.
+            cfg = LLMConfig(base_url=args.llm_url, model=args.llm_model, n=1, temperature=0.0, use_cache=False,
+                            concurrency=args.llm_concurrency, max_retries=1, timeout_s=args.llm_timeout,
+                            deadline_s=args.llm_timeout * (len(qs) + 1), max_tokens=args.llm_max_tokens)
+            with LLMClient(cfg) as client:
+                t = time.perf_counter()
+                res = asker.ask(texts, planner=LLMPlanner(client), reasoner=LLMReasoner(client), progress=True)
+                score(res, f"karpa-{args.llm_model}", time.perf_counter() - t,
+                      {"model": args.llm_model, "llm_url": args.llm_url, "warnings": warning_counts(res),
+                       "selected_by_llm": sum(bool(r.answers) and r.answers[0].selected_by == "llm"
+                                              for r in res) / len(qs),
+                       "http": client.stats.to_json()})
+            if args.trace_out:
+                with open(args.trace_out, "a", encoding="utf-8") as f:
+                    for r, g in zip(res, gold):
+                        f.write(json.dumps({"hops": hops, "gold": sorted(g), **r.to_json()}, ensure_ascii=False,
+                                           default=str) + "\n")
         if args.exemplars_only or args.karpa_only:
             continue
         t = time.perf_counter()
@@ -111,6 +134,31 @@ def run(args) -> dict:
         out["runs"].append(row)
         print(json.dumps(row), flush=True)
     return out
+
+
+#: What a trace warning says, by kind (the first pattern that matches; "other" otherwise).
+_WARNING_KINDS = (
+    ("llm-timeout", r"LLM timeout"), ("llm-error", r"LLM \w+:"),
+    ("plan-malformed", r"malformed planner reply"), ("plan-empty", r"empty plan|proposed no plan"),
+    ("plan-unknown-relation", r"names no relation"), ("plan-too-long", r"more than max_hops"),
+    ("plan-none-usable", r"no usable plan"), ("plan-no-path", r"plans match no path"),
+    ("reason-malformed", r"malformed reasoner reply"), ("reason-bad-numbers", r"out of range"),
+    ("reason-invented-answers", r"not among the candidates"), ("reason-best-path", r"picked nothing usable"),
+)
+
+
+def warning_counts(results) -> dict[str, float]:
+    """The fraction of questions whose trace has each kind of warning (a question counts once per kind)."""
+    import re
+
+    out: dict[str, float] = {}
+    for r in results:
+        kinds = set()
+        for w in r.warnings:
+            kinds.add(next((k for k, pat in _WARNING_KINDS if re.search(pat, w)), "other"))
+        for k in kinds:
+            out[k] = out.get(k, 0.0) + 1 / len(results)
+    return dict(sorted(out.items()))
 
 
 def read_split(folder: Path, hops: int, split: str) -> list[tuple[str, str, set[str]]]:
@@ -285,7 +333,16 @@ def main() -> int:
                    help="simulated LLM error rates of the karpa rows (none: no karpa rows)")
     p.add_argument("--exemplars", metavar="FILE", help="also run embedding+exemplars (dev) with these exemplars")
     p.add_argument("--exemplars-only", action="store_true", help="with --exemplars: only that row (no others)")
-    p.add_argument("--karpa-only", action="store_true", help="only the karpa rows (--errors)")
+    p.add_argument("--karpa-only", action="store_true", help="only the karpa rows (--errors, --llm-url)")
+    p.add_argument("--first", type=int, default=0, metavar="N",
+                   help="only the first N questions of each hop's --per-hop sample (the same seeded sample)")
+    p.add_argument("--llm-url", metavar="URL", help="also a karpa row with the LLM at this OpenAI-compatible base "
+                   "URL (ending in /v1, e.g. python -m llm_bridge.local's), n=1, temperature 0")
+    p.add_argument("--llm-model", default="smollm2", help="--llm-url's model name (the row is karpa-NAME)")
+    p.add_argument("--llm-timeout", type=float, default=120.0, metavar="SECONDS", help="per HTTP attempt")
+    p.add_argument("--llm-concurrency", type=int, default=1, help="--llm-url requests in flight at once")
+    p.add_argument("--llm-max-tokens", type=int, default=256, help="completion tokens per --llm-url request")
+    p.add_argument("--trace-out", metavar="FILE", help="append the --llm-url row's results (AskResult JSON) here")
     p.add_argument("--merge", action="store_true", help="--out exists: replace its rows of the same hops and "
                    "method with the new ones, keep the others")
     p.add_argument("--make-exemplars", metavar="OUT", help="write weakly supervised exemplars of --split to OUT")
