@@ -511,6 +511,14 @@ def test_fold_before_after(cases, tmp_path):
     before_tree = os.environ.get("KGREASON_BENCH_BEFORE_TREE")
     if not before_tree:
         pytest.skip("set KGREASON_BENCH_BEFORE_TREE to a checkout of the code before the fold (ops/_C built)")
+    extra = os.environ.get("KGREASON_BENCH_FOLD_EXTRA", "")
+    try:
+        extra_b, extra_passes = ([int(v) for v in extra.split(":")[0].split(",")], int(extra.split(":")[1])) \
+            if extra else ([], 0)
+    except (ValueError, IndexError):
+        pytest.fail(f"KGREASON_BENCH_FOLD_EXTRA={extra!r}: expected BATCHES:PASSES, e.g. 16:4 or 1,16:3")
+    if not set(extra_b) <= set(BATCHES):
+        pytest.fail(f"KGREASON_BENCH_FOLD_EXTRA={extra!r}: batch sizes must be among {BATCHES}")
     case = cases[0]
     m = case.sp
     npz = tmp_path / "matrix.npz"
@@ -524,8 +532,10 @@ def test_fold_before_after(cases, tmp_path):
                for k, t in trees.items()}
     times: dict[tuple, dict[str, list[float]]] = {}
     try:
-        for _ in range(2):  # two passes, each case timed on both trees back to back
-            for b in BATCHES:
+        # two passes over every case, then KGREASON_BENCH_FOLD_EXTRA more over the batch sizes it names
+        # ("16:4": four more passes over the B = 16 cases), each case timed on both trees back to back
+        for batches in [BATCHES, BATCHES] + [tuple(extra_b)] * extra_passes:
+            for b in batches:
                 for kind in KINDS:
                     for variant in FOLD_VARIANTS:
                         rounds = 3 if b >= 256 and kind == "dense" else 101 if kind == "onehot" and b <= 16 else 9
@@ -549,6 +559,7 @@ def test_fold_before_after(cases, tmp_path):
              "",
              f"Command: `KGREASON_BENCH_BEFORE_TREE={before_tree} "
              + (f"KGREASON_BENCH_THREADS={THREADS} " if THREADS > 0 else "")
+             + (f"KGREASON_BENCH_FOLD_EXTRA={extra} " if extra else "")
              + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]) + "`  ",
              f"Machine: {os.environ.get('KGREASON_BENCH_MACHINE') or machine_description()}  ",
              f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average at the end (1/5/15 min): "
@@ -557,7 +568,9 @@ def test_fold_before_after(cases, tmp_path):
              "",
              "One worker process per tree (`before`: the former `ops.project` / `ops.project_negated` kernels; "
              "`after`: `ops.project(x, P, negate=...)`, the folded kernel, P the one-relation stack), driven "
-             "alternately case by case in two passes; medians and minima in ms over both passes; both trees "
+             "alternately case by case in two passes"
+             + (f" (B = {', '.join(map(str, extra_b))}: {2 + extra_passes} passes)" if extra_passes else "")
+             + "; medians and minima in ms over all passes; both trees "
              "returned the same Y and argmax (checksums) on every case.  `after / before` < 1: the fold is faster.  "
              "On a loaded machine the minimum (the run least disturbed by other jobs) is the stable estimate of "
              "a kernel's own cost; the medians show how much the load moved.",
@@ -574,4 +587,134 @@ def test_fold_before_after(cases, tmp_path):
                      f"| **{am / bm:.2f}x** |")
     lines += ["", f"Largest after / before: {worst_min:.2f}x (minima), {worst_med:.2f}x (medians)", ""]
     (Path(RESULTS) / "ops_fold_before_after.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Push / pull crossover on one device: the data to calibrate the CUDA kernel's auto rule
+# (kPushStepsPerPull in csrc/cuda/project_cuda.cu, never measured on a GPU) and, on the CPU, a check of
+# auto's choice between the two ends.  KGREASON_BENCH_DEVICE=cuda (the default when a GPU is present;
+# without one the test skips unless KGREASON_BENCH_DEVICE=cpu).  Writes
+# benchmarks/results/ops_push_pull_crossover_<device type>.md.
+
+CROSS_FRACTIONS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.2, 0.5)
+CROSS_B = 64
+
+
+def _crossover_batch(case: Case, b: int, active: int, gen: torch.Generator) -> torch.Tensor:
+    """(b, N) rows of `active` distinct entities chosen uniformly, values uniform in (0, 1]."""
+    x = torch.zeros(b, case.n)
+    for k in range(b):
+        x[k, torch.randperm(case.n, generator=gen)[:active]] = torch.rand(active, generator=gen).clamp_min(1e-3)
+    return x
+
+
+def _ms_per_call(fn, device: torch.device, min_seconds: float = 0.3) -> float:
+    """Median ms per call of fn over repeated runs (CUDA: event-timed batches of calls after a warm-up)."""
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        runs, reps = [], 1
+        while True:
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            ms = start.elapsed_time(end)
+            if ms * 1e-3 >= min_seconds / 5 or reps >= 4096:
+                break
+            reps *= 2
+        runs.append(ms / reps)
+        for _ in range(4):
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            runs.append(start.elapsed_time(end) / reps)
+        return float(np.median(runs))
+    runs, t_end = [], time.perf_counter() + min_seconds
+    while len(runs) < 5 or (time.perf_counter() < t_end and len(runs) < 101):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return float(np.median(runs)) * 1e3
+
+
+@pytest.mark.benchmark
+def test_push_pull_crossover(cases):
+    name = os.environ.get("KGREASON_BENCH_DEVICE") or ("cuda" if torch.cuda.is_available() else "")
+    if not name:
+        pytest.skip("no GPU: KGREASON_BENCH_DEVICE=cpu runs the sweep on the CPU")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        pytest.skip("KGREASON_BENCH_DEVICE=cuda but torch sees no GPU")
+    if not (ops.has_kernel("project", device) and ops.has_kernel("project_strategy", device)):
+        pytest.skip(f"no compiled project kernel for {device}")
+    case = cases[0]
+    P = ops.prepare_matrices(case.M).to(device)
+    crow = case.M.crow_indices().long()
+    row_len = (crow[1:] - crow[:-1]).double()
+    n, nnz = case.n, int(case.nnz)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for frac in CROSS_FRACTIONS:
+        active = max(1, round(frac * n))
+        x_cpu = _crossover_batch(case, CROSS_B, active, gen)
+        work = float(((x_cpu > 0).double() * row_len).sum(1).mean()) + active  # push steps per row
+        x = x_cpu.to(device)
+        outs, ms = {}, {}
+        for strategy in ("push", "pull", "auto"):
+            fn = lambda s=strategy: ops.project(x, P, strategy=s, backend="cpp", validate=False)  # noqa: E731
+            outs[strategy] = fn()
+            ms[strategy] = _ms_per_call(fn, device)
+        assert torch.equal(outs["push"], outs["pull"]) and torch.equal(outs["auto"], outs["pull"]), \
+            f"strategies disagree at {frac:.4%} active"
+        codes = ops.project_strategies(x, P).cpu()
+        picked = ", ".join(f"{k} {int((codes == c).sum())}" for c, k in ((1, "push"), (3, "sweep"), (2, "pull"))
+                           if int((codes == c).sum()))
+        assert all(np.isfinite(v) and v > 0 for v in ms.values()), ms
+        rows.append(dict(frac=frac, active=active, work=work, picked=picked, **ms))
+    # the crossover: between the last fraction where push is faster and the next one, interpolated in
+    # log(work) on log(pull / push), which is roughly linear there
+    implied, cross_at = None, None
+    for lo, hi in zip(rows, rows[1:]):
+        if lo["push"] < lo["pull"] and hi["push"] >= hi["pull"]:
+            r_lo, r_hi = np.log(lo["pull"] / lo["push"]), np.log(hi["pull"] / hi["push"])
+            w = np.exp(np.log(lo["work"]) + (np.log(hi["work"]) - np.log(lo["work"])) * r_lo / (r_lo - r_hi))
+            implied, cross_at = (n + nnz) / w, float(w)
+    load = os.getloadavg()
+    dev_desc = torch.cuda.get_device_name(device) if device.type == "cuda" else (
+        os.environ.get("KGREASON_BENCH_MACHINE") or machine_description())
+    lines = [f"# Push / pull crossover of `ops.project` on {device.type}",
+             "",
+             "Command: `" + (f"KGREASON_BENCH_DEVICE={name} " if os.environ.get("KGREASON_BENCH_DEVICE") else "")
+             + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]) + "`  ",
+             f"Device: {dev_desc}" + (f", torch {torch.__version__}" if device.type == "cuda" else "") + "  ",
+             f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average (1/5/15 min): "
+             f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}  ",
+             f"Data: {_INFO.get('data', '?')}; B = {CROSS_B} rows, each with the given share of entities active "
+             "(uniform), values uniform in (0, 1]",
+             "",
+             "`push steps / row` is the work the CUDA auto rule counts for a row, active entities + the entries "
+             "of their rows of M (mean over the batch); a pull costs N + nnz steps per row.  The three "
+             "strategies returned the same Y bit for bit at every share.",
+             "",
+             "| active share | active / row | push steps / row | push ms | pull ms | auto ms | auto picked "
+             "(rows) | pull / push |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['frac']:.2%} | {r['active']} | {r['work']:.0f} | {r['push']:.3f} | {r['pull']:.3f} | "
+                     f"{r['auto']:.3f} | {r['picked']} | {r['pull'] / r['push']:.2f} |")
+    lines.append("")
+    if implied is None:
+        lines.append("No crossover inside the sweep (one strategy was faster at every share).")
+    else:
+        lines.append(f"Pull starts to win at ~{cross_at:.0f} push steps per row: push costs as much as a pull of "
+                     f"N + nnz = {n + nnz} steps when (N + nnz) / (active + entries) = **{implied:.1f}**; "
+                     "the CUDA rule's kPushStepsPerPull is 20 (csrc/cuda/project_cuda.cu).")
+    lines.append("")
+    (Path(RESULTS) / f"ops_push_pull_crossover_{device.type}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

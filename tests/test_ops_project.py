@@ -70,6 +70,38 @@ def test_project_matches_brute_force(seed, backend, n, r, b, ptr_dtype, col_dtyp
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n,b", [(37, 16), (45, 3)])
+@pytest.mark.parametrize("neg_scale", [3.0, 1.0, 0.7, 0.0])
+def test_negation_factor_at_the_clamp(seed, backend, n, b, neg_scale):
+    """The negated pull's factor pass (whole vectors, then a scalar tail: the relation's entry count is not a
+    multiple of the vector width) gives the brute force's 1 - min(1, s v) bits, with values on both sides of
+    s v = 1 and at it, every row of X dense (so every row is pulled, B = 16 in one tile)."""
+    require_backend(backend, "project", "cpu")
+    gen = torch.Generator().manual_seed(seed)
+    edge = 1.0 / neg_scale if neg_scale > 0 else 0.5
+    near = torch.tensor([edge, edge * (1 - 2 ** -23), edge * (1 + 2 ** -23), 2 * edge, edge / 2, 1.0, 1e-3],
+                        dtype=torch.float32).clamp(1e-3, 1.0)
+    mask = torch.rand(2 * n, n, generator=gen) < 0.6
+    vals = torch.where(torch.rand(2 * n, n, generator=gen) < 0.5, near[torch.randint(0, len(near), (2 * n, n),
+                                                                                        generator=gen)],
+                       torch.rand(2 * n, n, generator=gen).clamp_min(1e-3))
+    d = torch.where(mask, vals, torch.zeros(()))
+    ds = [d[:n], d[n:]]
+    m = d.to_sparse_csr()
+    stack = ops.prepare_matrices((m.crow_indices(), m.col_indices(), m.values()), num_entities=n)
+    x = random_batch(b, n, "dense", gen)
+    rel = torch.randint(0, 2, (b,), generator=gen)
+    want_y, want_a = _brute(x, ds, rel, True, neg_scale)
+    for strategy in ("auto", "pull", "push"):
+        y, a = ops.project(x, stack, rel, negate=True, neg_scale=neg_scale, return_argmax=True, strategy=strategy,
+                           backend=backend)
+        _same(y, want_y, f"Y neg_scale={neg_scale} {strategy}", seed)
+        _same(a, want_a, f"argmax neg_scale={neg_scale} {strategy}", seed)
+        y = ops.project(x, stack, rel, negate=True, neg_scale=neg_scale, strategy=strategy, backend=backend)
+        _same(y, want_y, f"Y (values only) neg_scale={neg_scale} {strategy}", seed)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_single_matrix_is_the_one_relation_stack(seed, backend, index_dtype):
     """A CSR matrix, its prepared form and rel=None / rel=zeros all give the brute-force result."""

@@ -25,10 +25,21 @@
 // (a pulled step is a coalesced, atomic-free load shared by a warp):
 //     push  iff  kPushStepsPerPull * (active + entries) < N + nnz(M_r).
 // For a matrix of uniform row length this is "push when under 1/kPushStepsPerPull = 5% of the row
-// is active", the rule these kernels used before the fold (with a global count); per row, a mixed
-// batch (one-hot anchors and dense sets, hub entities and leaves) costs what each row costs.  The
-// ratio 20 is that former rule's, not a GPU measurement: benchmarks/ops_cuda_bench.py times push,
-// pull and auto side by side, the numbers to re-tune it from.
+// is active"; per row, a mixed batch (one-hot anchors and dense sets, hub entities and leaves) costs
+// what each row costs.
+// NOT MEASURED ON A GPU.  20 is the former CUDA kernels' "push under 5% active" rule (a global count;
+// written with the first kernels, never timed on a GPU) restated per row.  The two GPU runs so far
+// (stop 26, H100) checked results only, and the folded kernel has not run on a GPU at all.  To
+// calibrate it, a GPU session runs (after `python -m pytest -q tests/test_ops_*.py -k cuda`):
+//     python benchmarks/ops_cuda_bench.py --device cuda --out ops_cuda.md
+//         push, pull and auto at the two ends (one-hot anchors, dense rows): auto must match the
+//         faster of push and pull on each row of the table;
+//     KGREASON_BENCH_DEVICE=cuda python -m pytest benchmarks/test_ops_bench.py -q -k push_pull_crossover
+//         push and pull forced on rows of 0.01% to 50% active entities; it writes
+//         benchmarks/results/ops_push_pull_crossover_cuda.md with the active share where pull starts
+//         to win and the kPushStepsPerPull that crossover implies, (N + nnz) / (active + entries) there.
+// Set the constant to that value (or keep 20 if it is within ~2x: a row near the crossover costs
+// about the same either way) and record the table.
 // The codes are ops.STRATEGIES' (1 push, 2 pull), the ones project_strategy returns; the CPU
 // kernel's third plan (sweep, 3) is a CPU cache trick and is never chosen here.
 //
