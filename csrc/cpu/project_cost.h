@@ -19,7 +19,7 @@ namespace cost {
 // Dense projection (push / sweep / pull, and the tile width of a pull).
 // Costs in ns, single-threaded on this machine (AMD EPYC Zen 4, AVX-512): a push step (one entry of
 // an active row, scalar scatter-max) 1.8; a pull step (one support entry for
-// one tile of T queries) 2.0 (T = 1), 1.0 (T = 16), 1.4 (T = 32), plus a per-column term (pull_column_ns);
+// one tile of T queries) 1.2 (T = 1), 1.0 (T = 16), 1.4 (T = 32), plus a per-column term (pull_column_ns);
 // scanning X[b,:] 0.1 per entity; transposing X into a tile 0.5 per element.
 constexpr double kPushStepNs = 1.8;
 constexpr double kScanNs = 0.1;
@@ -40,11 +40,12 @@ constexpr double kSweepEntryNs = 40.0;
 
 constexpr double kTransposeNs = 0.5;
 constexpr double kFactorNs = 0.3;  // 1 - min(1, s v) per entry, vectorised
-// Per support entry of a tile: 2.0 ns for T = 1 (fitted below), 1.0 (T = 16), 1.4 (T = 32).
-inline double pull_step_ns(int T) { return T == 1 ? 2.0 : T == 16 ? 1.0 : 1.4; }
+// Per support entry of a tile: 1.2 ns for T = 1 (a dense row through the 1.4M-entry power-law matrix of
+// benchmarks/test_ops_bench.py: 1.6 ms), 1.0 (T = 16), 1.4 (T = 32).
+inline double pull_step_ns(int T) { return T == 1 ? 1.2 : T == 16 ? 1.0 : 1.4; }
 // Per column of a tile, support or not: reading tcrow, the 16-column register block and its
 // write-back.  Pulling a column costs this even where M_r's column is empty, so on a sparse
-// relation it is most of a pull: a row pulled alone (T = 1) cost 3.6 ns x N + 2.0 ns x nnz,
+// relation it is most of a pull: a row pulled alone (T = 1) cost 3.6 ns x N (+ 2.0 ns x nnz there),
 // fitted on 8 relations of the synthetic FB15k-237-sized KG (N = 14,505, nnz 835-37,306, dense
 // rows, 1 thread); a 16-row tile of a 2,513-6,139-entry relation ~224 us, a 32-row tile ~432 us
 // (the transpose and the entry steps above leave ~7 and ~13 ns per column).  With the former
