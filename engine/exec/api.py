@@ -135,7 +135,7 @@ class Engine:
         """Answer natural-language questions with the KARPA loop (plan → retrieve → reason).
 
         Without ``planner``/``reasoner`` (LLM objects, e.g. ``llm_bridge.karpa_loop.LLMPlanner``)
-        retrieval is embedding-only and the best path's answers are returned; ``verbalizer``
+        retrieval is embedding-only and the answers are a vote of the best candidate paths; ``verbalizer``
         (``relation name -> question template``, e.g. ``llm_bridge.prompts.fallback_template``) makes
         it compare the question with each path read as questions (``Asker``); ``exemplars``
         (``(question, relation path)`` pairs) add a kNN vote of labelled questions (``Asker``).  ``settings``:
