@@ -70,3 +70,25 @@ def test_server_command_bounds_prompt_threads_and_fits_the_reason_prompt():
     assert cmd[cmd.index("--n_threads") + 1] == "1" and cmd[cmd.index("--n_threads_batch") + 1] == "1"
     assert cmd[cmd.index("--n_ctx") + 1] == str(local.DEFAULT_N_CTX) and local.DEFAULT_N_CTX >= 4096
     assert "--n_threads_batch" not in local.server_command(Path("/m.gguf"), host="127.0.0.1", port=1)
+
+
+@pytest.mark.llm
+def test_smollm2_runs_the_ask_loop_end_to_end(local_llm, llm_artifact, tmp_path, monkeypatch):
+    """The real model through plan, re-plan and reason: whatever it replies, answers come back and every
+    failure is a trace warning (opt-in: ``pytest -m llm``)."""
+    from engine.exec.api import Engine
+    from llm_bridge.client import LLMClient
+    from llm_bridge.config import LLMConfig
+    from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
+
+    monkeypatch.setenv("KGREASON_HOME", str(tmp_path / "home"))
+    eng = Engine.load(llm_artifact)
+    cfg = LLMConfig(base_url=local_llm.base_url, model="smollm2", n=1, temperature=0.0, use_cache=False,
+                    concurrency=1, max_retries=0, timeout_s=300, deadline_s=900, max_tokens=96)
+    with LLMClient(cfg) as client:
+        r = eng.ask("who is likes of [Entity_003]", planner=LLMPlanner(client), reasoner=LLMReasoner(client),
+                    encoder="hashing")
+        assert client.stats.requests >= 2 and client.stats.failures == 0, client.stats.to_json()
+    assert r.llm_calls >= 2 and r.llm_tokens > 0 and r.error is None
+    assert r.answers and r.answers[0].selected_by in ("llm", "vote", "best-path")
+    assert [t["step"] for t in r.trace if t["step"] in ("plan", "reason")][-1] == "reason"
