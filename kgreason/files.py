@@ -551,6 +551,8 @@ def read_json_objects(path: str | os.PathLike, *, what: str = "", shape: str = "
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UserError(f"{where}: not JSON ({exc.msg})") from None
+        except RecursionError:  # json.loads recurses per nesting level: "[[[[...]]]]" past ~1,000 levels
+            raise UserError(f"{where}: not JSON (nested too deeply)") from None
         if not isinstance(obj, dict):
             raise UserError(f"{where}: expected a JSON object {shape}".rstrip())
         yield where, obj

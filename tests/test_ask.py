@@ -484,6 +484,7 @@ def test_simulator_questions_file_errors(kg, tmp_path):
     from engine.exec.ask import read_exemplars
 
     for line, message in [('["a"]', "expected a JSON object"), ("{", "not JSON"), ('{"path": ["x"]}', "missing key 'question'"),
+                          ("[" * 100_000 + "]" * 100_000, "not JSON (nested too deeply)"),
                           ('{"question": "a", "path": []}', "'path' must be a non-empty list of relation names")]:
         p.write_text("\n" + line + "\n", encoding="utf-8")
         for load in (load_gold, read_exemplars):
