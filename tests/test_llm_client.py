@@ -427,7 +427,9 @@ def test_local_finds_the_gguf_in_its_package(tmp_path, monkeypatch):
         local.find_gguf()
     cmd = local.server_command(pkg / local.GGUF_FILE, host="127.0.0.1", port=8123, n_threads=2)
     assert cmd[1:3] == ["-m", "llama_cpp.server"] and cmd[cmd.index("--port") + 1] == "8123"
-    assert cmd[cmd.index("--n_ctx") + 1] == "2048" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    # 4,096: engine.ask's reasoner prompts measured 2,156-2,752 SmolLM2 tokens (HTTP 400 at llama.cpp's 2,048)
+    assert cmd[cmd.index("--n_ctx") + 1] == "4096" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--n_threads") + 1] == cmd[cmd.index("--n_threads_batch") + 1] == "2"
 
 
 def test_local_names_the_missing_extra(monkeypatch):
