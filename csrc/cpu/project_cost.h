@@ -19,7 +19,7 @@ namespace cost {
 // Dense projection (push / sweep / pull, and the tile width of a pull).
 // Costs in ns, single-threaded on this machine (AMD EPYC Zen 4, AVX-512): a push step (one entry of
 // an active row, scalar scatter-max) 1.8; a pull step (one support entry for
-// one tile of T queries) 1.2 (T = 1), 1.0 (T = 16), 1.4 (T = 32), plus a per-column term (pull_column_ns);
+// one tile of T queries) 1.0 (T = 1), 1.0 (T = 16), 1.4 (T = 32), plus a per-column term (pull_column_ns);
 // scanning X[b,:] 0.1 per entity; transposing X into a tile 0.5 per element.
 constexpr double kPushStepNs = 1.8;
 constexpr double kScanNs = 0.1;
@@ -40,9 +40,10 @@ constexpr double kSweepEntryNs = 40.0;
 
 constexpr double kTransposeNs = 0.5;
 constexpr double kFactorNs = 0.3;  // 1 - min(1, s v) per entry, vectorised
-// Per support entry of a tile: 1.2 ns for T = 1 (a dense row through the 1.4M-entry power-law matrix of
-// benchmarks/test_ops_bench.py: 1.6 ms), 1.0 (T = 16), 1.4 (T = 32).
-inline double pull_step_ns(int T) { return T == 1 ? 1.2 : T == 16 ? 1.0 : 1.4; }
+// Per support entry of a tile: 1.0 ns for T = 1 (a dense row through the 1.4M-entry power-law matrix of
+// benchmarks/test_ops_bench.py: 1.44 ms, quiet, 1 thread), 1.0 (T = 16), 1.4 (T = 32).  At 1.2 ns a lone
+// row of that matrix looked cheaper in a 16-wide tile (1.62 vs 1.73 ms) and took 1.8 ms there.
+inline double pull_step_ns(int T) { return T == 1 ? 1.0 : T == 16 ? 1.0 : 1.4; }
 // Per column of a tile, support or not: reading tcrow, the 16-column register block and its
 // write-back.  Pulling a column costs this even where M_r's column is empty, so on a sparse
 // relation it is most of a pull: a row pulled alone (T = 1) cost 3.6 ns x N (+ 2.0 ns x nnz there),
