@@ -60,6 +60,7 @@ class AskConfig:
     show_context: bool = False
     llm: Any = None  # llm_bridge.config.LLMConfig with --llm, else None (embedding-only)
     reasoner: bool = True
+    llm_ask_json: str = "schema"  # planner/reasoner response_format (llm_bridge.karpa_loop.JSON_OUTPUT_MODES)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -114,6 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--llm", action="store_true", help="plan and reason with the LLM (default: embedding-only)")
     g.add_argument("--no-llm-reasoner", dest="reasoner", action="store_false",
                    help="with --llm: the LLM plans, the best-scoring path answers")
+    g.add_argument("--llm-ask-json", choices=("schema", "object", "off"), default=None,
+                   help="with --llm: the planner/reasoner replies' response_format: 'schema' (default) a JSON schema "
+                        "whose relation names / path numbers / answers are enums of the prompt's candidates "
+                        "(llama.cpp compiles it into a grammar), 'object' any JSON object, 'off' none; "
+                        "dropped if the server rejects it")
     return p
 
 
@@ -157,7 +163,8 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
                      path_text=ns.path_text, exemplars=ns.exemplars, exemplar_weight=ns.exemplar_weight,
                      exemplar_k=ns.exemplar_k, embedding_candidates=ns.embedding_candidates,
                      vote_paths=ns.vote_paths, vote_temperature=ns.vote_temperature, json=ns.json,
-                     show_context=ns.show_context, llm=llm, reasoner=ns.reasoner)
+                     show_context=ns.show_context, llm=llm, reasoner=ns.reasoner,
+                     llm_ask_json=ns.llm_ask_json or "schema")
 
 
 def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:
@@ -299,7 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
 
     with LLMClient(cfg.llm) as client:
-        return run(cfg, planner=LLMPlanner(client), reasoner=LLMReasoner(client) if cfg.reasoner else None)
+        return run(cfg, planner=LLMPlanner(client, max_hops=cfg.max_hops, json_output=cfg.llm_ask_json),
+                   reasoner=LLMReasoner(client, json_output=cfg.llm_ask_json) if cfg.reasoner else None)
 
 
 if __name__ == "__main__":

@@ -466,9 +466,12 @@ class LLMClient:
 
     async def complete_many(self, batch: Sequence[Messages], *, n: int | None = None,
                             temperature: float | None = None,
-                            response_format: Mapping[str, Any] | None = None) -> "list[Completion | LLMFailure]":
+                            response_format: "Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None" = None
+                            ) -> "list[Completion | LLMFailure]":
         """:meth:`complete` for every element of ``batch``, concurrently; results in input order.
 
+        ``response_format``: one mapping for every prompt, or a list of ``len(batch)`` mappings or
+        None, one per prompt (e.g. JSON schemas naming each prompt's own candidates).
         The whole call takes at most ``config.deadline_s`` seconds.
         """
         self._check_open()
@@ -478,6 +481,7 @@ class LLMClient:
                 _check_messages(messages)
             except ValueError as exc:
                 raise ValueError(f"batch[{i}]: {exc}") from None
+        formats = _per_prompt_formats(response_format, len(batch))
         if not batch:
             return []
         async with self._loop_scope():
@@ -486,16 +490,15 @@ class LLMClient:
             responses_before = self._responses
             done = [0]
 
-            async def one(m: Messages) -> "Completion | LLMFailure":
+            async def one(m: Messages, fmt: Mapping[str, Any] | None) -> "Completion | LLMFailure":
                 try:
-                    return await self._bounded(m, deadline, n=n, temperature=temperature,
-                                               response_format=response_format)
+                    return await self._bounded(m, deadline, n=n, temperature=temperature, response_format=fmt)
                 finally:
                     done[0] += 1
 
             ticker = loop.create_task(self._progress(done, len(batch))) if self.progress else None
             try:
-                results = list(await asyncio.gather(*(one(m) for m in batch)))
+                results = list(await asyncio.gather(*(one(m, f) for m, f in zip(batch, formats))))
                 if self._scope_depth and not self._unresponsive and self._responses == responses_before and any(
                         isinstance(r, LLMFailure) and r.reason == "timeout" for r in results):
                     log.warning("the LLM server did not respond (no HTTP response before the timeouts and the "
@@ -984,6 +987,21 @@ class LLMClient:
 
 
 # ---------------------------------------------------------------------------------------- helpers
+def _per_prompt_formats(response_format: Any, size: int) -> list[Mapping[str, Any] | None]:
+    """``complete_many``'s ``response_format`` as one entry per prompt (ValueError when it does not fit)."""
+    if response_format is None or isinstance(response_format, Mapping):
+        return [response_format] * size
+    if isinstance(response_format, (str, bytes)) or not isinstance(response_format, Sequence):
+        raise ValueError(f"response_format must be a mapping, a list of them or None, got {response_format!r}")
+    formats = list(response_format)
+    if len(formats) != size:
+        raise ValueError(f"response_format has {len(formats)} entries for a batch of {size} prompts")
+    for i, f in enumerate(formats):
+        if f is not None and not isinstance(f, Mapping):
+            raise ValueError(f"response_format[{i}] must be a mapping or None, got {f!r}")
+    return formats
+
+
 def _check_messages(messages: Messages) -> list[dict[str, str]]:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise ValueError("messages must be a non-empty list of {'role', 'content'} mappings")

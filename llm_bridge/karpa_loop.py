@@ -22,6 +22,23 @@
   context (:mod:`engine.exec.context`); the reply is
   ``{"paths": [numbers], "answers": [names]}`` (either may be empty).
 
+**JSON-constrained replies** (``json_output``, default ``"schema"``): each
+request carries a ``response_format`` in llama.cpp's form
+``{"type": "json_object", "schema": ...}``, which its server compiles into a
+grammar, so even a 135M model can only write the asked-for JSON: the planner's
+schema (:func:`plan_response_format`) is ``{"plans": [[relation, ...], ...]}``
+with 1..``max_plans`` plans of 1..``max_hops`` steps, every step an **enum of
+the candidate relations shown in that prompt**; the reasoner's
+(:func:`reason_response_format`) is ``{"paths": [...], "answers": [...]}`` with
+the path numbers an integer enum 1..K of the shown paths and the answers an
+enum of the shown paths' tail names (free strings without quotes or brackets
+when there are more than :data:`MAX_ENUM_ANSWERS`).  ``"object"`` sends plain
+``{"type": "json_object"}``; ``"off"`` sends none (and keeps the free-text
+prompt asking for a JSON list).  A server that rejects ``response_format``
+(HTTP 400/422) is asked again without it (:class:`~llm_bridge.client.LLMClient`),
+so every OpenAI-compatible server still works; the parsers accept the
+unconstrained replies as before.
+
 Every prompt is one request with ``n=1``; server trouble (timeouts, errors,
 budget) comes back as an :class:`~llm_bridge.client.LLMFailure` and becomes a
 failed reply, so the loop falls back (embedding-only retrieval, the candidate
@@ -35,7 +52,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from engine.exec.ask import PlanReply, PlanRequest, ReasonReply, ReasonRequest
 from engine.exec.context import estimate_tokens
@@ -44,7 +61,18 @@ from .client import LLMClient
 from .parse import extract_entities
 
 __all__ = ["LLMPlanner", "LLMReasoner", "plan_messages", "reason_messages", "parse_plan_reply",
-           "parse_reason_reply", "parse_plan_prompt", "parse_reason_prompt", "PlanPrompt", "ReasonPrompt"]
+           "parse_reason_reply", "parse_plan_prompt", "parse_reason_prompt", "PlanPrompt", "ReasonPrompt",
+           "plan_response_format", "reason_response_format", "JSON_OUTPUT_MODES", "MAX_ENUM_ANSWERS"]
+
+#: ``json_output`` of :class:`LLMPlanner` / :class:`LLMReasoner` (see the module doc).
+JSON_OUTPUT_MODES = ("schema", "object", "off")
+#: Most distinct tail names the reasoner's schema lists as an enum; beyond it answers are free strings.
+MAX_ENUM_ANSWERS = 200
+#: Most answer names the reasoner's schema lets the model write (the first one decides Hits@1; a short
+#: list keeps a small model inside its completion budget instead of cutting the JSON off).
+SCHEMA_MAX_ANSWERS = 3
+#: A free-string answer in the reasoner's schema: one line without quotes, backslashes, brackets or braces.
+_ANSWER_PATTERN = '^[^"\\\\\\n\\[\\]{}]{1,60}$'
 
 PLAN_SYSTEM = ("You plan relation paths over a knowledge graph. A relation path is the sequence of relations "
                "to follow from the topic entity to the answers.")
@@ -55,6 +83,10 @@ Candidate relations:
 {relations}
 {previous}Reply with a JSON list of at most {max_plans} relation paths, best first, each a list of relation names \
 from the topic entity to the answer, e.g. [["relation_1", "relation_2"]]. Prefer the candidate relations."""
+#: The planner's last line when the reply is JSON-constrained (``json_output`` "schema"/"object"): the object
+#: the schema allows, and no placeholder example (SmolLM2 copied ``relation_1`` verbatim).
+PLAN_REPLY_JSON = ("Reply with JSON {{\"plans\": [relation paths]}}: at most {max_plans} relation paths, best first, "
+                   "each a list of 1 to {max_hops} candidate relation names from the topic entity to the answer.")
 PLAN_PREVIOUS = "Your previous plans:\n{plans}\nRevise them using the candidate relations above.\n"
 REASON_SYSTEM = ("You answer questions from a knowledge graph. You are given candidate relation paths from the "
                  "topic entity and the entities they reach.")
@@ -69,18 +101,87 @@ Reply with JSON {{"paths": [numbers of the paths that answer the question], "ans
 
 _Q = re.compile(r"^Question: (.*)$", re.MULTILINE)
 _T = re.compile(r"^Topic entity: (.*)$", re.MULTILINE)
+_UNSAFE = re.compile(r'["\\\x00-\x1f\x7f]')
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
 
-def plan_messages(req: PlanRequest, *, max_plans: int = 3) -> list[dict[str, str]]:
-    """The planner's chat messages for one request."""
+def plan_messages(req: PlanRequest, *, max_plans: int = 3, max_hops: int = 3,
+                  json_output: str = "off") -> list[dict[str, str]]:
+    """The planner's chat messages for one request; ``json_output`` other than ``"off"`` ends the prompt
+    with :data:`PLAN_REPLY_JSON` (the reply :func:`plan_response_format` allows)."""
+    _check_mode(json_output)
     prev = ""
     if req.previous:
         prev = PLAN_PREVIOUS.format(plans="\n".join("- " + json.dumps(list(p), ensure_ascii=False)
                                                     for p in req.previous))
     user = PLAN_USER.format(question=req.question, topic=req.topic, max_plans=max_plans, previous=prev,
                             relations="\n".join(f"- {r}" for r in req.relations))
+    if json_output != "off":
+        user = user[: user.rindex("\nReply with ") + 1] + PLAN_REPLY_JSON.format(max_plans=max_plans,
+                                                                                  max_hops=max_hops)
     return [{"role": "system", "content": PLAN_SYSTEM}, {"role": "user", "content": user}]
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in JSON_OUTPUT_MODES:
+        raise ValueError(f"json_output must be one of {', '.join(JSON_OUTPUT_MODES)}, got {mode!r}")
+
+
+def _enum_names(names: Iterable[str]) -> list[str]:
+    """Distinct names, first seen first, that a grammar enum can hold: llama-cpp-python 0.3.36's schema
+    converter does not escape a backslash inside a quoted constant, so a name with a quote, backslash or
+    control character would break the whole grammar (its server then falls back to any JSON)."""
+    return [x for x in dict.fromkeys(str(n) for n in names) if not _UNSAFE.search(x)]
+
+
+def plan_response_format(req: PlanRequest, *, max_plans: int = 3, max_hops: int = 3,
+                         json_output: str = "schema") -> dict[str, Any] | None:
+    """The planner request's ``response_format`` (see the module doc); None for ``"off"``.
+
+    ``"schema"``: ``{"plans": [...]}`` of 1..``max_plans`` plans, each 1..``max_hops`` steps from the
+    enum of ``req.relations`` (the candidates shown in the prompt, in order, duplicates once; names with a
+    quote, backslash or control character left out, see :func:`_enum_names`); with no candidate relations
+    it is plain ``{"type": "json_object"}`` (an empty enum admits no reply).
+    """
+    _check_mode(json_output)
+    if json_output == "off":
+        return None
+    rels = _enum_names(req.relations)
+    if json_output == "object" or not rels:
+        return {"type": "json_object"}
+    plan = {"type": "array", "minItems": 1, "maxItems": int(max_hops), "items": {"type": "string", "enum": rels}}
+    return {"type": "json_object",
+            "schema": {"type": "object", "properties": {"plans": {"type": "array", "minItems": 1,
+                                                                  "maxItems": int(max_plans), "items": plan}},
+                       "required": ["plans"], "additionalProperties": False}}
+
+
+def reason_response_format(req: ReasonRequest, *, json_output: str = "schema",
+                           max_answers: int = SCHEMA_MAX_ANSWERS) -> dict[str, Any] | None:
+    """The reasoner request's ``response_format`` (see the module doc); None for ``"off"``.
+
+    ``"schema"``: ``{"paths": [...], "answers": [...]}``; ``paths``: 1..K numbers from the enum 1..K of
+    the ``K = len(req.paths)`` shown paths (at least one, so the reply always picks something);
+    ``answers``: 0..``max_answers`` names from the enum of the paths' tail names (``ContextPath.answers``,
+    first seen first; names a grammar cannot quote left out, they stay reachable by path number) when
+    there are 1..:data:`MAX_ENUM_ANSWERS` of them, else free one-line strings.
+    With no candidate paths it is plain ``{"type": "json_object"}``.
+    """
+    _check_mode(json_output)
+    if json_output == "off":
+        return None
+    if json_output == "object" or not req.paths:
+        return {"type": "json_object"}
+    names = _enum_names(a for p in req.paths for a in p.answers)
+    answer = ({"type": "string", "enum": names} if 0 < len(names) <= MAX_ENUM_ANSWERS
+              else {"type": "string", "pattern": _ANSWER_PATTERN})
+    k = len(req.paths)
+    return {"type": "json_object",
+            "schema": {"type": "object",
+                       "properties": {"paths": {"type": "array", "minItems": 1, "maxItems": k,
+                                                "items": {"type": "integer", "enum": list(range(1, k + 1))}},
+                                      "answers": {"type": "array", "maxItems": int(max_answers), "items": answer}},
+                       "required": ["paths", "answers"], "additionalProperties": False}}
 
 
 def reason_messages(req: ReasonRequest) -> list[dict[str, str]]:
@@ -249,18 +350,30 @@ class LLMPlanner:
     Args:
         client: an open client.
         max_plans: paths asked for per question (default 3).
+        max_hops: most steps per plan the schema allows (default 3, ``AskSettings.max_hops``'s default).
         temperature: sampling temperature (default 0: the plan is deterministic and cacheable).
+        json_output: ``"schema"`` (default: relation names constrained to the prompt's candidates),
+            ``"object"`` or ``"off"`` (free text); see the module doc.
     """
 
-    def __init__(self, client: LLMClient, *, max_plans: int = 3, temperature: float = 0.0) -> None:
+    def __init__(self, client: LLMClient, *, max_plans: int = 3, max_hops: int = 3, temperature: float = 0.0,
+                 json_output: str = "schema") -> None:
+        _check_mode(json_output)
+        if int(max_plans) < 1 or int(max_hops) < 1:
+            raise ValueError(f"max_plans and max_hops must be >= 1, got {max_plans} and {max_hops}")
         self.client = client
         self.max_plans = int(max_plans)
+        self.max_hops = int(max_hops)
         self.temperature = float(temperature)
+        self.json_output = json_output
 
     def plan(self, requests: Sequence[PlanRequest]) -> list[PlanReply]:
-        batch = [plan_messages(r, max_plans=self.max_plans) for r in requests]
+        kw = {"max_plans": self.max_plans, "max_hops": self.max_hops, "json_output": self.json_output}
+        batch = [plan_messages(r, **kw) for r in requests]
+        formats = [plan_response_format(r, **kw) for r in requests]
         out = []
-        for res in self.client.complete_many_sync(batch, n=1, temperature=self.temperature):
+        for res in self.client.complete_many_sync(batch, n=1, temperature=self.temperature,
+                                                  response_format=formats):
             calls, tokens = _used(res)
             if not res.ok:
                 out.append(PlanReply(ok=False, warnings=(_failure(res),), calls=calls, tokens=tokens))
@@ -282,17 +395,24 @@ class LLMReasoner:
 
     ``count_tokens`` (used to bound the KG context): the client has no tokenizer of its own, so
     it is :func:`engine.exec.context.estimate_tokens` unless a tokenizer function is given.
+    ``json_output``: ``"schema"`` (default: path numbers and answer names constrained to the
+    candidates, :func:`reason_response_format`), ``"object"`` or ``"off"``.
     """
 
-    def __init__(self, client: LLMClient, *, temperature: float = 0.0, count_tokens=None) -> None:
+    def __init__(self, client: LLMClient, *, temperature: float = 0.0, count_tokens=None,
+                 json_output: str = "schema") -> None:
+        _check_mode(json_output)
         self.client = client
         self.temperature = float(temperature)
         self.count_tokens = count_tokens or estimate_tokens
+        self.json_output = json_output
 
     def reason(self, requests: Sequence[ReasonRequest]) -> list[ReasonReply]:
         batch = [reason_messages(r) for r in requests]
+        formats = [reason_response_format(r, json_output=self.json_output) for r in requests]
         out = []
-        for res in self.client.complete_many_sync(batch, n=1, temperature=self.temperature):
+        for res in self.client.complete_many_sync(batch, n=1, temperature=self.temperature,
+                                                  response_format=formats):
             calls, tokens = _used(res)
             if not res.ok:
                 out.append(ReasonReply(ok=False, warnings=(_failure(res),), calls=calls, tokens=tokens))

@@ -112,9 +112,11 @@ def run(args) -> dict:
                             deadline_s=args.llm_timeout * (len(qs) + 1), max_tokens=args.llm_max_tokens)
             with LLMClient(cfg) as client:
                 t = time.perf_counter()
-                res = asker.ask(texts, planner=LLMPlanner(client), reasoner=LLMReasoner(client), progress=True)
+                res = asker.ask(texts, planner=LLMPlanner(client, json_output=args.llm_ask_json),
+                                reasoner=LLMReasoner(client, json_output=args.llm_ask_json), progress=True)
                 score(res, f"karpa-{args.llm_model}", time.perf_counter() - t,
-                      {"model": args.llm_model, "llm_url": args.llm_url, "warnings": warning_counts(res),
+                      {"model": args.llm_model, "llm_url": args.llm_url, "llm_ask_json": args.llm_ask_json,
+                       "warnings": warning_counts(res),
                        "selected_by_llm": sum(bool(r.answers) and r.answers[0].selected_by == "llm"
                                               for r in res) / len(qs),
                        "http": client.stats.to_json()})
@@ -342,6 +344,8 @@ def main() -> int:
     p.add_argument("--llm-timeout", type=float, default=120.0, metavar="SECONDS", help="per HTTP attempt")
     p.add_argument("--llm-concurrency", type=int, default=1, help="--llm-url requests in flight at once")
     p.add_argument("--llm-max-tokens", type=int, default=256, help="completion tokens per --llm-url request")
+    p.add_argument("--llm-ask-json", choices=("schema", "object", "off"), default="schema",
+                   help="--llm-url's planner/reasoner response_format (llm_bridge.karpa_loop; default schema)")
     p.add_argument("--trace-out", metavar="FILE", help="append the --llm-url row's results (AskResult JSON) here")
     p.add_argument("--merge", action="store_true", help="--out exists: replace its rows of the same hops and "
                    "method with the new ones, keep the others")
