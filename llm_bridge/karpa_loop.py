@@ -62,12 +62,15 @@ from .parse import extract_entities
 
 __all__ = ["LLMPlanner", "LLMReasoner", "plan_messages", "reason_messages", "parse_plan_reply",
            "parse_reason_reply", "parse_plan_prompt", "parse_reason_prompt", "PlanPrompt", "ReasonPrompt",
-           "plan_response_format", "reason_response_format", "JSON_OUTPUT_MODES", "MAX_ENUM_ANSWERS"]
+           "plan_response_format", "reason_response_format", "JSON_OUTPUT_MODES", "MAX_ENUM_ANSWERS",
+           "SCHEMA_MAX_PATHS", "SCHEMA_MAX_ANSWERS"]
 
 #: ``json_output`` of :class:`LLMPlanner` / :class:`LLMReasoner` (see the module doc).
 JSON_OUTPUT_MODES = ("schema", "object", "off")
 #: Most distinct tail names the reasoner's schema lists as an enum; beyond it answers are free strings.
 MAX_ENUM_ANSWERS = 200
+#: Most path numbers the reasoner's schema lets the model write (a choice, not a recital of 1..K).
+SCHEMA_MAX_PATHS = 3
 #: Most answer names the reasoner's schema lets the model write (the first one decides Hits@1; a short
 #: list keeps a small model inside its completion budget instead of cutting the JSON off).
 SCHEMA_MAX_ANSWERS = 3
@@ -160,8 +163,9 @@ def reason_response_format(req: ReasonRequest, *, json_output: str = "schema",
                            max_answers: int = SCHEMA_MAX_ANSWERS) -> dict[str, Any] | None:
     """The reasoner request's ``response_format`` (see the module doc); None for ``"off"``.
 
-    ``"schema"``: ``{"paths": [...], "answers": [...]}``; ``paths``: 1..K numbers from the enum 1..K of
-    the ``K = len(req.paths)`` shown paths (at least one, so the reply always picks something);
+    ``"schema"``: ``{"paths": [...], "answers": [...]}``; ``paths``: 1..min(K, :data:`SCHEMA_MAX_PATHS`)
+    numbers from the enum 1..K of the ``K = len(req.paths)`` shown paths (at least one, so the reply
+    always picks something);
     ``answers``: 0..``max_answers`` names from the enum of the paths' tail names (``ContextPath.answers``,
     first seen first; names a grammar cannot quote left out, they stay reachable by path number) when
     there are 1..:data:`MAX_ENUM_ANSWERS` of them, else free one-line strings.
@@ -178,7 +182,8 @@ def reason_response_format(req: ReasonRequest, *, json_output: str = "schema",
     k = len(req.paths)
     return {"type": "json_object",
             "schema": {"type": "object",
-                       "properties": {"paths": {"type": "array", "minItems": 1, "maxItems": k,
+                       "properties": {"paths": {"type": "array", "minItems": 1,
+                                                "maxItems": min(k, SCHEMA_MAX_PATHS),
                                                 "items": {"type": "integer", "enum": list(range(1, k + 1))}},
                                       "answers": {"type": "array", "maxItems": int(max_answers), "items": answer}},
                        "required": ["paths", "answers"], "additionalProperties": False}}
@@ -280,8 +285,47 @@ def _json_value(text: str) -> Any:
             try:
                 return dec.raw_decode(text[i:])[0]
             except ValueError:
-                continue
+                # Cut off by max_tokens: the outer value's complete part, not its first inner list.
+                cut = _cut_off_json(text[i:])
+                if cut is not None:
+                    return cut
     raise ValueError("no JSON list or object in the reply")
+
+
+def _cut_off_json(text: str) -> Any:
+    """A JSON object or list cut off by the completion limit, closed after its last complete list, or None.
+
+    A schema-constrained reply stopped by ``max_tokens`` is valid JSON up to where it stops
+    (``{"plans": [["a", "b"], ["c", "d`` → ``{"plans": [["a", "b"]]}``): its complete lists are kept,
+    the unfinished rest dropped.
+    """
+    if not text.startswith(("{", "[")):
+        return None
+    stack: list[str] = []
+    closes: list[tuple[int, str]] = []  # (position of a "]" ending a list, the closers the prefix then needs)
+    in_str = esc = False
+    for i in range(len(text)):
+        ch = text[i]
+        if in_str:
+            esc, in_str = (False, True) if esc else (ch == "\\", ch != '"')
+            continue
+        if ch == '"':
+            in_str = True
+        elif ch in "[{":
+            stack.append("]" if ch == "[" else "}")
+        elif ch in "]}":
+            if not stack or stack.pop() != ch:
+                return None
+            if not stack:
+                return None  # a complete value: raw_decode would have read it, so it is not JSON
+            if ch == "]":
+                closes.append((i, "".join(reversed(stack))))
+    for i, closers in reversed(closes):
+        try:
+            return json.loads(text[:i + 1] + closers)
+        except ValueError:
+            continue
+    return None
 
 
 def parse_plan_reply(text: str) -> tuple[tuple[str, ...], ...]:

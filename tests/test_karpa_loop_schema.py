@@ -16,7 +16,7 @@ from engine.exec.ask import PlanRequest, ReasonRequest
 from engine.exec.context import ContextPath
 from llm_bridge.client import LLMClient
 from llm_bridge.config import LLMConfig
-from llm_bridge.karpa_loop import (MAX_ENUM_ANSWERS, SCHEMA_MAX_ANSWERS, LLMPlanner, LLMReasoner, parse_plan_prompt,
+from llm_bridge.karpa_loop import (MAX_ENUM_ANSWERS, SCHEMA_MAX_ANSWERS, SCHEMA_MAX_PATHS, LLMPlanner, LLMReasoner, parse_plan_prompt,
                                    parse_plan_reply, parse_reason_reply, plan_messages, plan_response_format,
                                    reason_response_format)
 
@@ -112,7 +112,9 @@ def test_reason_schema_bounds_path_numbers_and_names_the_shown_tails():
     assert schema["required"] == ["paths", "answers"] and schema["additionalProperties"] is False
     paths, answers = schema["properties"]["paths"], schema["properties"]["answers"]
     assert paths["items"] == {"type": "integer", "enum": [1, 2, 3]} and paths["minItems"] == 1
-    assert paths["maxItems"] == 3
+    assert paths["maxItems"] == 3 == SCHEMA_MAX_PATHS
+    assert reason_response_format(_reason_request([("A",)] * 9))["schema"]["properties"]["paths"]["maxItems"] == 3
+    assert reason_response_format(_reason_request([("A",)] * 2))["schema"]["properties"]["paths"]["maxItems"] == 2
     assert answers["items"] == {"type": "string", "enum": ["Alien", "Heat", "Ran"]}
     assert answers["maxItems"] == SCHEMA_MAX_ANSWERS
     # too many names for an enum: free one-line strings
@@ -181,6 +183,7 @@ def test_every_schema_valid_reply_parses_to_candidate_relations(seed):
         assert parse_reason_reply(json.dumps(reply)) == (tuple(reply["paths"]), tuple(reply["answers"]))
         assert _valid(reply, rschema)
     for bad in ({"paths": [3], "answers": []}, {"paths": [], "answers": ["A"]}, {"paths": [True], "answers": []},
+                {"paths": [1, 2, 1], "answers": []},
                 {"paths": [1], "answers": ["Z"]}, {"paths": [1]}, {"paths": [1], "answers": ["A", "B", "C", "A"]}):
         assert not _valid(bad, rschema), bad
     free = reason_response_format(_reason_request([()]))["schema"]
@@ -364,3 +367,17 @@ def test_engine_ask_mode_flag_needs_llm(capsys):
     assert err.startswith("error: --llm-ask-json needs --llm") and "Traceback" not in err
     assert parse_args(["q", "--llm"]).llm_ask_json == "schema"
     assert parse_args(["q", "--llm", "--llm-ask-json", "off"]).llm_ask_json == "off"
+
+
+def test_a_reply_cut_off_by_max_tokens_keeps_its_complete_lists():
+    """A schema-constrained reply stopped by the completion limit is valid JSON up to the cut."""
+    assert parse_plan_reply('{"plans": [["a", "b"], ["c"], ["d", "e') == (("a", "b"), ("c",))
+    assert parse_plan_reply('Plans: {"plans": [["a]", "b"], ["c') == (("a]", "b"),)
+    assert parse_plan_reply('[["a", "b"], ["c"') == (("a", "b"),)
+    assert parse_reason_reply('{"paths": [2, 1], "answers": ["A", "B') == ((2, 1), ())
+    for text in ('{"plans": [["a', '{"plans": [', "[John Krasinski] directed it"):
+        with pytest.raises(ValueError, match="no JSON"):
+            parse_plan_reply(text)
+    # complete JSON is read as before (the first value), prose and fences around it
+    assert parse_plan_reply('x ```json\n{"plans": [["a"]]}\n``` y') == (("a",),)
+    assert parse_plan_reply('{"plans": [["a"]]} and {"plans": [["b"]]}') == (("a",),)

@@ -92,3 +92,8 @@ def test_smollm2_runs_the_ask_loop_end_to_end(local_llm, llm_artifact, tmp_path,
     assert r.llm_calls >= 2 and r.llm_tokens > 0 and r.error is None
     assert r.answers and r.answers[0].selected_by in ("llm", "vote", "best-path")
     assert [t["step"] for t in r.trace if t["step"] in ("plan", "reason")][-1] == "reason"
+    # JSON-constrained replies (the default json_output="schema"): llama.cpp's grammar leaves SmolLM2 no
+    # way to write prose or a relation that is not a candidate, so no reply is malformed.
+    assert not [w for w in r.warnings if "malformed" in w], r.warnings
+    plan_steps = [t for t in r.trace if t["step"] == "plan"]
+    assert plan_steps and all(t["ok"] and t["plans"] for t in plan_steps), plan_steps
