@@ -513,7 +513,7 @@ def test_embedding_costs_are_karpa_h_costs_plus_the_length_penalty(kg, questions
     topic = eng.ask(q, retriever=ret).topic_id
     for lam in (0.0, 0.1):
         asker = Asker(eng, ret, settings=AskSettings(length_penalty=lam, k=1000, length_prior=0.0,
-                                                     answer_type_weight=0.0))
+                                                     answer_type_weight=0.0, lexical_weight=0.0))
         text = question_text(q)
         got = asker.embedding_retrieve([topic], [text])[0]
         seqs, _ = ret._enumerate(topic, 3)
@@ -718,7 +718,8 @@ def test_verbalized_costs_are_centred_cosines_plus_the_length_penalty(kg, questi
     _, eng, ret = kg
     q, _, _ = questions[1]
     topic = eng.ask(q, retriever=ret).topic_id
-    asker = Asker(eng, ret, settings=AskSettings(length_penalty=0.05, k=1000, length_prior=0.0, answer_type_weight=0.0),
+    asker = Asker(eng, ret, settings=AskSettings(length_penalty=0.05, k=1000, length_prior=0.0, answer_type_weight=0.0,
+                                                 lexical_weight=0.0),
                   verbalizer=fallback_template)
     text = question_text(q)
     got = asker.embedding_retrieve([topic], [text])[0]

@@ -24,8 +24,9 @@ For each question:
    (cost 0) even when the KG lacks its edges; after them the plan's cheapest one-step variants
    (``plan_variants``).  Embedding-only retrieval ranks every relation sequence of
    1..``max_hops`` hops from the topic by the similarity of its text to the
-   question's (KARPA-H with the question as the plan), an answer-type term and a
-   question-length prior per extra hop (:meth:`Asker.embedding_retrieve`).
+   question's (KARPA-H with the question as the plan), an answer-type term, a
+   question-length prior per extra hop and the relations the question names word
+   for word (:meth:`Asker.embedding_retrieve`).
 5. **reasoning**: every candidate path becomes a logical query
    ``(p r_L … (p r_1 topic))``, all of them run by the executor in one batch
    (scores, explanations).  With a :class:`Reasoner` the LLM sees the paths and
@@ -78,6 +79,9 @@ __all__ = [
     "path_query",
     "question_text",
     "answer_phrase",
+    "content_words",
+    "words_match",
+    "lexical_f1",
     "read_exemplars",
     "vote_ranking",
 ]
@@ -91,6 +95,18 @@ ANSWER_TYPE_WEIGHT = 0.7
 RANGE_EXAMPLES = 6
 LENGTH_PRIOR = 0.04
 LENGTH_PIVOT = 8
+#: Lexical term of embedding-only retrieval (AskSettings.lexical_weight), chosen on MetaQA dev questions
+#: (docs/ask.md): the F1 between the relations a path follows and those the question names.
+LEXICAL_WEIGHT = 0.4
+#: English function words (and the question words) never read as naming a relation; words shorter than
+#: :data:`MIN_WORD` letters are never read either.
+FUNCTION_WORDS = frozenset("""
+    about above after again against also among another been before being below between both could does
+    doing down during each either every from further have having here inverse into itself just many more
+    most much must neither only other over same should some such than that their theirs them then there
+    these they this those through under until upon very were what when where which while whom whose with
+    within without would your yours""".split())
+MIN_WORD = 4
 #: English question words: a question's answer phrase starts at the first of them (:func:`answer_phrase`).
 WH_WORDS = ("which", "what", "who", "whom", "whose", "where", "when", "how")
 #: Answer phrases whose mean embedding centres the question side of the answer-type term (fixed, so a
@@ -143,6 +159,12 @@ class AskSettings:
             text, the names of the ``range_examples`` most frequent tails of its last relation in the KG,
             both centred (default :data:`ANSWER_TYPE_WEIGHT`; 0 turns it off).
         range_examples: tail names per relation in its range text (default :data:`RANGE_EXAMPLES`).
+        lexical_weight: embedding-only retrieval subtracts this times the F1 between the set of relations a
+            path follows (directions ignored) and the set the question names word for word
+            (:meth:`Asker.named_relations`: a question word sharing a prefix of at least 4 letters, and
+            60% of the shorter word, with a word of the relation's name: "writer" names ``written_by``).
+            It rewards paths that follow every relation the question names and nothing else, so it also
+            weighs in on the path's length (default :data:`LEXICAL_WEIGHT`; 0 turns it off).
         exemplar_weight: with exemplars (``Asker(exemplars=...)``), embedding-only retrieval subtracts
             this times a path's exemplar vote from its cost (default :data:`EXEMPLAR_WEIGHT`).
         embedding_candidates: with planned paths whose candidates lack the best embedding-only path of a
@@ -181,6 +203,7 @@ class AskSettings:
     length_pivot: int = LENGTH_PIVOT
     answer_type_weight: float = ANSWER_TYPE_WEIGHT
     range_examples: int = RANGE_EXAMPLES
+    lexical_weight: float = LEXICAL_WEIGHT
     exemplar_weight: float = EXEMPLAR_WEIGHT
     exemplar_k: int = EXEMPLAR_K
     embedding_candidates: int = EMBEDDING_CANDIDATES
@@ -202,7 +225,7 @@ class AskSettings:
             raise unknown_name("context style", self.context, CONTEXT_STYLES)
         if not (isinstance(self.length_penalty, (int, float)) and 0.0 <= self.length_penalty <= 1.0):
             raise UserError(f"ask: length_penalty must be in [0, 1], got {self.length_penalty!r}")
-        for name, hi in (("length_prior", 1.0), ("answer_type_weight", 10.0)):
+        for name, hi in (("length_prior", 1.0), ("answer_type_weight", 10.0), ("lexical_weight", 10.0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0.0 <= v <= hi):
                 raise UserError(f"ask: {name} must be in [0, {hi:g}], got {v!r}")
@@ -383,6 +406,41 @@ def answer_phrase(text: str) -> str:
     return " ".join(words[:2])
 
 
+_LETTERS = re.compile(r"[a-z0-9]+")
+
+
+def content_words(text: str) -> list[str]:
+    """The lower-cased words of ``text`` (runs of letters and digits) of at least :data:`MIN_WORD` characters
+    that are not :data:`FUNCTION_WORDS`, in order: the words that can name a relation."""
+    return [w for w in _LETTERS.findall(str(text).lower()) if len(w) >= MIN_WORD and w not in FUNCTION_WORDS]
+
+
+def words_match(a: str, b: str) -> bool:
+    """Whether two words are read as the same word: a common prefix of at least :data:`MIN_WORD` characters
+    that covers 60% of the shorter one ("writer"/"written", "director"/"directed", "stars"/"starred"; not
+    "wrote"/"written"): English inflection and derivation change the end of a word, rarely its start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n >= MIN_WORD and n >= 0.6 * min(len(a), len(b))
+
+
+def lexical_f1(path: Sequence[str], named: set[str] | frozenset[str]) -> float:
+    """F1 between the set of base relations a path follows (``path``: base names, repeats counted once) and
+    ``named``, the base relations the question names: 1 when the path follows exactly the named relations;
+    0 when the question names none or the path follows none of them."""
+    followed = set(path)
+    if not followed or not named:
+        return 0.0
+    both = len(followed & set(named))
+    if not both:
+        return 0.0
+    precision, recall = both / len(followed), both / len(named)
+    return 2 * precision * recall / (precision + recall)
+
+
 def find_topic(question: str, names: Sequence[str], *, index: dict[str, int] | None = None,
                folded: dict[str, int] | None = None, linker: Callable[[str], int | None] | None = None,
                max_words: int = 12) -> tuple[int | None, str]:
@@ -511,6 +569,7 @@ class Asker:
         self._mu: np.ndarray | None = None
         self._range: np.ndarray | None = None
         self._wh_centre: np.ndarray | None = None
+        self._rel_words: list[tuple[str, tuple[str, ...]]] | None = None
         names = engine.artifact.entities
         self._index = {n: i for i, n in enumerate(names)}
         self._folded: dict[str, int] | None = None
@@ -945,6 +1004,38 @@ class Asker:
             self._range = E
         return self._range
 
+    def relation_words(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Per relation id: (its base name, the words of that name that can name it in a question).
+
+        The base name drops the inverse suffix (``directed_by^-1`` -> ``directed_by``: a question names a
+        relation whichever way it is followed). Its words are :func:`content_words` of its readable text
+        (:func:`engine.paths.relation_text`), less the words found in the names of more than
+        ``max(2, 10%)`` of the base relations: such a word names no relation in particular (``film`` in
+        most of FB15k-237's ``/film/...`` names; none of MetaQA's words is dropped).
+        """
+        if self._rel_words is None:
+            from kge.artifact import INVERSE_SUFFIX
+
+            names = self.retriever.graph.relation_names
+            bases = [n[: -len(INVERSE_SUFFIX)] if n.endswith(INVERSE_SUFFIX) else n for n in names]
+            words = {b: tuple(dict.fromkeys(content_words(relation_text(b)))) for b in dict.fromkeys(bases)}
+            df: dict[str, int] = {}
+            for ws in words.values():
+                for w in ws:
+                    df[w] = df.get(w, 0) + 1
+            cap = max(2, int(0.1 * len(words)))
+            self._rel_words = [(b, tuple(w for w in words[b] if df[w] <= cap)) for b in bases]
+        return self._rel_words
+
+    def named_relations(self, text: str) -> frozenset[str]:
+        """The base relations (:meth:`relation_words`) that ``text`` names: one of its :func:`content_words`
+        matches (:func:`words_match`) a word of the relation's name."""
+        qw = set(content_words(text))
+        if not qw:
+            return frozenset()
+        return frozenset(b for b, ws in dict(self.relation_words()).items()
+                         if any(words_match(a, w) for a in qw for w in ws))
+
     def answer_type_scores(self, texts: Sequence[str]) -> np.ndarray:
         """(questions, R): cosine between each question's answer phrase (:func:`answer_phrase`; embedding
         minus the mean of :data:`WH_CENTRE`'s) and each relation's centred range text (0 without edges)."""
@@ -960,8 +1051,9 @@ class Asker:
         """Embedding-only retrieval: per topic the ``k`` cheapest reachable relation sequences, cost
         ``1 − cos(embed(path text), embed(question text)) + (length_penalty + length_prior · (length_pivot
         − question words)) · (hops − 1) − answer_type_weight · cos(answer phrase, range text of the last
-        relation)`` (KARPA-H with the question as the plan, a per-hop cost that depends on the question's
-        length, and an answer-type term: :meth:`path_text`, :meth:`answer_type_scores`); ties by
+        relation) − lexical_weight · F1(relations followed, relations named)`` (KARPA-H with the question as
+        the plan, a per-hop cost that depends on the question's length, an answer-type term and a lexical
+        term: :meth:`path_text`, :meth:`answer_type_scores`, :meth:`named_relations`); ties by
         length, then ids.  With a verbalizer the first two embeddings are centred on the mean of the
         relations' verbalized texts (:meth:`_verbalized_mean`)."""
         s = self.settings
@@ -1009,6 +1101,12 @@ class Asker:
                 [len(x) - 1 for x in seqs], dtype=np.float64)
             if types is not None:
                 cost = np.round(cost - s.answer_type_weight * types[i][[x[-1] for x in seqs]], 12)
+            if s.lexical_weight > 0:
+                named = self.named_relations(texts[i])
+                if named:
+                    base = self.relation_words()
+                    lex = np.array([lexical_f1([base[r][0] for r in x], named) for x in seqs], dtype=np.float64)
+                    cost = np.round(cost - s.lexical_weight * lex, 12)
             if votes is not None:
                 cost = np.round(cost - s.exemplar_weight * votes[i], 12)
             out.append(cost)
