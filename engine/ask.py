@@ -60,7 +60,7 @@ class AskConfig:
     show_context: bool = False
     llm: Any = None  # llm_bridge.config.LLMConfig with --llm, else None (embedding-only)
     reasoner: bool = True
-    llm_ask_json: str = "schema"  # planner/reasoner response_format (llm_bridge.karpa_loop.JSON_OUTPUT_MODES)
+    llm_ask_json: str = "off"  # planner/reasoner response_format (llm_bridge.karpa_loop.JSON_OUTPUT_MODES)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -116,10 +116,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--no-llm-reasoner", dest="reasoner", action="store_false",
                    help="with --llm: the LLM plans, the best-scoring path answers")
     g.add_argument("--llm-ask-json", choices=("schema", "object", "off"), default=None,
-                   help="with --llm: the planner/reasoner replies' response_format: 'schema' (default) a JSON schema "
-                        "whose relation names / path numbers / answers are enums of the prompt's candidates "
-                        "(llama.cpp compiles it into a grammar), 'object' any JSON object, 'off' none; "
-                        "dropped if the server rejects it")
+                   help="with --llm: the planner/reasoner replies' response_format: 'off' (default) none, 'schema' "
+                        "a JSON schema whose relation names / path numbers / answers are enums of the prompt's "
+                        "candidates (llama.cpp compiles it into a grammar), 'object' any JSON object; dropped if "
+                        "the server rejects it (docs/ask.md)")
     return p
 
 
@@ -164,7 +164,7 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
                      exemplar_k=ns.exemplar_k, embedding_candidates=ns.embedding_candidates,
                      vote_paths=ns.vote_paths, vote_temperature=ns.vote_temperature, json=ns.json,
                      show_context=ns.show_context, llm=llm, reasoner=ns.reasoner,
-                     llm_ask_json=ns.llm_ask_json or "schema")
+                     llm_ask_json=ns.llm_ask_json or "off")
 
 
 def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:

@@ -22,7 +22,7 @@
   context (:mod:`engine.exec.context`); the reply is
   ``{"paths": [numbers], "answers": [names]}`` (either may be empty).
 
-**JSON-constrained replies** (``json_output``, default ``"schema"``): each
+**JSON-constrained replies** (``json_output="schema"``; default ``"off"``): each
 request carries a ``response_format`` in llama.cpp's form
 ``{"type": "json_object", "schema": ...}``, which its server compiles into a
 grammar, so even a 135M model can only write the asked-for JSON: the planner's
@@ -37,7 +37,10 @@ when there are more than :data:`MAX_ENUM_ANSWERS`).  ``"object"`` sends plain
 prompt asking for a JSON list).  A server that rejects ``response_format``
 (HTTP 400/422) is asked again without it (:class:`~llm_bridge.client.LLMClient`),
 so every OpenAI-compatible server still works; the parsers accept the
-unconstrained replies as before.
+unconstrained replies as before.  Off by default because it did not help the
+one real model measured: SmolLM2-135M's schema-constrained plans were all
+usable and all wrong, so its Hits@1 on MetaQA fell to the wrong plans' answers
+instead of the embedding-only fallback's (benchmarks/results/ask/metaqa_smollm2.md).
 
 Every prompt is one request with ``n=1``; server trouble (timeouts, errors,
 budget) comes back as an :class:`~llm_bridge.client.LLMFailure` and becomes a
@@ -396,12 +399,12 @@ class LLMPlanner:
         max_plans: paths asked for per question (default 3).
         max_hops: most steps per plan the schema allows (default 3, ``AskSettings.max_hops``'s default).
         temperature: sampling temperature (default 0: the plan is deterministic and cacheable).
-        json_output: ``"schema"`` (default: relation names constrained to the prompt's candidates),
-            ``"object"`` or ``"off"`` (free text); see the module doc.
+        json_output: ``"off"`` (default: free text, the prompt asks for JSON in words), ``"schema"``
+            (relation names constrained to the prompt's candidates) or ``"object"``; see the module doc.
     """
 
     def __init__(self, client: LLMClient, *, max_plans: int = 3, max_hops: int = 3, temperature: float = 0.0,
-                 json_output: str = "schema") -> None:
+                 json_output: str = "off") -> None:
         _check_mode(json_output)
         if int(max_plans) < 1 or int(max_hops) < 1:
             raise ValueError(f"max_plans and max_hops must be >= 1, got {max_plans} and {max_hops}")
@@ -439,12 +442,12 @@ class LLMReasoner:
 
     ``count_tokens`` (used to bound the KG context): the client has no tokenizer of its own, so
     it is :func:`engine.exec.context.estimate_tokens` unless a tokenizer function is given.
-    ``json_output``: ``"schema"`` (default: path numbers and answer names constrained to the
-    candidates, :func:`reason_response_format`), ``"object"`` or ``"off"``.
+    ``json_output``: ``"off"`` (default), ``"schema"`` (path numbers and answer names constrained to
+    the candidates, :func:`reason_response_format`) or ``"object"``.
     """
 
     def __init__(self, client: LLMClient, *, temperature: float = 0.0, count_tokens=None,
-                 json_output: str = "schema") -> None:
+                 json_output: str = "off") -> None:
         _check_mode(json_output)
         self.client = client
         self.temperature = float(temperature)

@@ -224,7 +224,7 @@ def test_the_json_prompt_asks_for_the_schema_object_and_reads_back():
 def test_each_request_carries_its_own_schema():
     reqs = [PlanRequest("q one", "A", RELS_A), PlanRequest("q two", "B", RELS_B)]
     with _Recorder(lambda body: (200, _first_candidate(body))) as srv, _client(srv.base_url) as client:
-        replies = LLMPlanner(client, max_plans=2, max_hops=3).plan(reqs)
+        replies = LLMPlanner(client, max_plans=2, max_hops=3, json_output="schema").plan(reqs)
         assert [r.plans for r in replies] == [(("starred_actors^-1",),), (("written_by",),)]
         assert all(r.ok and not r.warnings and r.calls == 1 and r.tokens == 12 for r in replies)
         by_q = {parse_plan_prompt(b["messages"]).question: b for b in srv.bodies}
@@ -233,9 +233,9 @@ def test_each_request_carries_its_own_schema():
             enum = fmt["schema"]["properties"]["plans"]["items"]["items"]["enum"]
             assert enum == list(dict.fromkeys(req.relations))
             assert fmt == plan_response_format(req, max_plans=2, max_hops=3)
-        # off: no response_format, the free-text prompt
+        # off (the default): no response_format, the free-text prompt
         srv.bodies.clear()
-        LLMPlanner(client, json_output="off").plan(reqs[:1])
+        LLMPlanner(client).plan(reqs[:1])
         assert "response_format" not in srv.bodies[0]
         assert "relation_1" in srv.bodies[0]["messages"][-1]["content"]
 
@@ -243,7 +243,7 @@ def test_each_request_carries_its_own_schema():
 def test_the_reasoner_request_carries_its_schema():
     req = _reason_request([("Alien", "Heat"), ("Ran",)])
     with _Recorder(lambda body: (200, '{"paths": [2], "answers": ["Ran"]}')) as srv, _client(srv.base_url) as c:
-        [reply] = LLMReasoner(c).reason([req])
+        [reply] = LLMReasoner(c, json_output="schema").reason([req])
         assert reply.ok and reply.paths == (2,) and reply.answers == ("Ran",)
         assert srv.bodies[0]["response_format"] == reason_response_format(req)
         LLMReasoner(c, json_output="object").reason([_reason_request([("Other",)])])
@@ -260,11 +260,11 @@ def test_a_server_rejecting_the_schema_gets_the_prompts_without_it():
 
     reqs = [PlanRequest("q one", "A", RELS_A), PlanRequest("q two", "B", RELS_B)]
     with _Recorder(reply) as srv, _client(srv.base_url) as client:
-        first = LLMPlanner(client).plan(reqs[:1])
+        first = LLMPlanner(client, json_output="schema").plan(reqs[:1])
         assert first[0].plans == (("directed_by",),) and first[0].ok
         assert ["response_format" in b for b in srv.bodies] == [True, False]
         assert client.server_rejects_response_format and client.stats.failures == 0
-        second = LLMPlanner(client).plan(reqs[1:])
+        second = LLMPlanner(client, json_output="schema").plan(reqs[1:])
         assert second[0].plans == (("release_year",),)
         assert "response_format" not in srv.bodies[-1] and len(srv.bodies) == 3
         assert client.stats.response_format_fallbacks == 2
@@ -317,14 +317,14 @@ def test_the_simulator_ignores_response_format(small_kg):
     try:
         with _client(server.base_url) as client:
             req = PlanRequest(question, topic, ("directed_by", "starred_actors^-1"))
-            [reply] = LLMPlanner(client).plan([req])
+            [reply] = LLMPlanner(client, json_output="schema").plan([req])
             assert reply.ok and reply.plans and client.stats.failures == 0
             assert not client.server_rejects_response_format
     finally:
         server.stop()
 
 
-@pytest.mark.parametrize("mode", [None, "object", "off"])
+@pytest.mark.parametrize("mode", [None, "object", "schema"])
 def test_engine_ask_sends_the_mode_asked_for(small_kg, mode, capsys):
     from engine.ask import main
 
@@ -341,7 +341,7 @@ def test_engine_ask_sends_the_mode_asked_for(small_kg, mode, capsys):
     capsys.readouterr()
     fmts = [b.get("response_format") for b in srv.bodies]
     assert len(fmts) >= 2  # plan (+ re-plan) and reason
-    if mode == "off":
+    if mode is None:  # off by default
         assert fmts == [None] * len(fmts)
     elif mode == "object":
         assert fmts == [{"type": "json_object"}] * len(fmts)
@@ -362,11 +362,12 @@ def _entities(art):
 def test_engine_ask_mode_flag_needs_llm(capsys):
     from engine.ask import main, parse_args
 
-    assert main(["q", "--llm-ask-json", "off"]) == 2
+    assert main(["q", "--llm-ask-json", "schema"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --llm-ask-json needs --llm") and "Traceback" not in err
-    assert parse_args(["q", "--llm"]).llm_ask_json == "schema"
-    assert parse_args(["q", "--llm", "--llm-ask-json", "off"]).llm_ask_json == "off"
+    assert parse_args(["q", "--llm"]).llm_ask_json == "off"
+    assert parse_args(["q", "--llm", "--llm-ask-json", "schema"]).llm_ask_json == "schema"
+    assert LLMPlanner(None).json_output == "off" and LLMReasoner(None).json_output == "off"
 
 
 def test_a_reply_cut_off_by_max_tokens_keeps_its_complete_lists():

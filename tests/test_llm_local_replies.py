@@ -89,11 +89,17 @@ def test_smollm2_runs_the_ask_loop_end_to_end(local_llm, llm_artifact, tmp_path,
         r = eng.ask("who is likes of [Entity_003]", planner=LLMPlanner(client), reasoner=LLMReasoner(client),
                     encoder="hashing")
         assert client.stats.requests >= 2 and client.stats.failures == 0, client.stats.to_json()
+        # JSON-constrained replies (json_output="schema"): llama.cpp's grammar leaves SmolLM2 no way to
+        # write prose or a relation that is not a candidate, so no reply is malformed and every plan is used.
+        s = eng.ask("who is likes of [Entity_003]", planner=LLMPlanner(client, json_output="schema"),
+                    reasoner=LLMReasoner(client, json_output="schema"), encoder="hashing")
+        assert client.stats.failures == 0 and client.stats.response_format_fallbacks == 0
     assert r.llm_calls >= 2 and r.llm_tokens > 0 and r.error is None
     assert r.answers and r.answers[0].selected_by in ("llm", "vote", "best-path")
     assert [t["step"] for t in r.trace if t["step"] in ("plan", "reason")][-1] == "reason"
-    # JSON-constrained replies (the default json_output="schema"): llama.cpp's grammar leaves SmolLM2 no
-    # way to write prose or a relation that is not a candidate, so no reply is malformed.
-    assert not [w for w in r.warnings if "malformed" in w], r.warnings
-    plan_steps = [t for t in r.trace if t["step"] == "plan"]
+    assert s.error is None and s.retrieval != "embedding" and s.llm_calls == 3, s.warnings
+    assert not [w for w in s.warnings if "malformed" in w], s.warnings
+    plan_steps = [t for t in s.trace if t["step"] == "plan"]
     assert plan_steps and all(t["ok"] and t["plans"] for t in plan_steps), plan_steps
+    rels = set(eng.artifact.relations)
+    assert all(x in rels for t in plan_steps for p in t["plans"] for x in p), plan_steps

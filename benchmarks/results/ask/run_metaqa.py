@@ -344,8 +344,8 @@ def main() -> int:
     p.add_argument("--llm-timeout", type=float, default=120.0, metavar="SECONDS", help="per HTTP attempt")
     p.add_argument("--llm-concurrency", type=int, default=1, help="--llm-url requests in flight at once")
     p.add_argument("--llm-max-tokens", type=int, default=256, help="completion tokens per --llm-url request")
-    p.add_argument("--llm-ask-json", choices=("schema", "object", "off"), default="schema",
-                   help="--llm-url's planner/reasoner response_format (llm_bridge.karpa_loop; default schema)")
+    p.add_argument("--llm-ask-json", choices=("schema", "object", "off"), default="off",
+                   help="--llm-url's planner/reasoner response_format (llm_bridge.karpa_loop; default off)")
     p.add_argument("--trace-out", metavar="FILE", help="append the --llm-url row's results (AskResult JSON) here")
     p.add_argument("--merge", action="store_true", help="--out exists: replace its rows of the same hops and "
                    "method with the new ones, keep the others")
