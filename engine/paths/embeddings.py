@@ -145,7 +145,12 @@ class SentenceTransformerEncoder:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             from sentence_transformers import SentenceTransformer
+            from transformers.utils import logging as hf_logging
 
+            # transformers 5 draws a "Loading weights" bar on stderr for every load: third-party noise in a
+            # normal run (the caller's own progress bars say what is slow); restored afterwards.
+            bar = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()
             try:
                 self._model = SentenceTransformer(self.model_path, device=self.device, **self.model_kwargs)
             except OSError as exc:
@@ -155,6 +160,9 @@ class SentenceTransformerEncoder:
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise UserError(f"sentence-transformers model {self.model_path!r} with "
                                 f"device={self.device!r}, {self.model_kwargs}: {first}") from None
+            finally:
+                if bar:
+                    hf_logging.enable_progress_bar()
         return self._model
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
