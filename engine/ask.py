@@ -56,6 +56,7 @@ class AskConfig:
     embedding_candidates: int = 0
     vote_paths: int = 16  # answers without a reasoner's pick: vote of this many candidate paths (1: the best path)
     vote_temperature: float = 0.1
+    lexical_weight: float = 0.4  # embedding-only retrieval: cost - weight x F1(relations followed, relations named)
     json: bool = False
     show_context: bool = False
     llm: Any = None  # llm_bridge.config.LLMConfig with --llm, else None (embedding-only)
@@ -107,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
                         "exp(-(cost - lowest cost) / T) (default 16; 1: the best path's answers)")
     p.add_argument("--vote-temperature", type=float, default=0.1, metavar="T",
                    help="temperature T of the vote's path weights (default 0.1)")
+    p.add_argument("--lexical-weight", type=float, default=0.4, metavar="W",
+                   help="embedding-only retrieval: cost lowered by W x the F1 between the relations a path follows "
+                        "and those the question names word for word (default 0.4; 0 turns it off)")
     p.add_argument("--json", action="store_true", help="print one JSON object per question (JSON lines)")
     p.add_argument("--show-context", action="store_true", help="print the KG context the reasoner sees")
     from llm_bridge.config import add_llm_arguments
@@ -137,6 +141,8 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
             raise UserError(f"{flag} must be >= {low}, got {v}")
     if not 0.0 < ns.vote_temperature <= 100.0:
         raise UserError(f"--vote-temperature must be in (0, 100], got {ns.vote_temperature}")
+    if not 0.0 <= ns.lexical_weight <= 10.0:
+        raise UserError(f"--lexical-weight must be in [0, 10], got {ns.lexical_weight}")
     if not 0.0 <= ns.exemplar_weight <= 10.0:
         raise UserError(f"--exemplar-weight must be in [0, 10], got {ns.exemplar_weight}")
     if ns.max_hops > 6:
@@ -162,7 +168,8 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
                      exclude_topic=ns.exclude_topic, explain=ns.explain, encoder=ns.encoder, encoder_kwargs=kwargs,
                      path_text=ns.path_text, exemplars=ns.exemplars, exemplar_weight=ns.exemplar_weight,
                      exemplar_k=ns.exemplar_k, embedding_candidates=ns.embedding_candidates,
-                     vote_paths=ns.vote_paths, vote_temperature=ns.vote_temperature, json=ns.json,
+                     vote_paths=ns.vote_paths, vote_temperature=ns.vote_temperature,
+                     lexical_weight=ns.lexical_weight, json=ns.json,
                      show_context=ns.show_context, llm=llm, reasoner=ns.reasoner,
                      llm_ask_json=ns.llm_ask_json or "off")
 
@@ -256,7 +263,7 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
                            max_context_tokens=cfg.max_context_tokens, exclude_topic=cfg.exclude_topic,
                            explain=cfg.explain, exemplar_weight=cfg.exemplar_weight, exemplar_k=cfg.exemplar_k,
                            embedding_candidates=cfg.embedding_candidates, vote_paths=cfg.vote_paths,
-                           vote_temperature=cfg.vote_temperature)
+                           vote_temperature=cfg.vote_temperature, lexical_weight=cfg.lexical_weight)
     items = [("question", cfg.question, None)] if cfg.question is not None else read_questions(cfg.questions)
     engine = Engine.load(cfg.artifact)
     exemplars = None if cfg.exemplars is None else read_exemplars(cfg.exemplars, engine.artifact.relations)

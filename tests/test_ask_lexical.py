@@ -132,3 +132,37 @@ def test_lexical_weight_is_checked(bad):
 def test_function_words_are_lower_case_letters():
     assert all(w.isalpha() and w.islower() for w in FUNCTION_WORDS)
     assert not set(itertools.chain.from_iterable(content_words(w) for w in FUNCTION_WORDS))
+
+
+@pytest.mark.parametrize("bad", ["-1", "11", "nan"])
+def test_cli_lexical_weight_out_of_range_is_one_error_line(bad, capsys):
+    from engine.ask import main
+
+    assert main(["who is [X]", "--lexical-weight", bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --lexical-weight must be in [0, 10]") and "Traceback" not in err
+
+
+def test_cli_lexical_weight_reaches_the_settings(kg, tmp_path, monkeypatch):
+    """`--lexical-weight W` gives the same answers as AskSettings(lexical_weight=W) in Python."""
+    import io
+    import json
+
+    from engine.ask import parse_args, run
+    from llm_bridge.prompts import fallback_template
+
+    eng, ret = kg
+    art = eng.artifact.path
+    q = f"who was the writer of the films directed by [{eng.artifact.entities[3]}]"
+    assert parse_args([q, "--lexical-weight", "2.5"]).lexical_weight == 2.5
+    assert parse_args([q]).lexical_weight == AskSettings().lexical_weight
+    seen = []
+    for w in (0.0, 2.5):
+        out = io.StringIO()
+        run(parse_args(["--artifact", str(art), "--encoder", "hashing", "--encoder-kwargs",
+                        json.dumps({"dim": 64, "seed": 1}), "--json", "--lexical-weight", str(w), q]), out, io.StringIO())
+        got = json.loads(out.getvalue())
+        ref = eng.ask(q, retriever=ret, verbalizer=fallback_template, lexical_weight=w)
+        assert [p["relations"] for p in got["paths"]] == [list(p.names) for p in ref.paths]
+        seen.append([p["relations"] for p in got["paths"]])
+    assert seen[0] != seen[1]  # the weight changes this question's ranking, so a dropped flag would show
