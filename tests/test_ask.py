@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -979,3 +980,46 @@ def test_cli_exemplars_and_settings(kg, questions, tmp_path):
     _, eng, ret = kg
     with pytest.raises(UserError, match="exemplar 1: unknown relation 'nope'"):
         Asker(eng, ret, exemplars=[("q", ["nope"])])
+
+
+def test_metaqa_runner_dev_questions_use_the_weak_labels(tmp_path, monkeypatch):
+    """benchmarks/results/ask/run_metaqa.py --split dev: labelled dev questions (dev.txt only) of the hop count, a seeded
+    sample kept in file order, errors naming the file; candidate_stats counts what the reasoner was shown."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location(
+        "run_metaqa", Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "ask" / "run_metaqa.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "run_metaqa", mod)  # its dataclasses look their module up there
+    monkeypatch.setattr(sys, "path", list(sys.path))  # it puts the repository root first
+    spec.loader.exec_module(mod)
+    (tmp_path / "2-hop").mkdir()
+    lines = [f"who directed the films of [E{i}]\tA{i}|B{i}" for i in range(30)]
+    (tmp_path / "2-hop" / "dev.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    labels = tmp_path / "labels.jsonl"
+    labelled = {i: ["starred_actors^-1", "directed_by"] for i in range(0, 30, 3)}
+    labelled[1] = ["directed_by"]  # a 1-step label on a 2-hop question: left out
+    labels.write_text("".join(json.dumps({"question": lines[i].split("\t")[0], "path": p, "hops": len(p)}) + "\n"
+                              for i, p in labelled.items()), encoding="utf-8")
+    every = mod.dev_questions(tmp_path, labels, 2, 0, seed=100)
+    assert [q.question for q in every] == [lines[i].split("\t")[0] for i in range(0, 30, 3)]
+    assert every[0].relations == ("starred_actors^-1", "directed_by") and every[0].answers == ("A0", "B0")
+    some = mod.dev_questions(tmp_path, labels, 2, 4, seed=100)
+    keep = np.sort(np.random.default_rng(102).choice(10, 4, replace=False))
+    assert some == [every[i] for i in keep]
+    with pytest.raises(UserError, match="no 3-hop dev question"):
+        (tmp_path / "3-hop").mkdir()
+        (tmp_path / "3-hop" / "dev.txt").write_text(lines[0] + "\n", encoding="utf-8")
+        mod.dev_questions(tmp_path, labels, 3, 0, seed=100)
+    labels.write_text('{"question": "x"}\n', encoding="utf-8")
+    with pytest.raises(UserError, match=r"labels.jsonl:1: missing key 'path'"):
+        mod.dev_questions(tmp_path, labels, 2, 0, seed=100)
+
+    def path(names, answers):
+        return SimpleNamespace(names=names, answers=[SimpleNamespace(entity=a) for a in answers])
+
+    res = [SimpleNamespace(paths=[path(("a",), ["x"]), path(("b",), ["y"])], answers=[SimpleNamespace(selected_by="llm")]),
+           SimpleNamespace(paths=[path(("c",), [])], answers=[SimpleNamespace(selected_by="vote")])]
+    st = mod.candidate_stats(res, [("b",), ("c",)], [{"y"}, {"z"}])
+    assert st == {"gold_shown": 1.0, "gold_first": 0.5, "first_path_hits": 0.0, "by_llm": 0.5, "candidates": 1.5}

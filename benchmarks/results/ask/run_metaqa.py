@@ -9,6 +9,8 @@
         artifacts/metaqa-dev-exemplars.jsonl --split dev --per-hop 3000     # weakly supervised exemplars
     python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa-kgonly \
         --tune-exemplars artifacts/metaqa-dev-exemplars.jsonl              # k / weight on held-out dev exemplars
+    python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa-drop50 --split dev --per-hop 300 \
+        --labels artifacts/metaqa-dev-exemplars.jsonl --errors 0.2 --karpa-only --out /tmp/dev.json  # choose settings
 
 Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, seeded sample):
 
@@ -22,6 +24,11 @@ Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, s
   questions (Asker(exemplars=...)); the exemplars come from ``--make-exemplars`` on the DEV split;
 * ``gold-lf``: the executor on the gold logical form (engine.eval.metaqa's expression): the upper
   bound of the logic side.
+
+``--split dev``: the same rows on weakly labelled DEV questions (the labels of ``--make-exemplars``, ``--labels``;
+``--per-hop`` of them per hop, seed 100 + hops; no gold-lf row): where settings are chosen, never on test.
+The karpa rows also say what the reasoner was shown (``candidate_stats``): the gold path among the candidates,
+first, path 1's first answer right, the first answer picked by the LLM, candidates per question.
 
 Hits@1: the first answer is a gold answer.  LLM calls and tokens are per question (the simulator
 counts words as tokens); wall time per question includes retrieval, the executor and HTTP.
@@ -59,8 +66,11 @@ def run(args) -> dict:
     from engine.exec.ask import read_exemplars
 
     verbalizer = None if args.path_text == "names" else fallback_template
+    overrides = json.loads(args.settings) if args.settings else {}
+    if not isinstance(overrides, dict):
+        raise SystemExit(f"error: --settings must be a JSON object of AskSettings fields, got {args.settings!r}")
     settings = AskSettings(explain=False, **(
-        {} if args.length_penalty is None else {"length_penalty": args.length_penalty}))
+        {} if args.length_penalty is None else {"length_penalty": args.length_penalty}), **overrides)
     asker = Asker(eng, ret, settings=settings, verbalizer=verbalizer)
     ex_asker = None
     if args.exemplars:
@@ -106,8 +116,9 @@ def run(args) -> dict:
                 with LLMClient(cfg) as client:
                     t = time.perf_counter()
                     res = asker.ask(texts, planner=LLMPlanner(client), reasoner=LLMReasoner(client), progress=True)
-                    score(res, f"karpa-e{e:g}", time.perf_counter() - t,
-                          {"error": e, **candidate_stats(res, [q.relations for q in qs], gold)})
+                    score(res, f"karpa-e{e:g}" + (f" {args.settings}" if overrides else ""), time.perf_counter() - t,
+                          {"error": e, **candidate_stats(res, [q.relations for q in qs], gold),
+                           **({"settings": overrides} if overrides else {})})
             finally:
                 server.stop()
         if args.llm_url:
@@ -414,6 +425,8 @@ def main() -> int:
     p.add_argument("--path-text", choices=("questions", "names"), default="questions",
                    help="embedding-only retrieval's path text: relation questions (default) or relation names")
     p.add_argument("--length-penalty", type=float, default=None, help="AskSettings.length_penalty (default: its default)")
+    p.add_argument("--settings", metavar="JSON", help='other AskSettings fields for every row, e.g. \'{"empty_variants": '
+                   'true}\' (the karpa rows\' method names then end with it)')
     p.add_argument("--report", nargs="+")
     p.add_argument("--build-kg-only", metavar="DIR", help="write a KG-only artifact of MetaQA's kb.txt (observed "
                    "edges, weight 1, no training: the 'full KG' runs) to DIR and stop")
