@@ -203,6 +203,9 @@ def test_vote_settings_are_checked():
             AskSettings(vote_temperature=bad)
     with pytest.raises(UserError, match="vote_paths"):
         AskSettings(vote_paths=0)
+    for name in ("pick_vote", "empty_variants"):
+        with pytest.raises(UserError, match=f"ask: {name} must be true or false, got 'yes'"):
+            AskSettings(**{name: "yes"})
 
 
 # ------------------------------------------------------------------------------ over HTTP

@@ -217,6 +217,9 @@ class AskSettings:
             v = getattr(self, name)
             if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0.0 <= v <= hi):
                 raise UserError(f"ask: {name} must be in [0, {hi:g}], got {v!r}")
+        for name in ("empty_variants", "pick_vote"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"ask: {name} must be true or false, got {getattr(self, name)!r}")
         t = self.vote_temperature
         if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0.0 < t <= 100.0):
             raise UserError(f"ask: vote_temperature must be in (0, 100], got {t!r}")
