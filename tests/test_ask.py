@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -202,6 +203,9 @@ def test_vote_settings_are_checked():
             AskSettings(vote_temperature=bad)
     with pytest.raises(UserError, match="vote_paths"):
         AskSettings(vote_paths=0)
+    for name in ("pick_vote", "empty_variants"):
+        with pytest.raises(UserError, match=f"ask: {name} must be true or false, got 'yes'"):
+            AskSettings(**{name: "yes"})
 
 
 # ------------------------------------------------------------------------------ over HTTP
@@ -349,11 +353,18 @@ def test_embedding_candidates_follow_the_planned_paths(kg, questions, n):
         assert res.answers[0].path == res.paths[-1].names and res.answers[0].selected_by == "llm"
 
 
+def has_answers(eng, topic, rels):
+    got = eng.answer(path_query(topic, rels), k=2, explain=False)[0]
+    return any(a.id != topic for a in got.answers)
+
+
+@pytest.mark.parametrize("empty", [False, True])
 @pytest.mark.parametrize("n", [0, 3, 1000])
-def test_plan_variants_replace_one_step_and_follow_the_planned_paths(kg, questions, n):
+def test_plan_variants_replace_one_step_and_follow_the_planned_paths(kg, questions, n, empty):
     """A 2- or 3-step plan with one wrong step: after the planned candidates come its one-step variants
     (every other relation at one position), the ``n`` cheapest by the embedding-only cost, which with
-    ``n`` large includes the gold path; 1-step plans get none."""
+    ``n`` large includes the gold path; those without answers only with ``empty_variants`` (else listed in
+    the trace); 1-step plans get none (their retrieval holds every relation of the topic already)."""
     from engine.exec.ask import Asker, ReasonReply
 
     _, eng, ret = kg
@@ -370,11 +381,12 @@ def test_plan_variants_replace_one_step_and_follow_the_planned_paths(kg, questio
             def reason(self, requests):
                 return [ReasonReply(paths=(1,)) for _ in requests]
 
-        asker = Asker(eng, ret, settings=AskSettings(plan_variants=n, explain=False))
+        asker = Asker(eng, ret, settings=AskSettings(plan_variants=n, empty_variants=empty, explain=False))
         res = asker.ask([q], planner=Wrong(), reasoner=First())[0]
         var = [p for p in res.paths if p.source == "plan-variant"]
+        dropped = [t["dropped_without_answers"] for t in res.trace if t["step"] == "variants"]
         if len(gold) < 2 or n == 0:
-            assert not var
+            assert not var and not dropped
             continue
         planned = {p.relations for p in res.paths if p.source != "plan-variant"}
         ids = [names.index(x) for x in wrong]
@@ -382,10 +394,87 @@ def test_plan_variants_replace_one_step_and_follow_the_planned_paths(kg, questio
         ref = [v for v in dict.fromkeys(ref) if v not in planned]
         cost = asker.score_sequences([ref], [question_text(q)])[0]
         want = [ref[j] for j in sorted(range(len(ref)), key=lambda j: (cost[j], ref[j]))[:n]]
-        assert [p.relations for p in var] == want
-        assert res.paths[-len(var):] == var  # after the planned candidates
-        if n >= len(ref):
+        shown = [v for v in want if empty or has_answers(eng, res.topic_id, v)]
+        assert [p.relations for p in var] == shown
+        assert all(p.answers for p in var) or empty
+        assert dropped == ([[[names[x] for x in v] for v in want if v not in shown]] if len(shown) < len(want) else [])
+        if var:
+            assert res.paths[-len(var):] == var  # after the planned candidates
+        if n >= len(ref):  # the gold path (it has answers) is shown
             assert tuple(names.index(x) for x in gold) in {p.relations for p in res.paths}
+
+
+def reference_pick_vote(eng, r, chosen, paths, temperature, n=10):
+    """AskSettings.pick_vote written out: the entities the chosen paths (0-based) reach, by the vote of the
+    chosen paths (each weighing as the cheapest candidate) and the first ``paths`` candidates with answers."""
+    used = list(dict.fromkeys(chosen + [i for i, p in enumerate(r.paths) if p.answers][:paths]))
+    costs = [r.paths[i].cost for i in used]
+    costs = [min(costs)] * len(chosen) + costs[len(chosen):]
+    vote, first = {}, {}
+    for k, i in enumerate(used):
+        w = float(np.exp(-(costs[k] - min(costs)) / temperature))
+        got = eng.answer(path_query(r.topic_id, r.paths[i].relations), k=eng.artifact.num_entities, explain=False)
+        for a in got[0].answers:
+            if a.id != r.topic_id and a.score > 0:
+                vote[a.id] = vote.get(a.id, 0.0) + w * a.score
+                first.setdefault(a.id, (i, a.score))
+    reach = [e for e in vote if first[e][0] in chosen]
+    order = sorted(reach, key=lambda e: (-round(vote[e], 9), used.index(first[e][0]), -first[e][1], e))[:n]
+    return order, first
+
+
+@pytest.mark.parametrize("paths, temperature", [(16, 0.1), (3, 0.5)])
+def test_a_picked_paths_answers_are_ordered_by_the_candidates_vote(kg, questions, paths, temperature, seed):
+    """A reasoner's pick of paths alone: the answers are the entities those paths reach, ordered by the vote
+    of the candidate paths (pick_vote), each carrying the first chosen path that reaches it; pick_vote off:
+    the chosen paths' answers by their own scores (the behaviour before)."""
+    from engine.exec.ask import ReasonReply
+
+    _, eng, ret = kg
+    rng = np.random.default_rng(seed)
+    picks: dict[str, tuple[int, ...]] = {}
+
+    class Random:
+        def reason(self, requests):
+            out = []
+            for req in requests:
+                k = int(rng.integers(1, 3))
+                picks[req.question] = tuple(int(x) + 1 for x in rng.choice(len(req.paths), min(k, len(req.paths)),
+                                                                            replace=False))
+                out.append(ReasonReply(paths=picks[req.question]))
+            return out
+
+    texts = [q for q, _, _ in questions]
+    settings = dict(retriever=ret, vote_paths=paths, vote_temperature=temperature, explain=True)
+    res = eng.ask(texts, reasoner=Random(), **settings)
+    for r in res:
+        chosen = list(dict.fromkeys(i - 1 for i in picks[r.question]))
+        if not any(r.paths[i].answers for i in chosen):  # nothing usable picked: the plain vote, with a warning
+            assert [a.id for a in r.answers] == reference_vote(eng, r, paths, temperature)[0]
+            assert any("picked nothing usable" in w for w in r.warnings)
+            continue
+        order, first = reference_pick_vote(eng, r, chosen, paths, temperature)
+        assert [a.id for a in r.answers] == order and order
+        for a in r.answers:
+            i, score = first[a.id]
+            assert a.selected_by == "llm" and a.path == r.paths[i].names and a.path_rank == i + 1
+            assert a.score == pytest.approx(score, abs=1e-6)
+            assert a.explanation is not None and abs(a.explanation.recompute("product") - a.score) < 1e-5
+        assert any(t["step"] == "vote" and t.get("chosen") == [i + 1 for i in chosen] for t in r.trace)
+    picks_before = dict(picks)
+
+    class Same:
+        def reason(self, requests):
+            return [ReasonReply(paths=picks_before[req.question]) for req in requests]
+
+    for r in eng.ask(texts, reasoner=Same(), pick_vote=False, **settings):
+        chosen = list(dict.fromkeys(picks_before[r.question]))
+        if not any(r.paths[i - 1].answers for i in chosen):
+            continue
+        merged = sorted(((a.score, i, a.id) for i in chosen for a in r.paths[i - 1].answers),
+                        key=lambda t: (-t[0], t[1], t[2]))
+        ref = list(dict.fromkeys(e for _, _, e in merged))[:10]
+        assert [a.id for a in r.answers] == ref and all(a.selected_by == "llm" for a in r.answers)
 
 
 def test_unknown_topic_is_an_error_in_the_result_not_a_traceback(kg):
@@ -895,3 +984,46 @@ def test_cli_exemplars_and_settings(kg, questions, tmp_path):
     _, eng, ret = kg
     with pytest.raises(UserError, match="exemplar 1: unknown relation 'nope'"):
         Asker(eng, ret, exemplars=[("q", ["nope"])])
+
+
+def test_metaqa_runner_dev_questions_use_the_weak_labels(tmp_path, monkeypatch):
+    """benchmarks/results/ask/run_metaqa.py --split dev: labelled dev questions (dev.txt only) of the hop count, a seeded
+    sample kept in file order, errors naming the file; candidate_stats counts what the reasoner was shown."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location(
+        "run_metaqa", Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "ask" / "run_metaqa.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "run_metaqa", mod)  # its dataclasses look their module up there
+    monkeypatch.setattr(sys, "path", list(sys.path))  # it puts the repository root first
+    spec.loader.exec_module(mod)
+    (tmp_path / "2-hop").mkdir()
+    lines = [f"who directed the films of [E{i}]\tA{i}|B{i}" for i in range(30)]
+    (tmp_path / "2-hop" / "dev.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    labels = tmp_path / "labels.jsonl"
+    labelled = {i: ["starred_actors^-1", "directed_by"] for i in range(0, 30, 3)}
+    labelled[1] = ["directed_by"]  # a 1-step label on a 2-hop question: left out
+    labels.write_text("".join(json.dumps({"question": lines[i].split("\t")[0], "path": p, "hops": len(p)}) + "\n"
+                              for i, p in labelled.items()), encoding="utf-8")
+    every = mod.dev_questions(tmp_path, labels, 2, 0, seed=100)
+    assert [q.question for q in every] == [lines[i].split("\t")[0] for i in range(0, 30, 3)]
+    assert every[0].relations == ("starred_actors^-1", "directed_by") and every[0].answers == ("A0", "B0")
+    some = mod.dev_questions(tmp_path, labels, 2, 4, seed=100)
+    keep = np.sort(np.random.default_rng(102).choice(10, 4, replace=False))
+    assert some == [every[i] for i in keep]
+    with pytest.raises(UserError, match="no 3-hop dev question"):
+        (tmp_path / "3-hop").mkdir()
+        (tmp_path / "3-hop" / "dev.txt").write_text(lines[0] + "\n", encoding="utf-8")
+        mod.dev_questions(tmp_path, labels, 3, 0, seed=100)
+    labels.write_text('{"question": "x"}\n', encoding="utf-8")
+    with pytest.raises(UserError, match=r"labels.jsonl:1: missing key 'path'"):
+        mod.dev_questions(tmp_path, labels, 2, 0, seed=100)
+
+    def path(names, answers):
+        return SimpleNamespace(names=names, answers=[SimpleNamespace(entity=a) for a in answers])
+
+    res = [SimpleNamespace(paths=[path(("a",), ["x"]), path(("b",), ["y"])], answers=[SimpleNamespace(selected_by="llm")]),
+           SimpleNamespace(paths=[path(("c",), [])], answers=[SimpleNamespace(selected_by="vote")])]
+    st = mod.candidate_stats(res, [("b",), ("c",)], [{"y"}, {"z"}])
+    assert st == {"gold_shown": 1.0, "gold_first": 0.5, "first_path_hits": 0.0, "by_llm": 0.5, "candidates": 1.5}

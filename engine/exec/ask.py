@@ -22,7 +22,7 @@ For each question:
    ``"heuristic"``: KARPA-H, any length up to ``max_hops``), merged over plans by
    lowest cost; a plan whose steps all name KG relations is a candidate itself
    (cost 0) even when the KG lacks its edges; after them the plan's cheapest one-step variants
-   (``plan_variants``).  Embedding-only retrieval ranks every relation sequence of
+   (``plan_variants``) that have answers.  Embedding-only retrieval ranks every relation sequence of
    1..``max_hops`` hops from the topic by the similarity of its text to the
    question's (KARPA-H with the question as the plan), an answer-type term, a
    question-length prior per extra hop and the relations the question names word
@@ -32,7 +32,8 @@ For each question:
    (scores, explanations).  With a :class:`Reasoner` the LLM sees the paths and
    their tail entities (:mod:`engine.exec.context`, bounded in tokens) and picks
    paths and/or answers; without one (or when it fails) the answers are ranked
-   by a vote of the best ``vote_paths`` candidate paths (:func:`vote_ranking`).
+   by a vote of the best ``vote_paths`` candidate paths (:func:`vote_ranking`); a pick of paths alone
+   keeps their answers, ordered by that vote (``pick_vote``).
 
 Every answer carries the path and query that produced it, the executor's score,
 explanation and provenance, and who selected it (``"llm"``, ``"vote"``, or ``"best-path"`` with
@@ -176,6 +177,14 @@ class AskSettings:
             relation, the best this many by the embedding-only cost, are added after the planned candidates
             (source ``"plan-variant"``; run like a plan even where the observed KG lacks them): a plan with
             one wrong step still offers the reasoner the right path (default :data:`PLAN_VARIANTS`; 0: off).
+            A 1-step plan has none: its retrieval already holds every relation leaving the topic.
+        empty_variants: also show the plan variants the executor finds no answers for (default off: they
+            offer the reasoner nothing to pick; the trace lists them, step ``"variants"``).
+        pick_vote: a reasoner's pick of paths without named answers keeps the entities the chosen paths
+            reach, ordered by the vote of the candidate paths (:meth:`_vote`; the chosen paths weigh as
+            much as the cheapest candidate) instead of by the chosen paths' own scores, which tie on an
+            exact KG: of a picked path's answers, those other candidate paths also reach come first
+            (default on; not with ``vote_paths=1``).
         exemplar_k: the vote is the mean of the ``exemplar_k`` highest cosines between the question
             and the exemplar questions labelled with that path (default :data:`EXEMPLAR_K`).
         vote_paths: answers not picked by a reasoner (no reasoner, or it failed) are ranked by a vote of the
@@ -210,6 +219,8 @@ class AskSettings:
     plan_variants: int = PLAN_VARIANTS
     vote_paths: int = VOTE_PATHS
     vote_temperature: float = VOTE_TEMPERATURE
+    empty_variants: bool = False
+    pick_vote: bool = True
 
     def __post_init__(self) -> None:
         for name, low in (("k", 1), ("max_hops", 1), ("candidate_relations", 1), ("answers", 1),
@@ -229,6 +240,9 @@ class AskSettings:
             v = getattr(self, name)
             if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0.0 <= v <= hi):
                 raise UserError(f"ask: {name} must be in [0, {hi:g}], got {v!r}")
+        for name in ("empty_variants", "pick_vote"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"ask: {name} must be true or false, got {getattr(self, name)!r}")
         t = self.vote_temperature
         if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0.0 < t <= 100.0):
             raise UserError(f"ask: vote_temperature must be in (0, 100], got {t!r}")
@@ -726,7 +740,7 @@ class Asker:
             for r in live:
                 vs: dict[tuple[int, ...], None] = {}
                 for p in plans[id(r)]:
-                    if len(p.steps) < 2:
+                    if len(p.steps) < 2:  # a 1-step plan's retrieval already holds every relation of the topic
                         continue
                     rels = [st.relation if st.relation is not None else int(self._nearest_relations([st.text], 1)[0][0])
                             for st in p.steps]
@@ -793,13 +807,22 @@ class Asker:
             extra = 1 if s.exclude_topic else 0
             res_all = self.engine.executor.answer(nodes, k=max(s.answers, s.tails_per_path) + extra,
                                                   explain=s.explain)
+            dropped: dict[int, list[list[str]]] = {}
             for (r, rels, c, src, rp), qr in zip(owners, res_all):
                 ans = [a for a in qr.answers if not (s.exclude_topic and a.id == r.topic_id)]
+                if src == "plan-variant" and not ans and not s.empty_variants:
+                    # A variant is a guess at a path the plan missed; one without answers offers the reasoner
+                    # nothing to pick (and a simulated reasoner's random wrong pick a harmless target).
+                    dropped.setdefault(id(r), []).append([rel_names[x] for x in rels])
+                    continue
                 tails = rp.tails
                 ntails = int(len(tails)) - int(s.exclude_topic and bool(np.any(tails == r.topic_id)))
                 r.paths.append(AskPath(relations=rels, names=tuple(rel_names[x] for x in rels), cost=float(c),
                                        query=qr.query, answers=tuple(ans[: max(s.answers, s.tails_per_path)]),
                                        num_tails=max(ntails, 0), source=src, entity_paths=rp.entity_paths))
+            for r in live:
+                if id(r) in dropped:
+                    r.trace.append({"step": "variants", "dropped_without_answers": dropped[id(r)]})
 
         # reasoning
         picked: dict[int, ReasonReply] = {}
@@ -833,11 +856,20 @@ class Asker:
                     if rep.ok:
                         picked[id(r)] = rep
         unpicked = []
+        chosen: dict[int, list[int]] = {}  # paths-only picks whose answers the candidates' vote orders
         for r in live:
             r.answers = self._select(r, picked.get(id(r)))
             if not r.answers and r.paths:
                 unpicked.append(r)
+            elif s.pick_vote and s.vote_paths > 1 and r.answers and id(r) in picked and not picked[id(r)].answers:
+                chosen[id(r)] = list(dict.fromkeys(i - 1 for i in picked[id(r)].paths
+                                                   if isinstance(i, int) and 1 <= i <= len(r.paths)))
         self._vote(unpicked)
+        if chosen:
+            rs = [r for r in live if id(r) in chosen]
+            for r in rs:
+                r.answers = []
+            self._vote(rs, chosen=chosen)
         for r in live:
             if not r.answers and r.paths:
                 r.warn("answer", "no candidate path has answers")
@@ -1202,10 +1234,15 @@ class Asker:
                    + ("best-path answers" if s.vote_paths == 1 else "the candidate paths' vote"))
         return out
 
-    def _vote(self, rs: Sequence[AskResult], chunk: int = 64) -> None:
+    def _vote(self, rs: Sequence[AskResult], chunk: int = 64, chosen: dict[int, list[int]] | None = None) -> None:
         """Answers of questions without a reasoner's pick: the vote of their first ``vote_paths`` candidate
         paths with answers (:func:`vote_ranking` on the executor's scores of every entity), each answer
-        carrying the best-ranked of those paths that reaches it, its score and explanation there."""
+        carrying the best-ranked of those paths that reaches it, its score and explanation there.
+
+        ``chosen`` (``id(result) -> 0-based path indices``, ``AskSettings.pick_vote``): the paths a reasoner
+        picked; only entities they reach are ranked, they vote first with the weight of the cheapest
+        candidate (the others as above), and each answer carries the first chosen path reaching it
+        (``selected_by="llm"``)."""
         s = self.settings
         if s.vote_paths == 1:
             for r in rs:
@@ -1214,7 +1251,9 @@ class Asker:
                         r.answers = [self._answer(r, i, a, "best-path") for a in p.answers[: s.answers]]
                         break
             return
-        jobs = [(r, [i for i, p in enumerate(r.paths) if p.answers][: s.vote_paths]) for r in rs]
+        chosen = chosen or {}
+        jobs = [(r, list(dict.fromkeys(chosen.get(id(r), [])
+                                       + [i for i, p in enumerate(r.paths) if p.answers][: s.vote_paths]))) for r in rs]
         jobs = [(r, idx) for r, idx in jobs if idx]
         need: list[tuple[AskResult, int, int]] = []  # (question, path index, entity): explanations to compute
         for c0 in range(0, len(jobs), chunk):  # bounded memory: (paths of `chunk` questions) x entities floats
@@ -1230,8 +1269,16 @@ class Asker:
                 at += len(idx)
                 if s.exclude_topic:
                     S[:, int(r.topic_id)] = 0.0
-                ents, first = vote_ranking(S, [r.paths[i].cost for i in idx], s.vote_temperature, s.answers)
-                r.trace.append({"step": "vote", "paths": len(idx), "temperature": s.vote_temperature})
+                costs = [r.paths[i].cost for i in idx]
+                ch = chosen.get(id(r), [])
+                if ch:
+                    # The reasoner's paths decide which entities; the other candidates only order them
+                    # (an exact KG gives every answer of a path the same score).
+                    S[:, ~np.any(S[: len(ch)] > 0, axis=0)] = 0.0
+                    costs = [min(costs)] * len(ch) + costs[len(ch):]
+                ents, first = vote_ranking(S, costs, s.vote_temperature, s.answers)
+                r.trace.append({"step": "vote", "paths": len(idx), "temperature": s.vote_temperature,
+                                **({"chosen": [i + 1 for i in ch]} if ch else {})})
                 for e, f in zip(ents.tolist(), first.tolist()):
                     i = idx[f]
                     a = next((a for a in r.paths[i].answers if a.id == e), None)
@@ -1242,7 +1289,7 @@ class Asker:
                                    explanation=None, provenance="kg")
                         if s.explain:
                             need.append((r, len(r.answers), i))
-                    r.answers.append(self._answer(r, i + 1, a, "vote"))
+                    r.answers.append(self._answer(r, i + 1, a, "llm" if ch else "vote"))
         if need:
             # An answer past the tails the path kept: its explanation from the path query restricted to it.
             nodes = [Intersection((path_query(int(r.topic_id), r.paths[i].relations, exclude_topic=s.exclude_topic),

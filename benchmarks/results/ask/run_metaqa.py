@@ -9,6 +9,8 @@
         artifacts/metaqa-dev-exemplars.jsonl --split dev --per-hop 3000     # weakly supervised exemplars
     python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa-kgonly \
         --tune-exemplars artifacts/metaqa-dev-exemplars.jsonl              # k / weight on held-out dev exemplars
+    python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa-drop50 --split dev --per-hop 300 \
+        --labels artifacts/metaqa-dev-exemplars.jsonl --errors 0.2 --karpa-only --out /tmp/dev.json  # choose settings
 
 Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, seeded sample):
 
@@ -23,6 +25,11 @@ Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, s
 * ``gold-lf``: the executor on the gold logical form (engine.eval.metaqa's expression): the upper
   bound of the logic side.
 
+``--split dev``: the same rows on weakly labelled DEV questions (the labels of ``--make-exemplars``, ``--labels``;
+``--per-hop`` of them per hop, seed 100 + hops; no gold-lf row): where settings are chosen, never on test.
+The karpa rows also say what the reasoner was shown (``candidate_stats``): the gold path among the candidates,
+first, path 1's first answer right, the first answer picked by the LLM, candidates per question.
+
 Hits@1: the first answer is a gold answer.  LLM calls and tokens are per question (the simulator
 counts words as tokens); wall time per question includes retrieval, the executor and HTTP.
 Explanations are off (not needed for Hits@1).
@@ -34,6 +41,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -58,16 +66,24 @@ def run(args) -> dict:
     from engine.exec.ask import read_exemplars
 
     verbalizer = None if args.path_text == "names" else fallback_template
+    overrides = json.loads(args.settings) if args.settings else {}
+    if not isinstance(overrides, dict):
+        raise SystemExit(f"error: --settings must be a JSON object of AskSettings fields, got {args.settings!r}")
     settings = AskSettings(explain=False, **(
-        {} if args.length_penalty is None else {"length_penalty": args.length_penalty}))
+        {} if args.length_penalty is None else {"length_penalty": args.length_penalty}), **overrides)
     asker = Asker(eng, ret, settings=settings, verbalizer=verbalizer)
     ex_asker = None
     if args.exemplars:
         ex_asker = Asker(eng, ret, settings=settings, verbalizer=verbalizer,
                          exemplars=read_exemplars(args.exemplars, eng.artifact.relations))
-    out = {"artifact": str(args.artifact), "label": args.label, "per_hop": args.per_hop, "runs": []}
+    out = {"artifact": str(args.artifact), "label": args.label, "per_hop": args.per_hop,
+           "split": args.split or "test", "runs": []}
+    dev = args.split == "dev"
     for hops in args.hops:
-        qs = load_metaqa_questions(args.data, hops=hops, limit=args.per_hop, seed=0)
+        if dev:  # settings are chosen here: weakly labelled DEV questions, never the test ones
+            qs = dev_questions(Path(args.data), args.labels, hops, args.per_hop, seed=100)
+        else:
+            qs = load_metaqa_questions(args.data, hops=hops, limit=args.per_hop, seed=0)
         if args.first:  # the first N of the same seeded --per-hop sample the other rows use
             qs = qs[: args.first]
         gold = [set(q.answers) for q in qs]
@@ -100,7 +116,9 @@ def run(args) -> dict:
                 with LLMClient(cfg) as client:
                     t = time.perf_counter()
                     res = asker.ask(texts, planner=LLMPlanner(client), reasoner=LLMReasoner(client), progress=True)
-                    score(res, f"karpa-e{e:g}", time.perf_counter() - t, {"error": e})
+                    score(res, f"karpa-e{e:g}" + (f" {args.settings}" if overrides else ""), time.perf_counter() - t,
+                          {"error": e, **candidate_stats(res, [q.relations for q in qs], gold),
+                           **({"settings": overrides} if overrides else {})})
             finally:
                 server.stop()
         if args.llm_url:
@@ -125,7 +143,7 @@ def run(args) -> dict:
                     for r, g in zip(res, gold):
                         f.write(json.dumps({"hops": hops, "gold": sorted(g), **r.to_json()}, ensure_ascii=False,
                                            default=str) + "\n")
-        if args.exemplars_only or args.karpa_only:
+        if args.exemplars_only or args.karpa_only or dev:  # no gold logical form on dev (weak labels only)
             continue
         t = time.perf_counter()
         rs = eng.executor.answer(eng.queries([q.expression for q in qs]), k=1, explain=False)
@@ -161,6 +179,53 @@ def warning_counts(results) -> dict[str, float]:
         for k in kinds:
             out[k] = out.get(k, 0.0) + 1 / len(results)
     return dict(sorted(out.items()))
+
+
+def candidate_stats(results, gold_paths, gold_answers) -> dict[str, float]:
+    """What the reasoner was shown, per question (fractions of the questions, means over them): the gold
+    relation path among the candidates (``gold_shown``) and first (``gold_first``); path 1 with a gold
+    first answer (``first_path_hits``); the first answer picked by the LLM (``by_llm``); candidates shown."""
+    n = max(len(results), 1)
+    shown = first = p1 = llm = cands = 0
+    for r, gp, ga in zip(results, gold_paths, gold_answers):
+        names = [tuple(p.names) for p in r.paths]
+        shown += tuple(gp) in names
+        first += bool(names) and names[0] == tuple(gp)
+        p1 += bool(r.paths) and bool(r.paths[0].answers) and r.paths[0].answers[0].entity in ga
+        llm += bool(r.answers) and r.answers[0].selected_by == "llm"
+        cands += len(r.paths)
+    return {"gold_shown": shown / n, "gold_first": first / n, "first_path_hits": p1 / n, "by_llm": llm / n,
+            "candidates": cands / n}
+
+
+@dataclass(frozen=True)
+class DevQuestion:
+    """A MetaQA dev question with its weak label (``relations``: the path of --make-exemplars)."""
+
+    question: str
+    relations: tuple[str, ...]
+    answers: tuple[str, ...]
+
+
+def dev_questions(folder: Path, labels: str | os.PathLike, hops: int, limit: int, seed: int) -> list[DevQuestion]:
+    """``limit`` labelled dev questions of ``hops`` hops (0: all), a sample drawn with
+    ``default_rng(seed + hops)`` kept in file order: the question and answers from MetaQA's
+    ``{hops}-hop/dev.txt``, the relation path from the weak labels (``labels``, the --make-exemplars
+    file: ``{"question", "path", "hops"}`` per line; unlabelled questions are left out)."""
+    from kgreason.errors import UserError
+    from kgreason.files import read_json_objects, relation_path_field, text_field
+
+    path_of: dict[str, tuple[str, ...]] = {}
+    for where, obj in read_json_objects(labels, what="--labels", shape='{"question": ..., "path": [...]}'):
+        path_of[text_field(obj, "question", where)] = relation_path_field(obj, "path", where)
+    qs = [DevQuestion(question=q, relations=path_of[q], answers=tuple(sorted(a)))
+          for q, _, a in read_split(folder, hops, "dev") if len(path_of.get(q, ())) == hops]
+    if not qs:
+        raise UserError(f"--labels {labels}: no {hops}-hop dev question of {folder} is labelled")
+    if limit and limit < len(qs):
+        keep = np.sort(np.random.default_rng(seed + hops).choice(len(qs), limit, replace=False))
+        qs = [qs[i] for i in keep]
+    return qs
 
 
 def read_split(folder: Path, hops: int, split: str) -> list[tuple[str, str, set[str]]]:
@@ -350,7 +415,12 @@ def main() -> int:
     p.add_argument("--merge", action="store_true", help="--out exists: replace its rows of the same hops and "
                    "method with the new ones, keep the others")
     p.add_argument("--make-exemplars", metavar="OUT", help="write weakly supervised exemplars of --split to OUT")
-    p.add_argument("--split", default="dev", choices=("dev", "train"), help="--make-exemplars' split (never test)")
+    p.add_argument("--split", default=None, choices=("dev", "train", "test"),
+                   help="--make-exemplars' split (dev or train, never test; default dev); for the method rows: "
+                        "test (default) or dev, the weakly labelled dev questions of --labels (--per-hop of them "
+                        "per hop, seed 100 + hops; no gold-lf row), the split to choose settings on")
+    p.add_argument("--labels", metavar="FILE", default=str(ROOT / "artifacts" / "metaqa-dev-exemplars.jsonl"),
+                   help="with --split dev: the weak labels (--make-exemplars' output; default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tune-exemplars", metavar="FILE", help="held-out top-path accuracy over --weights x --ks")
     p.add_argument("--weights", type=float, nargs="+", default=[0.0, 0.25, 0.5, 1.0, 2.0])
@@ -359,6 +429,8 @@ def main() -> int:
     p.add_argument("--path-text", choices=("questions", "names"), default="questions",
                    help="embedding-only retrieval's path text: relation questions (default) or relation names")
     p.add_argument("--length-penalty", type=float, default=None, help="AskSettings.length_penalty (default: its default)")
+    p.add_argument("--settings", metavar="JSON", help='other AskSettings fields for every row, e.g. \'{"empty_variants": '
+                   'true}\' (the karpa rows\' method names then end with it)')
     p.add_argument("--report", nargs="+")
     p.add_argument("--build-kg-only", metavar="DIR", help="write a KG-only artifact of MetaQA's kb.txt (observed "
                    "edges, weight 1, no training: the 'full KG' runs) to DIR and stop")
@@ -394,6 +466,9 @@ def main() -> int:
                                        ensure_ascii=False) + "\n")
         return 0
     if args.make_exemplars:
+        if args.split == "test":
+            raise SystemExit("error: --make-exemplars never reads the test split (--split dev or train)")
+        args.split = args.split or "dev"
         make_exemplars(args)
         return 0
     if args.tune_exemplars:
@@ -402,6 +477,8 @@ def main() -> int:
     if args.report:
         report(args.report, Path(args.md), Path(args.png))
         return 0
+    if args.split == "train":
+        raise SystemExit("error: the method rows run on --split test or dev")
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     res = run(args)
     if args.merge and Path(args.out).is_file():
