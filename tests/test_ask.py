@@ -880,9 +880,10 @@ def test_answer_phrase_and_new_settings_validation():
     from engine.exec.ask import answer_phrase
 
     assert answer_phrase("[X] appears in which movies") == "which movies"
-    assert answer_phrase("What year was released") == "What year"
+    assert answer_phrase("What year was released") == "What year was"
+    assert answer_phrase("what sort of movie is") == "what sort of"
     assert answer_phrase("the film was directed by who") == "who"
-    assert answer_phrase("describe in a few words") == "describe in"
+    assert answer_phrase("describe in a few words") == "describe in a"
     assert answer_phrase("") == ""
     for bad in (dict(length_prior=-0.1), dict(length_prior=2.0), dict(answer_type_weight=-1.0),
                 dict(answer_type_weight=True), dict(length_pivot=-1), dict(range_examples=0)):
