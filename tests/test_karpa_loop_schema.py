@@ -5,12 +5,13 @@ No model needed: a recording Chat Completions server stands in for llama.cpp's.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import random
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+from _llm_server import chat_reply, scripted_server  # tests/ is on sys.path
 
 from engine.exec.ask import PlanRequest, ReasonRequest
 from engine.exec.context import ContextPath
@@ -29,47 +30,20 @@ def _reason_request(tails: list[tuple[str, ...]]) -> ReasonRequest:
     return ReasonRequest("which films?", "Topic", paths, "context", "yaml")
 
 
-class _Recorder:
-    """A Chat Completions server recording request bodies; ``reply(body) -> (status, content)``."""
+@contextlib.contextmanager
+def _Recorder(reply):
+    """A Chat Completions server (tests/_llm_server.scripted_server) recording request bodies in ``.bodies``;
+    ``reply(body) -> (status, content)``: 200 gives ``content`` as the one choice, else an error body."""
 
-    def __init__(self, reply) -> None:
-        self.bodies: list[dict] = []
-        outer = self
+    def handler(body, headers):
+        status, content = reply(body)
+        if status == 200:
+            usage = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+            return 200, chat_reply(content, model="rec", usage=usage), None
+        return status, json.dumps({"error": {"message": content}}).encode(), None
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.bodies.append(body)
-                status, content = reply(body)
-                if status == 200:
-                    out = {"id": "x", "object": "chat.completion", "created": 0, "model": "rec",
-                           "choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": content}}],
-                           "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}}
-                else:
-                    out = {"error": {"message": content}}
-                data = json.dumps(out).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def __enter__(self) -> "_Recorder":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5)
+    with scripted_server(handler) as srv:
+        yield srv
 
 
 def _client(url: str) -> LLMClient:

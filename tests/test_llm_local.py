@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from _llm_server import chat_reply, scripted_server  # tests/ is on sys.path
 
 from kgreason.errors import UserError
 from llm_bridge import local
@@ -66,47 +66,17 @@ def test_projection_response_format_modes():
         LLMConfig(json_output="yaml")
 
 
-class _PickyServer:
-    """A Chat Completions server that answers 422 to any request carrying ``response_format``."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.bodies.append(body)
-                if "response_format" in body:
-                    status, out = 422, {"detail": [{"msg": "response_format: unsupported"}]}
-                else:
-                    status, out = 200, {
-                        "id": "x", "object": "chat.completion", "created": 0, "model": "picky",
-                        "choices": [{"index": 0, "finish_reason": "stop",
-                                     "message": {"role": "assistant", "content": '["Paris"]'}}],
-                        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}
-                data = json.dumps(out).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+def _picky(body, headers):
+    """A Chat Completions handler (tests/_llm_server.scripted_server) answering 422 to any request carrying
+    ``response_format``."""
+    if "response_format" in body:
+        return 422, json.dumps({"detail": [{"msg": "response_format: unsupported"}]}).encode(), None
+    usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    return 200, chat_reply('["Paris"]', model="picky", usage=usage), None
 
 
 def test_a_server_rejecting_response_format_is_asked_without_it(tmp_path):
-    srv = _PickyServer()
-    try:
+    with scripted_server(_picky) as srv:
         cfg = LLMConfig(base_url=srv.base_url, n=1, use_cache=False, max_retries=0, timeout_s=10)
         msgs = projection_messages(fallback_template("capital"), ["France"])
         fmt = projection_response_format("schema")
@@ -118,8 +88,6 @@ def test_a_server_rejecting_response_format_is_asked_without_it(tmp_path):
             second = client.complete_sync(msgs + [{"role": "user", "content": "again"}], response_format=fmt)
             assert second.ok and "response_format" not in srv.bodies[-1] and len(srv.bodies) == 3
             assert client.stats.response_format_fallbacks == 2 and client.stats.failures == 0
-    finally:
-        srv.close()
 
 
 # ------------------------------------------------------------------------ the real model (opt-in)
