@@ -1028,3 +1028,34 @@ def test_metaqa_runner_dev_questions_use_the_weak_labels(tmp_path, monkeypatch):
            SimpleNamespace(paths=[path(("c",), [])], answers=[SimpleNamespace(selected_by="vote")])]
     st = mod.candidate_stats(res, [("b",), ("c",)], [{"y"}, {"z"}])
     assert st == {"gold_shown": 1.0, "gold_first": 0.5, "first_path_hits": 0.0, "by_llm": 0.5, "candidates": 1.5}
+
+
+def test_metaqa_report_keeps_history_rows_in_the_tables_not_the_plot(tmp_path, monkeypatch):
+    """run_metaqa.py --report: rows marked "history" are listed (and marked) in the tables, left out of the plot."""
+    import importlib.util
+
+    import matplotlib.axes
+
+    spec = importlib.util.spec_from_file_location(
+        "run_metaqa", Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "ask" / "run_metaqa.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "run_metaqa", mod)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec.loader.exec_module(mod)
+    row = {"llm_calls": 0.0, "tokens": 0.0, "seconds": 0.01, "fallbacks": 1.0}
+    runs = [{"hops": h, "method": m, "hits@1": 0.5, **row, **({"history": True} if m == "old" else {})}
+            for h in (1, 2) for m in ("new", "old")]
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"label": "L", "artifact": "a", "per_hop": 2, "runs": runs}), encoding="utf-8")
+    labels = []
+    real_bar = matplotlib.axes.Axes.bar
+
+    def bar(self, *args, **kw):
+        labels.append(kw.get("label"))
+        return real_bar(self, *args, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", bar)
+    mod.report([str(f)], tmp_path / "t.md", tmp_path / "p.png")
+    md = (tmp_path / "t.md").read_text(encoding="utf-8")
+    assert "| new | 1 | 50.0 |" in md and "| old (history) | 2 | 50.0 |" in md
+    assert labels == ["new"] and (tmp_path / "p.png").stat().st_size > 0

@@ -362,7 +362,7 @@ def report(paths: list[str], md: Path, png: Path) -> None:
         lines.append("| method | hops | Hits@1 | LLM calls / q | tokens / q | ms / q | questions on embedding-only retrieval |")
         lines.append("|---|---|---|---|---|---|---|")
         for r in d["runs"]:
-            mark = " (earlier run)" if r.get("rerun") is False else ""
+            mark = " (earlier run)" if r.get("rerun") is False else (" (history)" if r.get("history") else "")
             lines.append(f"| {r['method']}{mark} | {r['hops']} | {100 * r['hits@1']:.1f} | {r['llm_calls']:.2f} | "
                          f"{r['tokens']:.0f} | {1000 * r['seconds']:.1f} | {100 * r['fallbacks']:.1f}% |")
     md.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -373,7 +373,8 @@ def report(paths: list[str], md: Path, png: Path) -> None:
 
     fig, axes = plt.subplots(1, len(data), figsize=(6 * len(data), 4), squeeze=False)
     for ax, d in zip(axes[0], data):
-        methods = list(dict.fromkeys(r["method"] for r in d["runs"]))
+        # Rows marked "history" (an earlier scorer or loop) stay in the tables, not in the plot.
+        methods = list(dict.fromkeys(r["method"] for r in d["runs"] if not r.get("history")))
         hops = sorted({r["hops"] for r in d["runs"]})
         w = 0.8 / len(methods)
         for i, m in enumerate(methods):
