@@ -16,7 +16,12 @@ from _ops_helpers import (
 from ops.project_multi import SWEEP, StackedMatrices, prepare_stacked, project_multi, project_multi_strategies
 
 # torch warns once per process that sparse CSR tensors are "beta" when a test builds one; only a note
-pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state:UserWarning"),
+    # this file checks the deprecated multi-relation aliases against ops.project on purpose; that they warn
+    # is tested once, in test_ops_project.py::test_deprecated_aliases_warn_and_agree
+    pytest.mark.filterwarnings(r"ignore:ops\..* is deprecated \(kept for one release\):DeprecationWarning"),
+]
 
 CPP = ops.has_kernel("project_multi", "cpu")
 needs_cpp = pytest.mark.skipif(not CPP, reason="compiled extension ops._C (with project_multi) not built")

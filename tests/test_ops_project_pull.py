@@ -14,6 +14,10 @@ import torch
 import ops
 from _ops_helpers import dense_project, lane_grid, random_batch, random_matrix, require_backend
 
+# Some cases build their inputs with the deprecated ops.prepare aliases on purpose; that they warn is tested
+# once, in test_ops_project.py::test_deprecated_aliases_warn_and_agree.
+pytestmark = pytest.mark.filterwarnings(r"ignore:ops\..* is deprecated \(kept for one release\):DeprecationWarning")
+
 CPP = ops.extension_available()
 needs_cpp = pytest.mark.skipif(not CPP, reason="compiled extension ops._C not built")
 
