@@ -187,3 +187,8 @@ def test_prepare_transpose(seed, index_dtype):
     key = cols * 77 + p.row.long()
     assert bool((key[1:] > key[:-1]).all()), "rows must ascend inside each column"
     assert torch.equal(p.to_sparse_csr().to_dense(), d)
+
+
+# Some cases call the deprecated ops aliases on purpose (the old API must keep working for one release);
+# that they warn is tested once, in test_ops_project.py::test_deprecated_aliases_warn_and_agree.
+pytestmark = pytest.mark.filterwarnings(r"ignore:ops\..* is deprecated \(kept for one release\):DeprecationWarning")

@@ -356,3 +356,8 @@ def test_module_docstring_example():
         warnings.simplefilter("ignore", UserWarning)  # torch's "sparse CSR is beta" note
         res = doctest.testmod(sys.modules["ops.sparse_rows"], verbose=False)
     assert res.failed == 0 and res.attempted > 0
+
+
+# Some cases call the deprecated ops aliases on purpose (the old API must keep working for one release);
+# that they warn is tested once, in test_ops_project.py::test_deprecated_aliases_warn_and_agree.
+pytestmark = pytest.mark.filterwarnings(r"ignore:ops\..* is deprecated \(kept for one release\):DeprecationWarning")
