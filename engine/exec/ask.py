@@ -437,11 +437,7 @@ def words_match(a: str, b: str) -> bool:
     """Whether two words are read as the same word: a common prefix of at least :data:`MIN_WORD` characters
     that covers 60% of the shorter one ("writer"/"written", "director"/"directed", "stars"/"starred"; not
     "wrote"/"written"): English inflection and derivation change the end of a word, rarely its start."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
+    n = len(os.path.commonprefix((a, b)))
     return n >= MIN_WORD and n >= 0.6 * min(len(a), len(b))
 
 

@@ -212,12 +212,10 @@ def dev_questions(folder: Path, labels: str | os.PathLike, hops: int, limit: int
     ``default_rng(seed + hops)`` kept in file order: the question and answers from MetaQA's
     ``{hops}-hop/dev.txt``, the relation path from the weak labels (``labels``, the --make-exemplars
     file: ``{"question", "path", "hops"}`` per line; unlabelled questions are left out)."""
+    from engine.exec.ask import read_exemplars
     from kgreason.errors import UserError
-    from kgreason.files import read_json_objects, relation_path_field, text_field
 
-    path_of: dict[str, tuple[str, ...]] = {}
-    for where, obj in read_json_objects(labels, what="--labels", shape='{"question": ..., "path": [...]}'):
-        path_of[text_field(obj, "question", where)] = relation_path_field(obj, "path", where)
+    path_of = dict(read_exemplars(labels))  # the --make-exemplars file is an exemplars file
     qs = [DevQuestion(question=q, relations=path_of[q], answers=tuple(sorted(a)))
           for q, _, a in read_split(folder, hops, "dev") if len(path_of.get(q, ())) == hops]
     if not qs:
