@@ -247,3 +247,17 @@ def test_json_lines_reader_names_file_and_line(tmp_path, line, message):
     with pytest.raises(UserError) as info:
         list(read_json_objects(p))
     assert str(info.value) == f"{p}:3: {message}"
+
+
+def test_a_deeply_nested_response_body_is_a_bad_response_not_a_crash():
+    """The client's reply validation parsed the body with json.loads: 100,000 levels were a RecursionError
+    out of engine.answer --llm (any server could end the run)."""
+    from _llm_server import scripted_server
+    from llm_bridge.client import LLMClient
+    from llm_bridge.config import LLMConfig
+
+    body = ('{"choices": ' + "[" * 100_000 + "]" * 100_000 + "}").encode()
+    with scripted_server(lambda request, headers: (200, body, None)) as srv, \
+            LLMClient(LLMConfig(base_url=srv.base_url, model="m", use_cache=False, max_retries=0)) as client:
+        got = client.complete_sync([{"role": "user", "content": "x"}])
+    assert not got.ok and got.reason == "bad_response" and "not JSON" in got.message
