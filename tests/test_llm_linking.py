@@ -9,7 +9,7 @@ from rapidfuzz import fuzz
 
 from kgreason.errors import UserError
 from llm_bridge.linking import (DEFAULT_THRESHOLD, FUZZY_CANDIDATES, EntityLinker, acronyms, aligned_score,
-                                load_names_file, loose_key, normalize)
+                                load_names_file, loose_form, loose_key, normalize)
 
 NAMES = ["Zoe Saldana", "The Beatles", "Paris (/m/05qtj)", "Paris (/m/0abc)", "Robert Zemeckis", "Tom Hanks",
          "Ender's Game", "AT&T", "São Paulo", "/m/027rn", "Forrest_Gump", "Cast Away (film)"]
@@ -170,9 +170,17 @@ def test_names_file_errors(tmp_path):
 
 # ------------------------------------------------------------------------ issue 21's real-LLM forms
 @pytest.mark.parametrize("key,loose", [("intel corporation", "intel"), ("apple inc", "apple"), ("acme co ltd", "acme"),
-                                       ("spider man", "spiderman"), ("co", "co"), ("/m/0abc", "/m/0abc")])
+                                       ("spider man", "spider man"), ("co", "co"), ("/m/0abc", "/m/0abc")])
 def test_loose_key(key, loose):
     assert loose_key(key) == loose
+
+
+@pytest.mark.parametrize("text,loose", [("Spider-Man", "spiderman"), ("Spiderman", "spiderman"), ("E.T.", "et"),
+                                        ("Walt Disney Studios, Inc.", "walt disney studios"),
+                                        ("The Dead Pool", "dead pool"), ("Deadpool", "deadpool"),
+                                        ("m.0abc", "/m/0abc"), ("AT&T Corp.", "at and t")])
+def test_loose_form_joins_words_only_across_punctuation(text, loose):
+    assert loose_form(text) == loose
 
 
 def test_acronyms():
