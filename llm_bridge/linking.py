@@ -588,9 +588,9 @@ class EntityLinker:
         ptr, flat = tables["key_ptr"], tables["key_ents"]
         ok = (np.logical_or.reduceat(mask[flat], ptr[:-1]) if len(flat) else np.zeros(0, dtype=bool))
         choices = [c for c, k in zip(tables["choices"], ok) if k]
-        if len(self._scopes) >= 64:  # masks passed per call (``allowed=``) must not pile up
-            self._scopes.clear()
-            self._memo.clear()
+        if len(self._scopes) >= 256:  # masks passed per call (``allowed=``) must not pile up
+            self._scopes.clear()  # and a memo entry must not outlive its mask (an id can be reused)
+            self._memo = {k: v for k, v in self._memo.items() if k[1] == 0}
         self._scopes[id(mask)] = (mask, ok, choices)
         return ok, choices
 
