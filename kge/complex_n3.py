@@ -371,7 +371,7 @@ def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str,
     ``config.valid_max_triples``); with no validation edges the last epoch wins.
     """
     import torch
-    from tqdm.auto import tqdm
+    from kgreason.progress import progress_bar
 
     from .train import TrainResult, resolve_device
 
@@ -400,7 +400,7 @@ def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str,
     t0 = time.perf_counter()
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
     # one bar per epoch: with a time budget the epoch count is a cap, not a forecast
-    bar = tqdm(total=steps_per_epoch, disable=not progress, unit="batch", file=sys.stderr, dynamic_ncols=True,
+    bar = progress_bar(total=steps_per_epoch, disable=not progress, unit="batch", file=sys.stderr, dynamic_ncols=True,
                leave=False)
     stale, stop_reason, rows_trained = 0, "epochs", 0
     try:

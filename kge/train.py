@@ -33,6 +33,7 @@ import logging
 import math
 import numbers
 import re
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
@@ -42,6 +43,7 @@ import numpy as np
 
 from kgreason.cli import check_device, check_seed
 from kgreason.errors import UserError, unknown_name
+from kgreason.progress import is_terminal
 from .complex_n3 import OPTIMIZERS as ONE_N_OPTIMIZERS, PRECISIONS as ONE_N_PRECISIONS  # numpy-only at import time
 from .graph import KnowledgeGraph
 
@@ -440,16 +442,16 @@ def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = T
             training_kwargs=dict(
                 num_epochs=config.epochs,
                 batch_size=config.batch_size,
-                use_tqdm=progress,
+                use_tqdm=progress and is_terminal(sys.stderr),
                 # the per-batch bar moves every few seconds even when one epoch takes minutes
-                use_tqdm_batch=progress,
+                use_tqdm_batch=progress and is_terminal(sys.stderr),
             ),
             evaluator="rankbased",
             evaluator_kwargs=dict(filtered=True),
             evaluation_kwargs=dict(
                 batch_size=config.eval_batch_size,
                 additional_filter_triples=[torch.as_tensor(known, dtype=torch.long)],
-                use_tqdm=progress,
+                use_tqdm=progress and is_terminal(sys.stderr),
             ) if do_eval else dict(batch_size=config.eval_batch_size, use_tqdm=False),
             random_seed=config.seed,
             device=device,
@@ -512,8 +514,6 @@ def resolve_rank(kg: KnowledgeGraph, config: TrainConfig, *, device: str) -> tup
 def _train_1n_and_evaluate(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool) -> TrainResult:
     """The 1n loop (:mod:`kge.complex_n3`), then the filtered link metrics on held-out edges (pykeen's
     evaluator, or the GEMM ranker :func:`own_link_metrics` from :data:`HUGE_FROM` entities)."""
-    import sys
-
     from .complex_n3 import train_1n
 
     device = resolve_device(config.device)
@@ -612,7 +612,7 @@ def pykeen_link_metrics(entity: np.ndarray, relation: np.ndarray, triples: np.nd
         with _known_pykeen_noise():
             res = RankBasedEvaluator(filtered=True).evaluate(
                 model, torch.as_tensor(part), batch_size=batch_size, additional_filter_triples=filter_triples,
-                use_tqdm=progress, device=torch.device(device),
+                use_tqdm=progress and is_terminal(sys.stderr), device=torch.device(device),
             )
         for name, key in keys.items():
             sums[name] = sums.get(name, 0.0) + float(res.get_metric(key)) * len(part)
