@@ -792,8 +792,9 @@ def _parser() -> ArgumentParser:
                    help="1n: the project's fast 1-N ComplEx-N3 loop (default); lcwa/slcwa: pykeen's own loops")
     p.add_argument("--optimizer", default=None, help="adagrad (1n default), adam, or a pykeen optimizer name for lcwa/slcwa")
     p.add_argument("--train-minutes", type=float, default=None,
-                   help=f"training time budget in minutes (1n loop; large KGs: picks the rank, "
-                        f"default {PRESET_OVERRIDES['large']['train_minutes']:g})")
+                   help=f"training time budget in minutes, rank probes and validation included, kept to the "
+                        f"batch (1n loop; large KGs: picks the rank, default "
+                        f"{PRESET_OVERRIDES['large']['train_minutes']:g})")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
                    help="1n loop GEMMs: bf16 where the CPU/GPU has it (auto, default) or fp32")
     p.add_argument("--candidates", type=int, default=None,
