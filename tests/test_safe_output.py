@@ -192,6 +192,32 @@ def test_ask_prints_questions_and_kg_names_escaped(evil_kg, tmp_path):
     assert {a["entity"] for r in rows for a in r["answers"]} <= set(names)
 
 
+def test_paths_and_sample_print_and_write_kg_names_escaped(evil_kg, tmp_path):
+    """The other CLIs that print or write KG names: engine.paths (text and --json), engine.sample's JSON lines."""
+    from engine.paths.__main__ import main as paths_main
+    from engine.sample import main as sample_main
+
+    art, names = evil_kg
+    argv = ["--artifact", str(art), "--from", names[3], "--plan", "likes, located_in", "--encoder", "hashing",
+            "--encoder-kwargs", '{"dim": 32, "seed": 1}', "--k", "4"]
+    for extra in ([], ["--json"]):
+        rc, out, err = _main(paths_main, argv + extra)
+        assert rc == 0, err
+        _assert_safe_text(out)
+    rows = json.loads(out)
+    assert rows[0]["topic"] == names[3] and set(rows[0]["paths"][0]["tails"]) <= set(names)
+    out_file = tmp_path / "queries.jsonl"
+    rc, _, err = _main(sample_main, ["--artifact", str(art), "--structures", "1p", "2p", "--per-structure", "20",
+                                     "--out", str(out_file), "--no-progress"])
+    assert rc == 0, err
+    text = out_file.read_text(encoding="utf-8")
+    _assert_safe_text(text.rstrip("\n"))
+    exprs = [json.loads(line)["expr"] for line in text.splitlines()]
+    from engine.lang.query import parse
+
+    assert len(exprs) == 40 and all(parse(e) for e in exprs)  # the names inside still parse back
+
+
 #: What a hostile server's replies spell as JSON escapes: clear screen, CR, BEL, RLO, LS, a title-setting OSC.
 SPELLED = ["\x1b[2Jcleared", "over\rwrite", "bel\x07", "\u202eabc", "x\u2028y", "\x1b]0;owned\x07"]
 
