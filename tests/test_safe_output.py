@@ -242,18 +242,21 @@ def _spelled_reply(body: dict, headers: dict):
 
 def test_answer_llm_trace_prints_spelled_control_characters_escaped(tmp_path):
     """Regression: the LLM's answer list was decoded after the client's cleaning and its \\u001b[2J printed raw
-    in the trace line (it cleared the screen); --json carried raw U+2028/U+202E."""
+    in the trace line (it cleared the screen); --json carried raw U+2028/U+202E.  (The ``llm:`` summary line
+    was already ASCII JSON: checked here with a model name holding DEL and U+202E.)"""
     from engine.answer import main
 
     art = make_artifact(tmp_path / "art")
     with scripted_server(_spelled_reply) as srv:
         argv = ["--artifact", str(art), "--expr", "(p likes Entity_003)", "--llm", "--llm-base-url", srv.base_url,
-                "--llm-model", "m", "--no-llm-cache", "--llm-relation-questions", "fallback", "--llm-max-retries", "0"]
+                "--llm-model", "m\x7f\u202e", "--no-llm-cache", "--llm-relation-questions", "fallback",
+                "--llm-max-retries", "0"]
         rc, out, err = _main(main, argv)
         assert rc == 0, err
         _assert_safe_text(out)
         _assert_safe_text(err)
         assert printable("\x1b[2Jcleared") in out and "trace:" in out
+        assert json.loads(err.split("llm: ", 1)[1])["model"] == "m\x7f\u202e"
         rc, out, err = _main(main, argv + ["--json"])
     assert rc == 0, err
     _assert_safe_text(out)
