@@ -92,7 +92,8 @@ def json_line(obj: Any, **kwargs: Any) -> str:
     import json
 
     text = json.dumps(obj, ensure_ascii=False, **kwargs)
-    if text.isascii() and "\x7f" not in text:
+    # Fast paths at C speed: nothing to escape (the layout's newlines with ``indent`` are no concern).
+    if (text.isascii() and "\x7f" not in text) or text.replace("\n", "").isprintable():
         return text
     # Outside strings JSON text is ASCII (numbers, punctuation, whitespace), so every match is inside
     # a string, where a \u escape means the same character.
