@@ -57,6 +57,7 @@ __all__ = [
     "default_cache_path",
     "check_base_url",
     "looks_like_secret",
+    "key_from_env",
     "add_llm_arguments",
     "config_from_args",
 ]
@@ -469,6 +470,20 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
     return g
 
 
+def key_from_env(var: str, env: Mapping[str, str], flag: str) -> str:
+    """The value of the environment variable ``var`` that ``flag`` names (an API key), or a one-line
+    :class:`UserError`.  The flag takes a variable's NAME, and a key pasted there by mistake is never
+    echoed: the name is shown (``environment variable NOPE is not set``) only when it reads like one
+    (upper-case words, ``OPENAI_API_KEY``) and not like a key (:func:`looks_like_secret`)."""
+    is_name = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var) is not None
+    if is_name and env.get(var):
+        return env[var]
+    if is_name and re.fullmatch(r"[A-Z_][A-Z0-9_]*", var) and not looks_like_secret(var):
+        raise UserError(f"{flag}: environment variable {var} is not set")
+    raise UserError(f"{flag} expects an environment variable name like OPENAI_API_KEY; the value given is not one"
+                    + (" that is set" if is_name else "") + " (not shown)")
+
+
 def config_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -> LLMConfig:
     """The :class:`LLMConfig` of parsed :func:`add_llm_arguments` flags over the environment."""
     env = os.environ if env is None else env
@@ -492,15 +507,7 @@ def config_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = Non
         "use_cache": False if getattr(ns, "no_llm_cache", False) else None,
     }
     if key_var is not None:
-        # The flag takes a variable's NAME; a key pasted here by mistake must not be echoed.  A name is shown
-        # only when it reads like one (upper-case words: OPENAI_API_KEY) and is no key (looks_like_secret).
-        is_name = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_var) is not None
-        if not (is_name and env.get(key_var)):
-            if not (is_name and re.fullmatch(r"[A-Z_][A-Z0-9_]*", key_var) and not looks_like_secret(key_var)):
-                raise UserError("--llm-api-key-env expects an environment variable name like OPENAI_API_KEY; the "
-                                "value given is not one" + (" that is set" if is_name else "") + " (not shown)")
-            raise UserError(f"--llm-api-key-env: environment variable {key_var} is not set")
-        overrides["api_key"] = env[key_var]
+        overrides["api_key"] = key_from_env(key_var, env, "--llm-api-key-env")
     names = {"temperature": "--llm-temperature", "n": "--llm-n", "max_tokens": "--llm-max-tokens",
              "timeout_s": "--llm-timeout", "deadline_s": "--llm-deadline",
              "max_response_bytes": "--llm-max-response-bytes", "max_retries": "--llm-max-retries", "concurrency": "--llm-concurrency",

@@ -338,3 +338,14 @@ def test_base_url_errors_and_repr_mask_secrets(url, shown):
     assert str(info.value).endswith(f"got {shown}") and "pa55" not in str(info.value)
     cfg = LLMConfig(base_url="https://me:pa55-w0rd-secret@llm.example/v1")
     assert "pa55" not in repr(cfg) and "https://me:***@llm.example/v1" in repr(cfg)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_a_key_given_as_the_simulators_api_key_env_flag_is_not_echoed(key, llm_artifact, monkeypatch):
+    """The same regression in ``llm_bridge.simulate --api-key-env`` (one shared check: config.key_from_env)."""
+    from llm_bridge.simulate import main
+
+    monkeypatch.delenv(key, raising=False)
+    rc, out, err = _main(main, ["--artifact", str(llm_artifact), "--port", "0", "--api-key-env", key])
+    assert rc == 2 and key not in out + err and key[4:12] not in err
+    assert err.startswith("error: --api-key-env expects an environment variable name like OPENAI_API_KEY")
