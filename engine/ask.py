@@ -243,7 +243,7 @@ def _print(res, out, show_context: bool, asker) -> None:
         cps = [asker.context_path(res, p) for p in res.paths]
         out.write("  context:\n")
         for line in format_context(cps, style=asker.settings.context,
-                                   max_tokens=asker.settings.max_context_tokens).splitlines():
+                                   max_tokens=asker.settings.max_context_tokens).split("\n"):  # not at U+2028
             out.write(f"    {printable(line)}\n")
     for w in res.warnings:
         out.write(f"  warning: {printable(w)}\n")

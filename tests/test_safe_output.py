@@ -183,6 +183,8 @@ def test_ask_prints_questions_and_kg_names_escaped(evil_kg, tmp_path):
     _assert_safe_text(out)
     _assert_safe_text(err)
     assert f"topic: {printable(names[3])}" in out
+    context = out.split("  context:\n", 1)[1].split("question: ", 1)[0]
+    assert printable(names[3]) in context  # one context line per line of the context, not split at U+2028
     rc, out, err = _main(main, base + ["--json"])
     assert rc == 0, err
     _assert_safe_text(out)
