@@ -70,6 +70,22 @@ def test_distinct_strings_print_distinctly(a, b):
         assert (a.isprintable() and a == printable(b)) or (b.isprintable() and b == printable(a))
 
 
+# Pieces whose concatenations spell out escapes next to the characters they stand for: where collisions live.
+TIGHT_TEXT = st.lists(st.sampled_from(["\\", "\\x1b", "\\u202e", "\\n", "\\\\", "x1b", "\x1b", "\n", "\u202e", "a"]),
+                      max_size=6).map("".join)
+
+
+@given(st.lists(TIGHT_TEXT, min_size=2, max_size=12, unique=True))
+def test_distinct_names_needing_escapes_stay_distinct(names):
+    unsafe = [n for n in names if not n.isprintable()]
+    for n in unsafe:
+        assert unescape(printable(n)) == n  # reversible, hence injective on the strings it escapes
+    assert len({printable(n) for n in unsafe}) == len(unsafe)
+    safe = {n for n in names if n.isprintable()}
+    for n in unsafe:  # the documented exception is the only way to collide with a printable name
+        assert printable(n) not in safe or "\\" in printable(n)
+
+
 def test_printable_examples():
     assert printable("Zoë ⟨llm⟩ —likes→ 東京") == "Zoë ⟨llm⟩ —likes→ 東京"
     assert printable("\x1b[2Jcleared") == "\\x1b[2Jcleared"
