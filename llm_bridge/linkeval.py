@@ -466,10 +466,10 @@ def evaluate(linker: Any, examples: Sequence[Example], *, desc: str = "linking",
              relations: dict[str, int] | None = None) -> list[Outcome]:
     """Run ``linker.link`` on every example (progress on stderr); with ``relations`` (name -> id) each
     example's relation is passed too (``relation=``; a linker with ranges then respects them)."""
-    from tqdm import tqdm
+    from kgreason.progress import progress_bar
 
     out = []
-    for ex in tqdm(examples, desc=desc, file=sys.stderr, mininterval=1.0, leave=False):
+    for ex in progress_bar(examples, desc=desc, file=sys.stderr, mininterval=1.0, leave=False):
         rel = None if relations is None or ex.relation is None else relations[ex.relation]
         link = linker.link(ex.text) if rel is None else linker.link(ex.text, relation=rel)
         out.append(Outcome(link.name, link.method, float(link.score)))
