@@ -53,7 +53,7 @@ linked at or above a linker's threshold by the run at 0 is linked again at it.
 Run (writes the Markdown table and the PNG next to it)::
 
     python -m llm_bridge.linkeval --kb ../shared/data/metaqa/kb.txt \\
-        --out benchmarks/results/lgot/linking.md --baseline-rev 0a51aa3
+        --out benchmarks/results/lgot/linking.md --baseline-rev 0467476
 
 ``--baseline-rev`` measures the linker of that git revision side by side (its
 ``llm_bridge/linking.py`` is loaded from ``git show`` into a temporary module).
