@@ -167,6 +167,28 @@ def _fill(s, rng, n, r):
     return tuple(_fill(x, rng, n, r) for x in s)
 
 
+# ----------------------------------------------------------------------------- scripts
+REPO = Path(__file__).resolve().parents[1]
+_SCRIPTS: dict[str, object] = {}
+
+
+def load_script(relpath: str):
+    """The module of a user-facing script that is not in a package (``benchmarks/...py``), loaded once
+    from the repository (its ``main(argv)`` is then called in process, like the packages' CLIs)."""
+    import importlib.util
+    import sys
+
+    if relpath not in _SCRIPTS:
+        name = "script_" + re.sub(r"\W", "_", relpath.removesuffix(".py"))
+        spec = importlib.util.spec_from_file_location(name, REPO / relpath)
+        assert spec is not None and spec.loader is not None, relpath
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses look their module up while a class is built
+        spec.loader.exec_module(mod)
+        _SCRIPTS[relpath] = mod
+    return _SCRIPTS[relpath]
+
+
 # ----------------------------------------------------------------------------- properties
 _CARET = re.compile(r" *\^")
 
