@@ -251,3 +251,56 @@ def test_simulators_skip_artifact_checksums(tmp_path, mqa, capsys, monkeypatch, 
     assert "checksum mismatch" in _one_error(capsys)
     assert main([*argv, "--skip-artifact-checksums"]) == 0
     assert "127.0.0.1" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------- the other benchmark scripts users run
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    """A KG folder with train/valid/test name triples (what betae_1p_queries.py reads)."""
+    d = tmp_path_factory.mktemp("splits") / "kg"
+    d.mkdir()
+    rows = [(f"e{i}", f"r{i % 2}", f"e{(i * 7 + 3) % 12}") for i in range(36)]
+    for name, part in (("train", rows[:24]), ("valid", rows[24:30]), ("test", rows[30:])):
+        (d / f"{name}.txt").write_text("".join("\t".join(r) + "\n" for r in part), encoding="utf-8")
+    return d
+
+
+@pytest.mark.parametrize("script, argv, says", [
+    ("benchmarks/betae_1p_queries.py", ["--kg", "{kg}", "--out", "{kg}/train.txt"], "inside the --kg folder"),
+    ("benchmarks/betae_1p_queries.py", ["--kg", "{kg}", "--out", "{kg}/new.jsonl"], "inside the --kg folder"),
+    ("benchmarks/betae_1p_queries.py", ["--kg", "{kg}", "--out", "{tmp}/old.txt"], "--overwrite"),
+    ("benchmarks/betae_1p_queries.py", ["--kg", "{kg}", "--out", "{tmp}"], "is a folder"),
+    ("benchmarks/betae_1p_queries.py", ["--kg", "{kg}"], "--out"),
+    ("benchmarks/executor_memory.py", ["--artifact", "{art}", "--json", "{art}/meta.json"], "inside the --artifact folder"),
+    ("benchmarks/executor_memory.py", ["--artifact", "{art}", "--json", "{tmp}/old.txt"], "--overwrite"),
+    ("benchmarks/executor_memory.py", ["--artifact", "{art}", "--device", "bogus"], "--device"),
+    ("benchmarks/executor_memory.py", ["--artifact", "{tmp}/missing"], "does not exist"),
+    ("benchmarks/ops_cuda_bench.py", ["--device", "cpu", "--quick", "--out", "{tmp}/old.txt"], "--overwrite"),
+    ("benchmarks/ops_cuda_bench.py", ["--device", "bogus"], "--device"),
+    ("benchmarks/ops_cuda_bench.py", ["--device", "cpu", "--seed", "-1"], "--seed"),
+    ("benchmarks/executor_identity.py", ["report", "--before", "{tmp}/old.txt", "--after", "{tmp}/old.txt",
+                                         "--out", "{tmp}/old.txt", "--overwrite"], "is the --before input"),
+    ("benchmarks/executor_identity.py", ["memory", "--artifact", "{art}", "--queries", "{tmp}/old.txt",
+                                         "--save", "{tmp}/old.txt"], "is the --queries input"),
+])
+def test_benchmark_scripts_check_their_outputs_first(tmp_path, mqa, splits, capsys, script, argv, says):
+    """Every benchmark script the docs tell users to run: one error line (cli_main), nothing written, an output
+    never one of the inputs nor inside one, an existing file replaced only with --overwrite."""
+    (tmp_path / "old.txt").write_text("keep me\n")
+    names = {"tmp": str(tmp_path), "art": str(mqa / "art"), "kg": str(splits)}
+    argv = [a.format(**names) for a in argv]
+    before = snapshot(tmp_path), snapshot(mqa), snapshot(splits)
+    assert load_script(script).main(argv) == 2
+    assert says in _one_error(capsys)
+    assert (snapshot(tmp_path), snapshot(mqa), snapshot(splits)) == before
+
+
+def test_betae_1p_queries_writes_and_replaces_with_overwrite(tmp_path, splits, capsys):
+    main = load_script("benchmarks/betae_1p_queries.py").main
+    out = tmp_path / "q.jsonl"
+    assert main(["--kg", str(splits), "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows and all(r["structure"] == "1p" and r["hard"] for r in rows)
+    assert main(["--kg", str(splits), "--out", str(out)]) == 2
+    assert main(["--kg", str(splits), "--out", str(out), "--overwrite"]) == 0
+    assert [json.loads(line) for line in out.read_text().splitlines()] == rows
