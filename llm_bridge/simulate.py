@@ -780,8 +780,8 @@ def serve(llm: "SimulatedLLM", host: str, port: int, banner) -> int:
     listening. A port that cannot be bound is a one-line :class:`UserError`."""
     try:
         server = SimulatorServer(llm, host, port)
-    except OSError as exc:
-        raise UserError(f"simulator: cannot listen on {host}:{port} ({exc.strerror})") from None
+    except (OSError, TypeError, ValueError) as exc:  # TypeError: a NUL in --host (socket.bind's own check)
+        raise UserError(f"simulator: cannot listen on {host}:{port} ({getattr(exc, 'strerror', None) or exc})") from None
     print(banner(server.base_url), flush=True)
     try:
         server.serve_forever()

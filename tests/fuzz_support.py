@@ -62,8 +62,14 @@ class TinyWorld:
     """
 
     def __init__(self, *, root: Path, kg: Path, artifact_dir: Path, queries: Path, betae_folder: Path,
-                 betae_queries: Path, artifact) -> None:
+                 betae_queries: Path, artifact, metaqa: Path, mqa_art: Path, mqa_questions: Path,
+                 mqa_exemplars: Path, mqa_results: Path) -> None:
         self.root = root
+        self.metaqa = metaqa  # a tiny MetaQA-format folder (kb.txt, {1,2,3}-hop/{test,dev}.txt, qtypes)
+        self.mqa_art = mqa_art  # its KG-only artifact (run_metaqa.py --build-kg-only)
+        self.mqa_questions = mqa_questions  # its questions as JSON lines (run_metaqa.py --export)
+        self.mqa_exemplars = mqa_exemplars  # weakly labelled dev exemplars (run_metaqa.py --make-exemplars)
+        self.mqa_results = mqa_results  # a results JSON of run_metaqa.py's method rows
         self.kg = kg  # tiny.tsv
         self.artifact_dir = artifact_dir  # a built artifact folder
         self.queries = queries  # JSONL queries of the artifact (engine.sample's format)
@@ -135,8 +141,32 @@ def tiny_world(tmp_path_factory) -> TinyWorld:
     pkl = root / "test-queries.pkl"
     pkl.write_bytes(pickle.dumps(dict(data)))
     _WORLD = TinyWorld(root=root, kg=kg, artifact_dir=art_dir, queries=queries, betae_folder=betae,
-                       betae_queries=pkl, artifact=Artifact.load(art_dir))
+                       betae_queries=pkl, artifact=Artifact.load(art_dir), **_metaqa_files(root))
     return _WORLD
+
+
+def _metaqa_files(root: Path) -> dict[str, Path]:
+    """The tiny MetaQA world of the MetaQA tools, made by run_metaqa.py itself (the real writers)."""
+    from test_metaqa import KB, _questions, _write
+
+    data = root / "metaqa"
+    _write(data, KB, _questions(KB))
+    for hops in (1, 2, 3):  # the dev split (the weak labels' source): the same questions
+        shutil.copy(data / f"{hops}-hop" / "test.txt", data / f"{hops}-hop" / "dev.txt")
+    rmq = load_script("benchmarks/results/ask/run_metaqa.py").main
+    paths = {"metaqa": data, "mqa_art": root / "mqa_art", "mqa_questions": root / "mqa_questions.jsonl",
+             "mqa_exemplars": root / "mqa_exemplars.jsonl", "mqa_results": root / "mqa_results.json"}
+    common = ["--data", str(data), "--quiet"]
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        for argv in (["--build-kg-only", str(paths["mqa_art"])], ["--export", str(paths["mqa_questions"])],
+                     ["--artifact", str(paths["mqa_art"]), "--make-exemplars", str(paths["mqa_exemplars"])]):
+            if rmq([*common, *argv]) != 0:  # pragma: no cover - tested in test_bad_input_scripts.py
+                raise RuntimeError(f"run_metaqa.py {argv} failed on the tiny MetaQA folder")
+    paths["mqa_results"].write_text(json.dumps({"label": "tiny", "artifact": str(paths["mqa_art"]), "per_hop": 3,
+                                                "runs": [{"hops": h, "method": m, "hits@1": 0.5, "llm_calls": 1.0,
+                                                          "tokens": 10.0, "seconds": 0.01, "fallbacks": 0.0}
+                                                         for h in (1, 2) for m in ("embedding", "gold-lf")]}))
+    return paths
 
 
 def _sample_lines(art, QuerySampler) -> list[dict]:
@@ -312,7 +342,8 @@ def copy_inputs(world: TinyWorld, dest: Path) -> dict[str, Path]:
     """A private copy of the world's input files in ``dest`` (a CLI that damages them harms no other example)."""
     dest.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name in ("kg", "artifact_dir", "queries", "betae_folder", "betae_queries"):
+    for name in ("kg", "artifact_dir", "queries", "betae_folder", "betae_queries", "metaqa", "mqa_art",
+                 "mqa_questions", "mqa_exemplars", "mqa_results"):
         src = getattr(world, name)
         dst = dest / src.name
         if src.is_dir():

@@ -3,7 +3,7 @@
     python benchmarks/results/ask/run_metaqa.py --build-kg-only artifacts/metaqa-kgonly   # ~10 s
     python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa-kgonly --label "full KG" \\
         --per-hop 1000 --errors 0.2 0.5 --out benchmarks/results/ask/metaqa_full.json
-    python benchmarks/results/ask/run_metaqa.py --report benchmarks/results/ask/metaqa_*.json   # tables + plot
+    python benchmarks/results/ask/run_metaqa.py --report benchmarks/results/ask/metaqa_*.json --overwrite  # tables + plot
     python benchmarks/results/ask/run_metaqa.py --export questions.jsonl --hops 2 --per-hop 100  # a questions file
     python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa-kgonly --make-exemplars \
         artifacts/metaqa-dev-exemplars.jsonl --split dev --per-hop 3000     # weakly supervised exemplars
@@ -29,6 +29,12 @@ Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, s
 ``--per-hop`` of them per hop, seed 100 + hops; no gold-lf row): where settings are chosen, never on test.
 The karpa rows also say what the reasoner was shown (``candidate_stats``): the gold path among the candidates,
 first, path 1's first answer right, the first answer picked by the LLM, candidates per question.
+
+Outputs follow the CLI rules of every tool (docs/cli.md): a mistake is one ``error:`` line (status 2), every
+output is checked before any work, is never one of the inputs (``--data``, ``--artifact``, ``--exemplars``,
+``--labels``, the ``--report`` files) nor inside one, is written to a temporary sibling and renamed into place
+(nothing is truncated before the inputs are read), and an existing file or artifact is replaced only with
+``--overwrite`` (``--out`` also with ``--merge``, which keeps its other rows).  ``--trace-out`` appends.
 
 Hits@1: the first answer is a gold answer.  LLM calls and tokens are per question (the simulator
 counts words as tokens); wall time per question includes retrieval, the executor and HTTP.
