@@ -304,3 +304,31 @@ def test_betae_1p_queries_writes_and_replaces_with_overwrite(tmp_path, splits, c
     assert main(["--kg", str(splits), "--out", str(out)]) == 2
     assert main(["--kg", str(splits), "--out", str(out), "--overwrite"]) == 0
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+
+
+@pytest.mark.parametrize("case", ["user", "file", "earlier-run", "relative"])
+def test_large_kg_sh_never_writes_into_a_folder_it_did_not_make(tmp_path, case):
+    """``bash benchmarks/large_kg.sh DIR`` (README) wrote its logs and steps into any DIR, resolved a relative DIR
+    against the repository (it cds there first), and replaced an earlier run without asking."""
+    import subprocess
+
+    from fuzz_support import REPO
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me\n")
+    target = {"user": str(user), "file": str(user / "notes.txt"), "earlier-run": str(tmp_path / "run"),
+              "relative": "user"}[case]
+    if case == "earlier-run":
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / ".kgreason-large-kg").touch()
+        (tmp_path / "run" / "build.log").write_text("an earlier run\n")
+    before = snapshot(tmp_path)
+    env = {**os.environ, "ENTITIES": "50", "RELATIONS": "2", "EDGES": "100", "TRAIN_MINUTES": "1"}
+    res = subprocess.run(["bash", str(REPO / "benchmarks" / "large_kg.sh"), target], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("error: OUT_DIR") and res.stderr.count("\n") == 1, res.stderr
+    assert ("--overwrite" in res.stderr) == (case == "earlier-run")
+    assert snapshot(tmp_path) == before
+    assert not (REPO / "user").exists()
