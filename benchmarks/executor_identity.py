@@ -1075,7 +1075,10 @@ def _main(argv: Sequence[str], tree: Path | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    tree = _use_tree(argv)
+    try:
+        tree = _use_tree(argv)
+    except SystemExit as exc:  # a bad --tree: its one error line is printed; a status, not an exception
+        return int(exc.code or 0)
     from kgreason.errors import cli_main
 
     return cli_main(lambda a: _main(a, tree))(argv)

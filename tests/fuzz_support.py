@@ -63,13 +63,15 @@ class TinyWorld:
 
     def __init__(self, *, root: Path, kg: Path, artifact_dir: Path, queries: Path, betae_folder: Path,
                  betae_queries: Path, artifact, metaqa: Path, mqa_art: Path, mqa_questions: Path,
-                 mqa_exemplars: Path, mqa_results: Path) -> None:
+                 mqa_exemplars: Path, mqa_results: Path, identity_queries: Path, identity_record: Path) -> None:
         self.root = root
         self.metaqa = metaqa  # a tiny MetaQA-format folder (kb.txt, {1,2,3}-hop/{test,dev}.txt, qtypes)
         self.mqa_art = mqa_art  # its KG-only artifact (run_metaqa.py --build-kg-only)
         self.mqa_questions = mqa_questions  # its questions as JSON lines (run_metaqa.py --export)
         self.mqa_exemplars = mqa_exemplars  # weakly labelled dev exemplars (run_metaqa.py --make-exemplars)
         self.mqa_results = mqa_results  # a results JSON of run_metaqa.py's method rows
+        self.identity_queries = identity_queries  # benchmarks/executor_identity.py sample's queries of art/
+        self.identity_record = identity_record  # and a record of its run (--save)
         self.kg = kg  # tiny.tsv
         self.artifact_dir = artifact_dir  # a built artifact folder
         self.queries = queries  # JSONL queries of the artifact (engine.sample's format)
@@ -141,8 +143,22 @@ def tiny_world(tmp_path_factory) -> TinyWorld:
     pkl = root / "test-queries.pkl"
     pkl.write_bytes(pickle.dumps(dict(data)))
     _WORLD = TinyWorld(root=root, kg=kg, artifact_dir=art_dir, queries=queries, betae_folder=betae,
-                       betae_queries=pkl, artifact=Artifact.load(art_dir), **_metaqa_files(root))
+                       betae_queries=pkl, artifact=Artifact.load(art_dir), **_metaqa_files(root),
+                       **_identity_files(root, art_dir))
     return _WORLD
+
+
+def _identity_files(root: Path, art_dir: Path) -> dict[str, Path]:
+    """Queries and one record of benchmarks/executor_identity.py on the tiny artifact (its own writers)."""
+    main = load_script("benchmarks/executor_identity.py").main
+    q, rec = root / "identity_queries.jsonl", root / "identity_record.json"
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        for argv in (["sample", "--artifact", str(art_dir), "--out", str(q), "--per-structure", "1", "--no-progress"],
+                     ["run", "--queries", str(q), "--artifact", f"a={art_dir}", "--save", str(rec), "--no-progress",
+                      "--limit", "3"]):
+            if main(argv) != 0:  # pragma: no cover - tested in test_executor_identity.py
+                raise RuntimeError(f"executor_identity.py {argv} failed on the tiny artifact")
+    return {"identity_queries": q, "identity_record": rec}
 
 
 def _metaqa_files(root: Path) -> dict[str, Path]:
@@ -343,12 +359,15 @@ def copy_inputs(world: TinyWorld, dest: Path) -> dict[str, Path]:
     dest.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name in ("kg", "artifact_dir", "queries", "betae_folder", "betae_queries", "metaqa", "mqa_art",
-                 "mqa_questions", "mqa_exemplars", "mqa_results"):
+                 "mqa_questions", "mqa_exemplars", "mqa_results", "identity_queries", "identity_record"):
         src = getattr(world, name)
         dst = dest / src.name
         if src.is_dir():
             shutil.copytree(src, dst)
         else:
             shutil.copy2(src, dst)
+            scores = src.with_name(src.name + ".scores.npz")  # an executor_identity record's scores
+            if scores.is_file():
+                shutil.copy2(scores, dst.with_name(scores.name))
         paths[name] = dst
     return paths

@@ -7,10 +7,11 @@ missing paths, folders where files are expected and the reverse, files that
 are not what they claim, junk text, boundary and absurd numbers, NaN and
 infinities; plus unknown flags, stray words and missing required options.
 
-Property (issue 9): ``main`` returns 0 or 2, never raises; on 2 stderr holds
+Property (issue 9): ``main`` returns 0 or 2 (``executor_identity``: also 1, a comparison
+that found differences), never raises; on 2 stderr holds
 exactly one ``error: ...`` message (a parse error adds its echo and caret
-lines); no input file or folder changes (only outputs the command line names
-may appear or change, and an artifact ``kge.build --overwrite`` replaces);
+lines); no file or folder of the example changes, inputs or not (issue 32: only outputs the
+command line names may appear or change, and an artifact ``--overwrite`` replaces);
 no temporary ``.building-``/``.part-`` leftovers; everything happens inside the
 example's folder (cwd, HOME, XDG_CACHE_HOME, KGREASON_HOME, TMPDIR there).
 
@@ -22,7 +23,11 @@ models); ``kge.build`` only ever trains a few epochs at rank <= 8 on the
 16-entity KG (or reuses embeddings); ``kge.synthetic``'s valid sizes stay below
 60 entities and 200 edges (its absurd ones must be refused up front, by its
 checks or its memory and disk estimates); ``llm_bridge.experiment`` samples
-at most 3 queries per structure and runs one simulator configuration.
+at most 3 queries per structure and runs one simulator configuration; the simulators never
+enter their serving loop (``serve_forever`` returns at once); ``run_metaqa.py`` never reads
+the real MetaQA release, loads MiniLM or writes its default ``--md``/``--png`` (in the
+repository); ``ops_cuda_bench.py`` always runs ``--quick`` and ``--root``/``executor_identity.py
+--tree`` only ever name this checkout (another one's packages would be imported).
 """
 from __future__ import annotations
 
@@ -90,7 +95,10 @@ CLIS = {
     "betae_1p_queries": "benchmarks/betae_1p_queries.py",
     "executor_memory": "benchmarks/executor_memory.py",
     "ops_cuda_bench": "benchmarks/ops_cuda_bench.py",
+    "executor_identity": "benchmarks/executor_identity.py",
 }
+#: CLIs that may also return 1: a comparison found differences (executor_identity run/report).
+_RC1 = ("executor_identity",)
 #: CLIs that serve until Ctrl-C: their serving loop is not entered (``serve_forever`` returns at once), so a
 #: run tests everything before it (arguments, the artifact, the questions, binding the port) and ends.
 _SERVERS = ("llm_bridge.simulate_ask", "llm_bridge.simulate")
@@ -108,6 +116,8 @@ def capture_parser(module: str) -> argparse.ArgumentParser:
     main = _cli(module)
 
     def grab(self, args=None, namespace=None):
+        if not self.add_help:  # a pre-parser (executor_identity's --tree, read before the project is imported)
+            return saved(self, args, namespace)
         raise _Captured(self)
 
     saved = argparse.ArgumentParser.parse_known_args
@@ -162,6 +172,8 @@ class Layout:
         self.mqa_questions = paths["mqa_questions"]
         self.mqa_exemplars = paths["mqa_exemplars"]
         self.mqa_results = paths["mqa_results"]
+        self.identity_queries = paths["identity_queries"]
+        self.identity_record = paths["identity_record"]
         user = self.inputs / "user"
         user.mkdir()
         (user / "notes.txt").write_text("keep me\n")
@@ -251,7 +263,19 @@ def valid_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[st
     """Values that the option documents as fine (the run may still fail on a combination)."""
     dest = action.dest
     one: st.SearchStrategy[str]
-    if cli in _METAQA and dest == "artifact":
+    if cli == "executor_identity" and dest == "artifact" and isinstance(action, argparse._AppendAction):
+        one = st.sampled_from(["a=" + lay.rel(lay.art), "b=" + lay.rel(lay.art)])  # run --artifact NAME=DIR
+    elif cli == "executor_identity" and dest in ("out", "save"):
+        one = st.sampled_from(["q.jsonl", "rec.json", "rep.md"])
+    elif cli == "executor_identity" and dest == "queries":
+        one = st.just(lay.rel(lay.identity_queries))
+    elif cli == "executor_identity" and dest in ("before", "after", "determinism", "determinism_with", "compare"):
+        one = st.just(lay.rel(lay.identity_record))
+    elif cli == "executor_identity" and dest == "tree":
+        one = st.just(str(REPO))  # never another checkout: its packages would be imported into this process
+    elif cli == "executor_identity" and dest == "threads":
+        one = st.just("1")
+    elif cli in _METAQA and dest == "artifact":
         one = st.just(lay.rel(lay.mqa_art))
     elif dest in ("data", "metaqa"):
         one = st.just(lay.rel(lay.metaqa))
@@ -460,13 +484,19 @@ _EXCLUSIVE = {"engine.answer": [("query", "anchors", "relations"), ("expr",), ("
                              ()]}
 #: The CLIs issue 32 added to this suite: their junk values include :data:`_HOSTILE`.
 _NEW = ("llm_bridge.simulate_ask", "llm_bridge.simulate", "llm_bridge.metaqa_experiment", "run_metaqa",
-        "betae_1p_queries", "executor_memory", "ops_cuda_bench")
+        "betae_1p_queries", "executor_memory", "ops_cuda_bench", "executor_identity")
 
 
 @st.composite
 def argvs(draw, cli: str, parser: argparse.ArgumentParser, lay: Layout) -> list[str]:
     """A random argument vector: a valid one, a valid one with one thing wrong, or chaos."""
     mode = draw(st.sampled_from(["valid", "valid", "one-wrong", "one-wrong", "chaos"]))
+    head: list[str] = []
+    subs = _subcommands(parser)
+    if subs:  # a subcommand first (executor_identity sample/run/report/memory), then its options
+        name = draw(st.sampled_from(list(subs) + (["bogus", "--help"] if mode == "chaos" else [])))
+        head = [name]
+        parser = subs.get(name, parser)
     actions = [a for a in parser._actions if _fuzzable(a)]
     skip: set[str] = set()
     must: set[str] = set()  # the chosen exclusive group (engine.answer's --anchors/--relations stay optional)
@@ -499,6 +529,9 @@ def argvs(draw, cli: str, parser: argparse.ArgumentParser, lay: Layout) -> list[
         k = draw(st.integers(0, len(argv)))
         argv.insert(k, draw(st.sampled_from(["--bogus", "stray", "-x", "--artifact", "--", "-", "--help",
                                              "--top-k=3", "--json=", "=x"])))
+    argv = head + argv
+    if cli == "executor_identity" and head == ["sample"] and "--per-structure" not in argv:
+        argv += ["--per-structure", "1"]  # the default samples 72 per structure
     if cli == "engine.sample" and "--per-structure" not in argv:
         # The default (1000 per structure) exhausts all 14 structures of the tiny KG: ~35 s a run.
         argv += ["--per-structure", "2"]
@@ -544,12 +577,21 @@ def argvs(draw, cli: str, parser: argparse.ArgumentParser, lay: Layout) -> list[
     return argv
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """name -> parser of each subcommand (empty for a CLI without subcommands)."""
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            return dict(a.choices)
+    return {}
+
+
 # ------------------------------------------------------------------------ the property
 _OUTPUT_DESTS = ("out", "json", "stats_json", "export", "make_exemplars", "md", "png", "trace_out", "build_kg_only",
                  "cache")
 # Options naming files or folders a run reads (never changed).
 _INPUT_DESTS = ("artifact", "kg", "queries", "betae_queries", "betae_folder", "folder", "embeddings", "questions",
-                "exemplars", "kb", "data", "metaqa", "labels", "tune_exemplars", "report", "root")
+                "exemplars", "kb", "data", "metaqa", "labels", "tune_exemplars", "report", "root", "tree", "before",
+                "after", "determinism", "determinism_with", "compare", "notes", "memory")
 # Folders a run may add files to (a cache the user names), unless it lies inside one of the run's inputs.
 _CACHE_DESTS = ("questions_dir",)
 
@@ -559,6 +601,9 @@ def _named_paths(parser: argparse.ArgumentParser, argv: list[str], lay: Layout, 
     cache folders (:data:`_CACHE_DESTS`) count as outputs whatever they hold, and an experiment's
     ``--out`` folder as an output folder."""
     outs, ins = [], []
+    subs = _subcommands(parser)
+    if subs and argv and argv[0] in subs:
+        parser = subs[argv[0]]
     by_flag = {s: a for a in parser._actions for s in a.option_strings}
     for k, tok in enumerate(argv):
         a = by_flag.get(tok)
@@ -568,6 +613,8 @@ def _named_paths(parser: argparse.ArgumentParser, argv: list[str], lay: Layout, 
         if a.dest == "out" and cli == "llm_bridge.metaqa_experiment":  # --out DIR: DIR/NAME.{md,json,png}
             name = argv[argv.index("--name") + 1] if "--name" in argv[:-1] else "metaqa"
             outs += [p / f"{name}.{ext}" for ext in ("md", "json", "png")]
+        elif a.dest == "save":  # executor_identity: the record and its scores file beside it
+            outs += [p, p.with_name(p.name + ".scores.npz")]
         elif a.dest in _OUTPUT_DESTS:
             outs.append(p)
             plot = p.with_suffix(".png")
@@ -632,8 +679,14 @@ def check_cli(cli: str, parser: argparse.ArgumentParser, argv: list[str], lay: L
     outs, ins = _named_paths(parser, argv, lay, cli)
     may_change = _may_change(outs, ins, cli in ("kge.build", "run_metaqa") and "--overwrite" in argv)
     t0 = time.perf_counter()
-    with _no_serving() if cli in _SERVERS else contextlib.nullcontext():
-        res = run_cli(_cli(CLIS[cli]), argv, lay.root, time_limit=_time_limit(cli, argv))
+    import torch
+
+    threads = torch.get_num_threads()  # executor_identity run/memory set torch's threads for their process
+    try:
+        with _no_serving() if cli in _SERVERS else contextlib.nullcontext():
+            res = run_cli(_cli(CLIS[cli]), argv, lay.root, time_limit=_time_limit(cli, argv))
+    finally:
+        torch.set_num_threads(threads)
     elapsed = time.perf_counter() - t0
     if currently_in_test_context():  # hypothesis statistics (not in the fixed examples)
         event(f"rc={res.rc}" if res.exception is None else f"exception {type(res.exception).__name__}")
@@ -650,7 +703,8 @@ def check_cli(cli: str, parser: argparse.ArgumentParser, argv: list[str], lay: L
     if res.exception is not None:
         raise AssertionError(f"{cli} {argv!r} raised {type(res.exception).__name__}: {res.exception}\n"
                              f"stderr:\n{res.stderr[-3000:]}") from res.exception
-    assert res.rc in (0, 2), f"{cli} {argv!r}: return code {res.rc}\nstderr:\n{res.stderr[-3000:]}"
+    assert res.rc in ((0, 1, 2) if cli in _RC1 else (0, 2)), \
+        f"{cli} {argv!r}: return code {res.rc}\nstderr:\n{res.stderr[-3000:]}"
     quiet = cli == "kge.build" and "--quiet" in argv
     if res.rc == 2:
         check_cli_stderr(res.stderr, only_error=quiet)
@@ -693,6 +747,14 @@ def _run_example(cli: str, parsers, world, scratch, data, hits: set[str]) -> Non
 # naming the finding; any other failure still fails.  Drop an entry once it is fixed.
 KNOWN: dict[str, Callable[[str, list[str], Any], bool]] = {
     # F1-F10 are fixed (regression examples below and in tests/test_bad_input.py).
+    # F12 (open; found by the issue-32 slow run of executor_memory, in kgreason/files.py, not this suite's):
+    # an output path through a folder that does not exist and back out ("--json x/../../DIR/o.json", x
+    # missing) passes kgreason.files.check_output_file (its parent check is lexical, os.path.abspath) but
+    # the OS resolves "x" and the final os.replace fails: FileNotFoundError traceback after all the work
+    # (engine.sample --out x/../../DIR/o.jsonl too).
+    "F12 output path through a missing folder and '..'": lambda cli, argv, res: (
+        isinstance(res.exception, FileNotFoundError)
+        and any("/" in t and ".." in t.split("/") for t in argv)),
 }
 
 
@@ -709,7 +771,7 @@ _SHARE = {"engine.answer": 1.0, "engine.evaluate": 0.5, "engine.sample": 0.5, "e
           "engine.paths": 0.75, "kge.build": 0.4, "kge.synthetic": 0.4, "kge.plots": 0.3, "kge.linkpred": 0.3,
           "llm_bridge.experiment": 0.25, "engine.ask": 0.5, "llm_bridge.linkeval": 0.3,
           "llm_bridge.simulate_ask": 0.3, "llm_bridge.simulate": 0.2, "llm_bridge.metaqa_experiment": 0.125,
-          "run_metaqa": 0.3, "betae_1p_queries": 0.2, "executor_memory": 0.2, "ops_cuda_bench": 0.15}
+          "run_metaqa": 0.3, "executor_identity": 0.25, "betae_1p_queries": 0.2, "executor_memory": 0.2, "ops_cuda_bench": 0.15}
 
 
 _SLOW_RUN = False  # set while a slow-profile CLI test runs (enables the expensive values)
@@ -767,6 +829,7 @@ test_fuzz_cli_run_metaqa, test_fuzz_cli_run_metaqa_slow = _make("run_metaqa")
 test_fuzz_cli_betae_1p_queries, test_fuzz_cli_betae_1p_queries_slow = _make("betae_1p_queries")
 test_fuzz_cli_executor_memory, test_fuzz_cli_executor_memory_slow = _make("executor_memory")
 test_fuzz_cli_ops_cuda_bench, test_fuzz_cli_ops_cuda_bench_slow = _make("ops_cuda_bench")
+test_fuzz_cli_executor_identity, test_fuzz_cli_executor_identity_slow = _make("executor_identity")
 
 
 # ------------------------------------------------------------------------ fixed examples
@@ -869,6 +932,8 @@ _EXAMPLES = [
     ("llm_bridge.simulate", "--artifact {mqa_art} --port 0 --host a\\x00b", None),  # a NUL: TypeError in bind
     ("llm_bridge.simulate_ask", "--artifact {mqa_art} --questions {mqa_questions} --port 0 --skip-artifact-checksums", None),
     ("llm_bridge.simulate_ask", "--artifact {mqa_art} --questions {mqa_questions} --port 99999999999", None),
+    ("executor_memory", "--artifact {art} --json x/../o.json", "F12"),
+    ("engine.sample", "--artifact {art} --per-structure 1 --structures 1p --no-progress --out x/../o.jsonl", "F12"),
 ]
 
 
@@ -895,6 +960,7 @@ def test_cli_examples(parsers, world, scratch, cli, line, finding):
 
 
 def test_parsers_are_captured(parsers):
-    """Every CLI parses with argparse and has options to fuzz (guards the capture trick)."""
+    """Every CLI parses with argparse and has options to fuzz, or subcommands that have (guards the capture trick)."""
     for name, p in parsers.items():
-        assert [a for a in p._actions if _fuzzable(a)], name
+        for q in list(_subcommands(p).values()) or [p]:
+            assert [a for a in q._actions if _fuzzable(a)], name
