@@ -482,8 +482,8 @@ _EXCLUSIVE = {"engine.answer": [("query", "anchors", "relations"), ("expr",), ("
               # run_metaqa.py's actions (argparse refuses two); () = the method rows
               "run_metaqa": [("build_kg_only",), ("export",), ("make_exemplars",), ("tune_exemplars",), ("report",),
                              ()]}
-#: The CLIs issue 32 added to this suite: their junk values include :data:`_HOSTILE`.
-_NEW = ("llm_bridge.simulate_ask", "llm_bridge.simulate", "llm_bridge.metaqa_experiment", "run_metaqa",
+#: Issue 32's CLIs (engine.ask and linkeval were here before): their junk values include the hostile ones.
+_NEW = ("engine.ask", "llm_bridge.linkeval", "llm_bridge.simulate_ask", "llm_bridge.simulate", "llm_bridge.metaqa_experiment", "run_metaqa",
         "betae_1p_queries", "executor_memory", "ops_cuda_bench", "executor_identity")
 
 
