@@ -368,6 +368,15 @@ def _load_revision(rev: str) -> Any:
     return mod
 
 
+def baseline_linker(mod: Any, rev: str, names: Sequence[str]) -> Any:
+    """``mod.EntityLinker(names=..., threshold=0.0)`` of the ``--baseline-rev`` module; a revision whose linker
+    takes other arguments is a one-line :class:`UserError`, not a TypeError out of that revision's code."""
+    try:
+        return mod.EntityLinker(names=names, threshold=0.0)
+    except TypeError as exc:
+        raise UserError(f"--baseline-rev {rev!r}: its EntityLinker cannot be built as this tool builds it ({exc})") from None
+
+
 # ------------------------------------------------------------------------------------- report
 def _fmt(x: float) -> str:
     return f"{x:.3f}"
@@ -583,7 +592,7 @@ def run(config: Config) -> dict[str, Any]:
     if chosen is not None:
         results["new"]["threshold"] = chosen["threshold"]
     if old is not None:
-        measure(f"old ({config.baseline_rev})", lambda: old.EntityLinker(names=data.names, threshold=0.0),
+        measure(f"old ({config.baseline_rev})", lambda: baseline_linker(old, config.baseline_rev, data.names),
                 float(old.DEFAULT_THRESHOLD))
     if config.embedding:
         th = results["new"]["threshold"]

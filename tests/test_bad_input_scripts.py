@@ -332,3 +332,15 @@ def test_large_kg_sh_never_writes_into_a_folder_it_did_not_make(tmp_path, case):
     assert ("--overwrite" in res.stderr) == (case == "earlier-run")
     assert snapshot(tmp_path) == before
     assert not (REPO / "user").exists()
+
+
+def test_linkeval_baseline_whose_linker_takes_other_arguments_is_one_error():
+    """A --baseline-rev whose EntityLinker has another signature: a UserError naming the revision, not a TypeError."""
+    from types import SimpleNamespace
+
+    from kgreason.errors import UserError
+    from llm_bridge.linkeval import baseline_linker
+
+    old = SimpleNamespace(EntityLinker=lambda entities: entities)  # an older linker's signature
+    with pytest.raises(UserError, match="--baseline-rev 'abc123': its EntityLinker cannot be built"):
+        baseline_linker(old, "abc123", ["Heat"])
