@@ -13,7 +13,6 @@ which favours rare entities, so its 1p MRR is not comparable with published
 """
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -29,6 +28,7 @@ def main(argv=None) -> int:
     from kge.graph import load_kg
     from kgreason.cli import ArgumentParser
     from kgreason.files import check_output_file, open_output
+    from kgreason.text import json_line  # KG names in the expressions: controls, bidi, U+2028/9 escaped
 
     p = ArgumentParser(prog="python benchmarks/betae_1p_queries.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--kg", required=True, help="a KG with train/valid/test splits (a BetaE folder or dataset name)")
@@ -50,8 +50,8 @@ def main(argv=None) -> int:
     with open_output(args.out, what="--out") as f:
         for (h, r), ts in hard.items():
             node = Projection(relation=kg.relations[r], arg=Anchor(entity=kg.entities[h]))
-            f.write(json.dumps({"structure": "1p", "expr": to_sexpr(node), "easy": sorted(easy[(h, r)]),
-                                "hard": sorted(ts)}, ensure_ascii=False) + "\n")
+            f.write(json_line({"structure": "1p", "expr": to_sexpr(node), "easy": sorted(easy[(h, r)]),
+                               "hard": sorted(ts)}) + "\n")
             n += 1
     print(f"wrote {n:,} 1p queries to {args.out}", file=sys.stderr)
     return 0

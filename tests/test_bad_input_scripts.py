@@ -344,3 +344,18 @@ def test_linkeval_baseline_whose_linker_takes_other_arguments_is_one_error():
     old = SimpleNamespace(EntityLinker=lambda entities: entities)  # an older linker's signature
     with pytest.raises(UserError, match="--baseline-rev 'abc123': its EntityLinker cannot be built"):
         baseline_linker(old, "abc123", ["Heat"])
+
+
+def test_export_escapes_separators_and_bidi_in_json_lines(tmp_path, rmq):
+    """Issue 32 item 1 for the script's JSON lines: a KG name holding U+2028 / U+202E is written escaped
+    (kgreason.text.json_line), so a line reader sees one line per question and no raw bidi control."""
+    kb = [(h.replace("Heat", "He\u2028at\u202e"), r, t) for h, r, t in KB]
+    data = tmp_path / "metaqa"
+    _write(data, kb, _questions(kb))
+    out = tmp_path / "q.jsonl"
+    assert rmq.main(["--data", str(data), "--export", str(out), "--hops", "1"]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "\u2028" not in text and "\u202e" not in text and "\\u2028" in text
+    rows = [json.loads(line) for line in text.split("\n") if line]
+    assert len(rows) == len(_questions(kb)[1])
+    assert any("He\u2028at\u202e" in r["question"] for r in rows)

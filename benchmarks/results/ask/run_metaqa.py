@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 from kgreason.cli import ArgumentParser, check_seed  # noqa: E402 - after the path of a run from anywhere
 from kgreason.errors import UserError, cli_main  # noqa: E402
 from kgreason.files import OutputFolder, check_output_file, open_output, write_output  # noqa: E402
+from kgreason.text import json_line  # noqa: E402 - JSON lines: controls, bidi and U+2028/9 escaped
 
 
 def run(args) -> dict:
@@ -152,8 +153,7 @@ def run(args) -> dict:
             if args.trace_out:  # appended (never truncated): one file can gather several runs' traces
                 with open(args.trace_out, "a", encoding="utf-8") as f:
                     for r, g in zip(res, gold):
-                        f.write(json.dumps({"hops": hops, "gold": sorted(g), **r.to_json()}, ensure_ascii=False,
-                                           default=str) + "\n")
+                        f.write(json_line({"hops": hops, "gold": sorted(g), **r.to_json()}, default=str) + "\n")
         if args.exemplars_only or args.karpa_only or dev:  # no gold logical form on dev (weak labels only)
             continue
         t = time.perf_counter()
@@ -316,8 +316,7 @@ def make_exemplars(args) -> None:
                         st["none"] += 1
                         continue
                 st[kind] += 1
-                f.write(json.dumps({"question": q, "path": [rel[x] for x in label], "hops": hops},
-                                   ensure_ascii=False) + "\n")
+                f.write(json_line({"question": q, "path": [rel[x] for x in label], "hops": hops}) + "\n")
             st["labelled"] = st["exact"] + st["jaccard"]
             stats[hops] = st
             print(json.dumps({"hops": hops, **st}), flush=True)
@@ -694,8 +693,7 @@ def export(args: Settings) -> None:
     """The sampled questions as JSON lines: every question read first, then written atomically."""
     from engine.eval.metaqa import load_metaqa_questions
 
-    lines = [json.dumps({"question": q.question, "path": list(q.relations), "answers": list(q.answers)},
-                        ensure_ascii=False) + "\n"
+    lines = [json_line({"question": q.question, "path": list(q.relations), "answers": list(q.answers)}) + "\n"
              for hops in args.hops
              for q in load_metaqa_questions(args.data, hops=hops, limit=args.per_hop or None, seed=0)]
     write_output(args.export, "".join(lines), what="--export")
