@@ -741,20 +741,13 @@ def _run_example(cli: str, parsers, world, scratch, data, hits: set[str]) -> Non
 
 
 # ------------------------------------------------------------------------ known findings
-# Bugs the fuzzer found in files this suite's author does not own, filed in
-# /work/notes/fuzz_findings.md.  An example that fails in exactly that way is
-# recorded instead of failing, and the test is then reported as xfail (strict=False)
+# Bugs the fuzzer found and that are not fixed yet (none at present: F1-F12 are fixed).  An example
+# that fails in exactly that way is recorded instead of failing, and the test is then reported as xfail (strict=False)
 # naming the finding; any other failure still fails.  Drop an entry once it is fixed.
 KNOWN: dict[str, Callable[[str, list[str], Any], bool]] = {
     # F1-F10 are fixed (regression examples below and in tests/test_bad_input.py).
-    # F12 (open; found by the issue-32 slow run of executor_memory, in kgreason/files.py, not this suite's):
-    # an output path through a folder that does not exist and back out ("--json x/../../DIR/o.json", x
-    # missing) passes kgreason.files.check_output_file (its parent check is lexical, os.path.abspath) but
-    # the OS resolves "x" and the final os.replace fails: FileNotFoundError traceback after all the work
-    # (engine.sample --out x/../../DIR/o.jsonl too).
-    "F12 output path through a missing folder and '..'": lambda cli, argv, res: (
-        isinstance(res.exception, FileNotFoundError)
-        and any("/" in t and ".." in t.split("/") for t in argv)),
+    # F12 is fixed: kgreason.files refuses an output path through a missing folder and back out with '..'
+    # before any work (test_bad_input.py::test_output_path_through_a_missing_folder_is_one_error).
 }
 
 
@@ -796,7 +789,7 @@ def _fuzz(cli: str, parsers, world, scratch, profile: settings) -> None:
     finally:
         _SLOW_RUN = False
     if hits:
-        pytest.xfail("known finding(s) in /work/notes/fuzz_findings.md: " + "; ".join(sorted(hits)))
+        pytest.xfail("known finding(s): " + "; ".join(sorted(hits)))
 
 
 def _make(cli: str):
@@ -834,10 +827,10 @@ test_fuzz_cli_executor_identity, test_fuzz_cli_executor_identity_slow = _make("e
 
 # ------------------------------------------------------------------------ fixed examples
 # The same property on chosen vectors: issue 9's reproductions, and every finding of this
-# fuzzer (open ones xfail(strict=False) with their id in /work/notes/fuzz_findings.md:
-# an XPASS means it was fixed and the mark can go).
+# fuzzer (open ones xfail(strict=False) with their id in KNOWN: an XPASS means it was fixed and the
+# mark can go).
 def _open(finding: str):
-    return pytest.mark.xfail(reason=f"{finding} (open, /work/notes/fuzz_findings.md)", strict=False)
+    return pytest.mark.xfail(reason=f"{finding} (open)", strict=False)
 
 
 _EXAMPLES = [
@@ -932,8 +925,8 @@ _EXAMPLES = [
     ("llm_bridge.simulate", "--artifact {mqa_art} --port 0 --host a\\x00b", None),  # a NUL: TypeError in bind
     ("llm_bridge.simulate_ask", "--artifact {mqa_art} --questions {mqa_questions} --port 0 --skip-artifact-checksums", None),
     ("llm_bridge.simulate_ask", "--artifact {mqa_art} --questions {mqa_questions} --port 99999999999", None),
-    ("executor_memory", "--artifact {art} --json x/../o.json", "F12"),
-    ("engine.sample", "--artifact {art} --per-structure 1 --structures 1p --no-progress --out x/../o.jsonl", "F12"),
+    ("executor_memory", "--artifact {art} --json x/../o.json", None),  # F12 (fixed)
+    ("engine.sample", "--artifact {art} --per-structure 1 --structures 1p --no-progress --out x/../o.jsonl", None),  # F12 (fixed)
 ]
 
 
