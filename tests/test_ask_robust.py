@@ -162,6 +162,35 @@ def test_an_interrupted_cache_write_leaves_the_old_cache_and_no_temporary(kg, to
     assert _costs(_asker(kg).embedding_retrieve(topics, texts)) == _costs(ref)
 
 
+def test_many_chunks_rewrite_the_cache_a_few_times_not_once_per_chunk(kg, home, monkeypatch):
+    """The first call with new path texts writes the cache; later ones of the same Asker only when the cache
+    would grow by 1/8 (a --questions run of 1,000 questions is 63 chunks); the next Asker writes the rest."""
+    import engine.paths.embeddings as embeddings
+    from engine.exec.ask import _CACHE_GROWTH, _read_sequence_cache
+
+    _, eng, _ = kg
+    written: list[int] = []
+    real = embeddings.write_cache
+
+    def counting(path, data, what):
+        written.append(len(data))
+        return real(path, data, what)
+
+    monkeypatch.setattr(embeddings, "write_cache", counting)
+    asker = _asker(kg, verbalizer=fallback_template)
+    topics = list(range(40))
+    for t in topics:  # one question per call: new path texts at almost every call
+        asker.embedding_retrieve([t], ["which films"])
+    calls = len(written)
+    assert 1 <= calls < 10, written
+    path = asker._sequence_cache_path()
+    on_disk = _read_sequence_cache(path, asker._rel_unit.shape[1])
+    assert len(asker._seq_emb) - len(on_disk) < len(on_disk) / _CACHE_GROWTH
+    again = _asker(kg, verbalizer=fallback_template)
+    again.embedding_retrieve(topics, ["which films"] * len(topics))
+    assert len(_read_sequence_cache(path, asker._rel_unit.shape[1])) == len(asker._seq_emb)  # the rest written
+
+
 def test_readers_never_see_part_of_a_cache_being_rewritten(tmp_path):
     """Atomic replacement: a reader loads the old or the new file while a writer rewrites it, never a mix."""
     from engine.exec.ask import _read_sequence_cache

@@ -529,6 +529,10 @@ def vote_ranking(scores: np.ndarray, costs: Sequence[float], temperature: float,
     return cand[order].astype(np.int64), first[order].astype(np.int64)
 
 
+#: The path-embedding cache is rewritten once it would grow by 1/_CACHE_GROWTH (Asker._sequence_embeddings).
+_CACHE_GROWTH = 8
+
+
 def _read_sequence_cache(path: os.PathLike, width: int) -> dict[str, np.ndarray]:
     """The path-text -> embedding map of a path-embedding cache file (``texts``: N strings, ``emb``: (N, width)
     finite float32); ``ValueError(why)`` when it is not one (see :meth:`Asker._sequence_embeddings`)."""
@@ -606,6 +610,8 @@ class Asker:
         self._outrel: tuple[np.ndarray, np.ndarray] | None = None
         self._seq_emb: dict[str, np.ndarray] | None = None
         self._seq_damage: str | None = None  # why the path-embedding cache read was damaged, until rewritten
+        self._seq_saved = 0  # texts in the cache file (as read or last written)
+        self._seq_wrote = False  # this Asker wrote (or tried to write) the cache file
         self._seq_cache: dict[tuple[int, int], tuple[list[tuple[int, ...]], bool]] = {}
         rel = retriever.relation_emb
         self._rel_unit = rel / np.maximum(np.linalg.norm(rel, axis=1, keepdims=True), 1e-12)
@@ -966,7 +972,11 @@ class Asker:
 
         The cache is verified when read (:func:`_read_sequence_cache`); a damaged one is dropped and
         rewritten with the texts of this run, or used from memory only when its folder cannot be written,
-        with one warning (:func:`engine.paths.embeddings.cache_warning`).  Writes are atomic."""
+        with one warning (:func:`engine.paths.embeddings.cache_warning`).  Writes are atomic.  The first call
+        that embeds new texts writes the file; later calls of the same Asker rewrite it only once the texts
+        not in it are at least 1/:data:`_CACHE_GROWTH` of those in it, so a run of many chunks of questions
+        (``engine.ask --questions``) writes ~``_CACHE_GROWTH`` times the final size in all rather than the
+        whole file per chunk; what is left unwritten is recomputed, and written, by the next run."""
         from engine.paths.embeddings import cache_warning, read_cache, write_cache
 
         if self._seq_emb is None:
@@ -974,16 +984,21 @@ class Asker:
             got, self._seq_damage = read_cache(self._sequence_cache_path(),
                                                lambda p: _read_sequence_cache(p, width))
             self._seq_emb = got or {}
+            self._seq_saved = len(self._seq_emb)
         todo = [t for t in dict.fromkeys(texts) if t not in self._seq_emb]
         if not todo:
             return
         self._seq_emb.update(zip(todo, np.asarray(self.retriever.encoder.encode(todo), dtype=np.float32)))
+        if self._seq_wrote and (len(self._seq_emb) - self._seq_saved) * _CACHE_GROWTH < self._seq_saved:
+            return
         path = self._sequence_cache_path()
         names = list(self._seq_emb)
         buf = io.BytesIO()
         np.savez(buf, texts=np.array(names, dtype=str), emb=np.stack([self._seq_emb[t] for t in names]))
         # A cache folder that cannot be written only costs the recomputation (silent unless it was damaged).
         unwritten = write_cache(path, buf.getvalue(), "path-embedding cache")
+        self._seq_saved = len(names)  # written, or given up until the cache grows as much again
+        self._seq_wrote = True
         if self._seq_damage is not None:
             cache_warning("path-embedding cache", path, self._seq_damage, unwritten)
             self._seq_damage = None
