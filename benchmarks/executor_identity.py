@@ -289,7 +289,7 @@ def record_run(artifacts: dict[str, Path], queries: Path, *, modes: Sequence[str
     subset's size for ``b1-*`` modes, rows in subset order).
     """
     import torch
-    from tqdm.auto import tqdm
+    from kgreason.progress import progress_bar
 
     from engine.exec.executor import Executor
     from engine.lang.query import parse
@@ -310,7 +310,7 @@ def record_run(artifacts: dict[str, Path], queries: Path, *, modes: Sequence[str
     scores: dict[str, Any] = {}
     nodes = [parse(e, where=f"{queries}:{k + 1}") for k, e in enumerate(exprs)]
     total = sum(len(_wanted(a, modes)) for a in artifacts)  # calls per (artifact, mode): one per structure
-    with tqdm(total=total * len(set(structures)), desc="artifact x mode x structure", unit="call",
+    with progress_bar(total=total * len(set(structures)), desc="artifact x mode x structure", unit="call",
               disable=not progress, file=sys.stderr) as bar:
         for art_name, art_dir in artifacts.items():
             art = Artifact.load(art_dir, verify=True, load_embeddings=False, row_cache_gb=row_cache_gb)

@@ -271,10 +271,10 @@ class Outcome:
 
 def evaluate(linker: Any, examples: Sequence[Example], *, desc: str = "linking") -> list[Outcome]:
     """Run ``linker.link`` on every example (progress on stderr)."""
-    from tqdm import tqdm
+    from kgreason.progress import progress_bar
 
     out = []
-    for ex in tqdm(examples, desc=desc, file=sys.stderr, mininterval=1.0, leave=False):
+    for ex in progress_bar(examples, desc=desc, file=sys.stderr, mininterval=1.0, leave=False):
         link = linker.link(ex.text)
         out.append(Outcome(link.name, link.method, float(link.score)))
     return out

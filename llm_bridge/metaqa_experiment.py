@@ -202,9 +202,9 @@ def _grade(executor, nodes, gold: list[np.ndarray], *, batch_size: int, desc: st
     t0 = time.perf_counter()
     bar = None
     if not quiet:
-        from tqdm import tqdm
+        from kgreason.progress import progress_bar
 
-        bar = tqdm(total=len(nodes), desc=desc, unit="q", leave=False, file=sys.stderr)
+        bar = progress_bar(total=len(nodes), desc=desc, unit="q", leave=False, file=sys.stderr)
     for item in executor.iter_scores(nodes, batch_size=batch_size):
         idx, y = item[0], item[1]
         ys = y.detach().cpu().numpy()

@@ -287,9 +287,9 @@ class QuerySampler:
         repeats: Counter = Counter()  # extra draws of a pending node before it was evaluated
         bar = None
         if progress:
-            from tqdm import tqdm
+            from kgreason.progress import progress_bar
 
-            bar = tqdm(total=count, desc=f"sample {name}", unit="q", file=sys.stderr)
+            bar = progress_bar(total=count, desc=f"sample {name}", unit="q", file=sys.stderr)
         accepted = 0
         drawn = 0
         last_new = 0  # draw index of the latest accepted query

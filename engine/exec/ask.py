@@ -1127,9 +1127,9 @@ class Asker:
         enumerated = []
         iterator: Any = range(len(topics))
         if r_progress:
-            from tqdm import tqdm
+            from kgreason.progress import progress_bar
 
-            iterator = tqdm(iterator, desc="ask: enumerate paths", unit="question")
+            iterator = progress_bar(iterator, desc="ask: enumerate paths", unit="question")
         for i in iterator:
             seqs, truncated = self.reachable_sequences(int(topics[i]), s.max_hops)
             if truncated and results is not None:

@@ -266,7 +266,7 @@ def make_exemplars(args) -> None:
     answer set on the full KB equals the gold set (kept when exactly one path does), else the path of best
     Jaccard when that is >= 0.9 and unique.  Uses no test data and no qtype file."""
     from engine.exec.api import Engine
-    from tqdm import tqdm
+    from kgreason.progress import progress_bar
 
     eng = Engine.load(args.artifact)
     ret = eng.retriever(encoder="hashing")  # the graph only; no text is embedded here
@@ -281,7 +281,7 @@ def make_exemplars(args) -> None:
                 keep = np.sort(np.random.default_rng(args.seed + hops).choice(len(qs), args.per_hop, replace=False))
                 qs = [qs[i] for i in keep]
             st = {"questions": len(qs), "exact": 0, "jaccard": 0, "ambiguous": 0, "none": 0, "no_topic": 0}
-            for q, topic, gold in tqdm(qs, desc=f"exemplars {hops}-hop", unit="question"):
+            for q, topic, gold in progress_bar(qs, desc=f"exemplars {hops}-hop", unit="question"):
                 if topic not in index:
                     st["no_topic"] += 1
                     continue
