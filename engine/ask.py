@@ -279,10 +279,10 @@ def _ask_chunks(asker, questions: list[str], err, *, progress: bool, **kw: Any) 
     (``progress``), else in one batch.  A question's result does not depend on the others asked with it."""
     if not progress:
         return asker.ask(questions, **kw)
-    from tqdm import tqdm
+    from kgreason.progress import progress_bar  # a bar on a terminal, plain lines in a log
 
     results: list = []
-    with tqdm(total=len(questions), desc="questions", unit="question", file=err) as bar:
+    with progress_bar(total=len(questions), desc="questions", unit="question", file=err) as bar:
         for start in range(0, len(questions), CHUNK):
             part = questions[start:start + CHUNK]
             results.extend(asker.ask(part, **kw))

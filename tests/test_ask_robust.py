@@ -308,24 +308,23 @@ def test_a_dead_llm_server_costs_one_deadline_per_command(kg, questions, tmp_pat
 def test_the_progress_bar_moves_per_chunk_and_chunks_change_no_answer(kg, questions, tmp_path, monkeypatch):
     """Regression: a --questions run drew a bar only while enumerating paths (the first second of 1,000
     questions); now it counts answered questions, one update per chunk of engine.ask.CHUNK."""
-    import tqdm
-
     from engine.ask import CHUNK
+    from kgreason.progress import LineProgress
 
     updates: list[int] = []
+    real = LineProgress.update
 
-    class Recording(tqdm.tqdm):
-        def update(self, n=1):
-            updates.append(n)
-            return super().update(n)
+    def recording(self, n=1):
+        updates.append(n)
+        return real(self, n)
 
-    monkeypatch.setattr(tqdm, "tqdm", Recording)
+    monkeypatch.setattr(LineProgress, "update", recording)  # stderr is no terminal here: the plain-lines bar
     n = 2 * CHUNK + 3
     qs = (questions * (n // len(questions) + 1))[:n]
     qfile = write_questions(tmp_path / "q.jsonl", qs)
     rc, out, err = _main(["--artifact", str(kg[0]), *_enc(), "--questions", str(qfile), "--json"])
     assert rc == 0 and updates == [CHUNK, CHUNK, 3]
-    assert f"{n}/{n}" in err and "ask: {" in err
+    assert f"questions: {n}/{n} question" in err and "ask: {" in err
     # one batch of every question (no bar: not more than CHUNK questions) gives the same answers
     monkeypatch.setattr("engine.ask.CHUNK", n)
     updates.clear()
