@@ -191,6 +191,21 @@ def test_many_chunks_rewrite_the_cache_a_few_times_not_once_per_chunk(kg, home, 
     assert len(_read_sequence_cache(path, asker._rel_unit.shape[1])) == len(asker._seq_emb)  # the rest written
 
 
+def test_a_killed_writers_leftover_is_removed_by_the_next_write(tmp_path):
+    """SIGKILL leaves the temporary sibling of a cache being written; the next write removes it once it is
+    older than STALE_PART_S, and leaves a younger one (a writer at work) alone."""
+    from engine.paths.embeddings import STALE_PART_S, write_cache
+
+    path = tmp_path / "c.npy"
+    old, young = tmp_path / ".c.npy.part-dead", tmp_path / ".c.npy.part-live"
+    for p in (old, young):
+        p.write_bytes(b"x" * 100)
+    t = time.time() - STALE_PART_S - 60
+    os.utime(old, (t, t))
+    assert write_cache(path, b"data", "test cache") is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == [young.name, path.name]
+
+
 def test_readers_never_see_part_of_a_cache_being_rewritten(tmp_path):
     """Atomic replacement: a reader loads the old or the new file while a writer rewrites it, never a mix."""
     from engine.exec.ask import _read_sequence_cache

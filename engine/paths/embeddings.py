@@ -30,20 +30,24 @@ Embedding caches (this one, and the ask loop's path-text cache) are derived data
 on load (:func:`read_cache`, :func:`check_embeddings`: readable, a 2-D float32 array of the expected shape,
 every value finite) and a damaged one is recomputed and rewritten, or, when its folder cannot be
 written, used from memory only, with one warning (:func:`cache_warning`).  Writes are atomic (temporary
-sibling + rename, :func:`~kgreason.files.write_output`): a killed writer leaves the old file, and a
-concurrent reader sees the old or the new file, never part of one.
+sibling + rename, :func:`~kgreason.files.write_output`): a killed writer leaves the old file (its
+temporary is removed by a later write once an hour old, :func:`write_cache`), and a concurrent reader
+sees the old or the new file, never part of one.
 
 Bad encoder keyword arguments (``--encoder-kwargs``) are a
 :class:`~kgreason.errors.UserError` naming the encoder and the parameters it takes.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import inspect
 import io
 import logging
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
@@ -330,10 +334,22 @@ def read_cache(path: Path, read: Callable[[Path], T]) -> tuple[T | None, str | N
         return None, f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
+#: A cache's temporary file older than this is a killed writer's leftover (a live one is seconds old).
+STALE_PART_S = 3600.0
+
+
 def write_cache(path: Path, data: bytes, what: str) -> str | None:
-    """Write ``data`` to ``path`` atomically (:func:`~kgreason.files.write_output`); None, or why it could not."""
+    """Write ``data`` to ``path`` atomically (:func:`~kgreason.files.write_output`); None, or why it could not.
+
+    A writer killed by SIGKILL leaves its temporary sibling (``.NAME.part-*``, as large as the cache);
+    those older than :data:`STALE_PART_S` are removed here, so leftovers do not pile up.
+    """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        for part in path.parent.glob(f".{glob.escape(path.name)}.part-*"):  # kgreason.files.open_output's names
+            with contextlib.suppress(OSError):  # gone already, or not ours to remove
+                if time.time() - part.stat().st_mtime > STALE_PART_S:
+                    part.unlink()
         write_output(path, data, what=what)
     except (OSError, UserError) as exc:
         return str(exc)
