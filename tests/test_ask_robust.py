@@ -112,6 +112,21 @@ def test_a_damaged_path_embedding_cache_is_rebuilt_with_one_warning(kg, topics_t
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temporaries left
 
 
+@pytest.mark.parametrize("kind", ["empty", "wrong-width", "nan"])
+def test_engine_ask_after_a_damaged_cache_answers_as_before(kg, questions, home, caplog, kind):
+    """The issue's reproduction: after the cache was damaged, every engine.ask on the KG failed (or, NaN,
+    answered nothing); now the answers are those of the first run, with one warning."""
+    argv = ["--artifact", str(kg[0]), *_enc(), questions[0][0]]
+    rc, first, _ = _main(argv)
+    assert rc == 0
+    (path,) = (home / "ask_sequences").iterdir()
+    _damage(path, kind)
+    caplog.set_level(logging.WARNING)
+    rc, again, err = _main(argv)
+    assert rc == 0 and again == first, err
+    assert len([w for w in _warnings(caplog) if "path-embedding cache" in w]) == 1
+
+
 def _not_writable(monkeypatch, folder: Path) -> None:
     """Make ``folder`` read-only, for root too (chmod does not stop root: os.access says what it says for others)."""
     os.chmod(folder, 0o555)
