@@ -275,6 +275,42 @@ def test_a_damaged_relation_embedding_cache_is_rebuilt_with_one_warning(kg, home
     np.testing.assert_array_equal(np.load(path), ref.relation_emb)
 
 
+class _NoDim:
+    """The hashing encoder without its ``dim`` attribute: an encoder that does not say its width (MiniLM)."""
+
+    def __init__(self) -> None:
+        from engine.paths.embeddings import HashingEncoder
+
+        self._enc = HashingEncoder(**ENC)
+        self.name = self._enc.name
+
+    def encode(self, texts):
+        return self._enc.encode(texts)
+
+
+@pytest.mark.parametrize("kind", ["wrong-width", "nan", "other-model"])
+def test_a_relation_embedding_cache_of_another_width_or_model_is_rebuilt(kg, home, caplog, kind):
+    """Without ``dim`` the width (and the first row's direction) is checked against one embedding."""
+    from engine.paths.embeddings import HashingEncoder
+
+    _, eng, _ = kg
+    ref = PathRetriever.from_artifact(eng.artifact, encoder=_NoDim())
+    (path,) = (home / "relation_embeddings").iterdir()
+    if kind == "other-model":  # same name, same shape, another model's vectors
+        other = HashingEncoder(dim=ENC["dim"], seed=ENC["seed"] + 1)
+        np.save(path, other.encode([f"r{i}" for i in range(len(eng.artifact.relations))]))
+    else:
+        _damage(path, kind)
+    caplog.set_level(logging.WARNING)
+    again = PathRetriever.from_artifact(eng.artifact, encoder=_NoDim())
+    np.testing.assert_array_equal(again.relation_emb, ref.relation_emb)
+    (warning,) = _warnings(caplog)
+    assert str(path) in warning and "rebuilt" in warning
+    caplog.clear()
+    PathRetriever.from_artifact(eng.artifact, encoder=_NoDim())
+    assert _warnings(caplog) == []
+
+
 # ------------------------------------------------------------------------------ the relation-questions sidecar
 def test_a_deeply_nested_relation_questions_sidecar_is_ignored_with_one_warning(kg, home, caplog):
     """Regression: a sidecar of ``[[[[...`` was a RecursionError for every LGOT run on the artifact."""

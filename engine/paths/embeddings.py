@@ -368,15 +368,30 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def _probe(arr: np.ndarray, encoder: Encoder, relation: str) -> str | None:
+    """Why ``arr`` (cached embeddings, first row ``relation``'s) is not ``encoder``'s, or None."""
+    p = np.asarray(encoder.encode([relation_text(relation)]), dtype=np.float64)
+    if p.ndim != 2 or p.shape[1] != arr.shape[1]:
+        return f"width {arr.shape[1]}, the encoder's is {p.shape[-1] if p.ndim else '?'}"
+    a = arr[0].astype(np.float64)
+    cos = float(p[0] @ a) / max(float(np.linalg.norm(p[0]) * np.linalg.norm(a)), 1e-12)
+    if cos < 0.99:
+        return f"row 0 is not the encoder's embedding of {relation!r} (cosine {cos:.3f}): another model?"
+    return None
+
+
 def relation_embeddings(relations: Sequence[str], encoder: Encoder, artifact=None) -> np.ndarray:
     """(R, d) unit-norm embeddings of the readable relation names.
 
     With an ``artifact`` they are cached in the user cache folder
     (:func:`relation_embeddings_cache_path`), never in the artifact itself, so a
     read-only or shared artifact works and its checksums never change.  A cached
-    array is used only if it has R rows of finite float32 values (and the width of
-    the encoder's ``dim`` when it declares one); otherwise it is recomputed and
-    rewritten with one warning (see the module docstring).
+    array is used only if it has R rows of finite float32 values and the encoder's
+    width: its ``dim`` when it declares one (the hashing encoder), else the width of
+    the encoder's embedding of the first relation, which must also be the cached
+    row's direction (cosine >= 0.99; the model is loaded now rather than at its
+    first use).  Otherwise it is recomputed and rewritten with one warning (see the
+    module docstring).
     """
     cache = relation_embeddings_cache_path(relations, encoder, artifact) if artifact is not None else None
     damage = None
@@ -392,7 +407,9 @@ def relation_embeddings(relations: Sequence[str], encoder: Encoder, artifact=Non
             return arr
 
         arr, damage = read_cache(cache, read)
-        if arr is not None:
+        if arr is not None and width is None and len(relations):
+            damage = _probe(arr, encoder, relations[0])
+        if arr is not None and damage is None:
             return arr
     emb = encoder.encode([relation_text(r) for r in relations]).astype(np.float32)
     if cache is not None:
