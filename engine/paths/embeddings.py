@@ -374,7 +374,10 @@ def _probe(arr: np.ndarray, encoder: Encoder, relation: str) -> str | None:
     if p.ndim != 2 or p.shape[1] != arr.shape[1]:
         return f"width {arr.shape[1]}, the encoder's is {p.shape[-1] if p.ndim else '?'}"
     a = arr[0].astype(np.float64)
-    cos = float(p[0] @ a) / max(float(np.linalg.norm(p[0]) * np.linalg.norm(a)), 1e-12)
+    norms = float(np.linalg.norm(p[0])), float(np.linalg.norm(a))
+    if max(norms) < 1e-6:  # an encoder may embed a text as zeros (_normalize keeps them): both agree
+        return None
+    cos = float(p[0] @ a) / max(norms[0] * norms[1], 1e-12)
     if cos < 0.99:
         return f"row 0 is not the encoder's embedding of {relation!r} (cosine {cos:.3f}): another model?"
     return None
