@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 from kgreason.cli import ArgumentParser as _Parser  # one-line UserError, user text escaped
 from kgreason.errors import UserError, cli_main
+from kgreason.text import json_line, printable  # questions, KG names, LLM text: escaped where printed
 
 __all__ = ["AskConfig", "CHUNK", "parse_args", "read_questions", "run", "main"]
 
@@ -242,33 +243,33 @@ def _linker(artifact):
 
 
 def _print(res, out, show_context: bool, asker) -> None:
-    out.write(f"question: {res.question}\n")
+    out.write(f"question: {printable(res.question)}\n")
     if res.error is not None:
-        out.write(f"  error: {res.error}\n\n")
+        out.write(f"  error: {printable(res.error)}\n\n")
         return
     plans = "; ".join(" -> ".join(p) for p in res.plans) or "none"
-    out.write(f"  topic: {res.topic}   retrieval: {res.retrieval}   plans: {plans}\n")
+    out.write(f"  topic: {printable(str(res.topic))}   retrieval: {printable(res.retrieval)}   plans: {printable(plans)}\n")
     if not res.answers:
         out.write("  no answers\n")
     for rank, a in enumerate(res.answers, 1):
-        out.write(f"  {rank:>3}. {a.score:.4f}  {a.entity}   via {' -> '.join(a.path)} (path {a.path_rank}, "
-                  f"{a.selected_by}, {a.provenance})\n")
+        out.write(printable(f"  {rank:>3}. {a.score:.4f}  {a.entity}   via {' -> '.join(a.path)} (path {a.path_rank}, "
+                            f"{a.selected_by}, {a.provenance})") + "\n")
         if a.explanation is not None:
             for line in a.explanation.lines():
-                out.write(f"         {line}\n")
+                out.write(f"         {printable(line)}\n")
     out.write("  candidate paths:\n")
     for i, p in enumerate(res.paths, 1):
-        out.write(f"    {i:>2}. cost {p.cost:.4f}  {' -> '.join(p.names)}  ({p.num_tails} tails, {p.source})\n")
+        out.write(printable(f"    {i:>2}. cost {p.cost:.4f}  {' -> '.join(p.names)}  ({p.num_tails} tails, {p.source})") + "\n")
     if show_context and res.paths:
         from engine.exec.context import format_context
 
         cps = [asker.context_path(res, p) for p in res.paths]
         out.write("  context:\n")
         for line in format_context(cps, style=asker.settings.context,
-                                   max_tokens=asker.settings.max_context_tokens).splitlines():
-            out.write(f"    {line}\n")
+                                   max_tokens=asker.settings.max_context_tokens).split("\n"):  # not at U+2028
+            out.write(f"    {printable(line)}\n")
     for w in res.warnings:
-        out.write(f"  warning: {w}\n")
+        out.write(f"  warning: {printable(w)}\n")
     if res.llm_calls:
         out.write(f"  llm: {res.llm_calls} calls, {res.llm_tokens} tokens\n")
     out.write("\n")
@@ -324,7 +325,7 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
             d = res.to_json()
             if gold is not None:
                 d["gold"] = list(gold)
-            out.write(json.dumps(d, ensure_ascii=False) + "\n")
+            out.write(json_line(d) + "\n")
         else:
             _print(res, out, cfg.show_context, asker)
         if gold is not None:

@@ -237,10 +237,11 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
     output = OutputFolder(config.out, overwrite=config.overwrite, what="--out", create_parents=True,
                           inputs=[("--kg", config.kg)])  # never the KG's own folder (or inside it)
     remove_killed_builds(output.path, progress=progress)
-    lock = StagingLock()
     # SIGTERM, Ctrl-C or an error from here on removes the temporary folder; SIGKILL leaves it behind, with
-    # the lock file that lets the next build of this output see that no process owns it any more
-    with lock, output as tmp:  # the lock is released after the folder is renamed into place or removed
+    # the lock file that lets the next build of this output see that no process owns it any more.  The lock
+    # file goes first on the way out (after the commit, or before the failed folder is removed), so that the
+    # parent folders a failed build created are empty again and removed.
+    with output as tmp, StagingLock() as lock:
         lock.hold(tmp)
         return _build(config, progress, output, tmp)
 
@@ -335,8 +336,8 @@ def remove_killed_builds(out: str | os.PathLike, *, progress: bool = True) -> li
     A staging folder ``.NAME.building-XXXX`` is removed when its lock file (:class:`StagingLock`)
     has no living owner.  A staging folder of a build still running is never touched, and neither is
     one without a lock file (written by a version of kge.build before the lock files, or by a build
-    that is just starting): those are reported on stderr (with ``progress``), to be removed by hand
-    when no build of ``out`` runs.
+    that is just starting or finishing): those are reported on stderr (with ``progress``), to be
+    removed by hand when no build of ``out`` runs.
     """
     import shutil
 
@@ -367,7 +368,7 @@ def remove_killed_builds(out: str | os.PathLike, *, progress: bool = True) -> li
         for entry in removed:
             print(f"note: removed {entry}, left by a build of {out} that was killed", file=sys.stderr)
         for entry in unowned:
-            print(f"note: {entry} has no lock file (left by an older kge.build, or a build just starting); "
+            print(f"note: {entry} has no lock file (left by an older kge.build, or a build starting or ending); "
                   f"remove it by hand if no build of {out} is running", file=sys.stderr)
     return removed
 

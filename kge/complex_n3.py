@@ -51,7 +51,7 @@ from kgreason.errors import UserError
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "resolve_precision", "tail_scores", "batch_loss", "train_1n", "filtered_tail_ranks", "to_pykeen_model",
            "n3_penalty", "matmul_rate", "choose_rank", "probe_step_seconds", "CANDIDATE_RANKS", "flops_per_epoch",
-           "sampled_batch_loss", "use_sampling", "budget_deadline", "VALID_CHUNK"]
+           "sampled_batch_loss", "use_sampling", "budget_deadline", "VALID_CHUNK", "PROBE_SHARE"]
 
 #: bf16: GEMMs in bfloat16 (float32 accumulation); fp32: everything float32; auto: bf16 where the hardware has it.
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -267,6 +267,12 @@ def probe_step_seconds(kg, *, rank: int, batch_size: int, precision: str, device
     return float(np.median(times))
 
 
+#: Largest share of the time budget the second rank probe of :func:`choose_rank` may cost (bounded from above).
+PROBE_SHARE = 0.1
+#: Steps :func:`choose_rank` runs per probed rank (:func:`probe_step_seconds`: 2 warm-up + 5 timed).
+_PROBE_STEPS = 7
+
+
 def choose_rank(kg, *, minutes: float, min_epochs: int, batch_size: int, precision: str, device: str,
                 optimizer: str = "adagrad", ranks=CANDIDATE_RANKS, candidates: int | None = None,
                 max_rank: int | None = None) -> tuple[int, dict[str, Any]]:
@@ -274,36 +280,48 @@ def choose_rank(kg, *, minutes: float, min_epochs: int, batch_size: int, precisi
 
     A step's time is linear in the rank (three GEMMs and the optimizer scale
     with ``2d``; the softmax over ``(B, N)`` scores does not), so real steps are
-    timed at the smallest and the largest candidate and the line through them
-    predicts every other rank.  GEMM FLOP counts alone mislead: with bf16 GEMMs
-    the softmax and the optimizer step are most of an FB15k-237 step at rank 256.
-    Returns ``(rank, info)``; the smallest candidate when none fits (the largest is then not timed).
-    ``min_epochs`` is a planning figure only: the budget, not the epoch count, ends training
-    (:func:`train_1n`), so on a machine busier than during the probes fewer epochs run.
+    timed at the smallest candidate and at the largest one whose probe costs at most
+    :data:`PROBE_SHARE` of the budget, and the line through them predicts every other rank.
+    GEMM FLOP counts alone mislead: with bf16 GEMMs the softmax and the optimizer step are most
+    of an FB15k-237 step at rank 256.
+
+    The probes are paid from the budget (:func:`kge.train.train_complex` starts it first).  When
+    even the smallest rank cannot do ``min_epochs`` epochs, it is returned without a second probe;
+    when no larger rank's probe is affordable, step time is taken as proportional to the rank (an
+    upper bound: the line has a non-negative intercept), which errs towards smaller ranks.
+    Returns ``(rank, info)``.  ``min_epochs`` is a planning figure only: the budget, not the epoch
+    count, ends training (:func:`train_1n`), so on a machine busier than during the probes fewer
+    epochs run.
     """
     if max_rank is not None:
         ranks = tuple(x for x in ranks if x <= max_rank) or ranks[:1]
-    lo, hi = ranks[0], ranks[-1]
+    lo = ranks[0]
+    budget_s = minutes * 60
     steps_per_epoch = math.ceil(len(kg.train) / batch_size)
     t_lo = probe_step_seconds(kg, rank=lo, batch_size=batch_size, precision=precision, device=device, optimizer=optimizer,
                               candidates=candidates)
-    # the probes are paid from the budget: when even the smallest rank does not fit, timing the largest is waste
-    # (MetaQA's 6-minute build: rank 32 chosen, a rank-1000 step over 43k entities costs seconds on a busy box)
-    fits_lo = t_lo * steps_per_epoch * min_epochs <= minutes * 60
-    t_hi = probe_step_seconds(kg, rank=hi, batch_size=batch_size, precision=precision, device=device, optimizer=optimizer,
-                              candidates=candidates) if hi != lo and fits_lo else t_lo
-    slope = max(t_hi - t_lo, 0.0) / max(1, hi - lo)
+    probed = {str(lo): round(t_lo, 4)}
+    # MetaQA's 6-minute build timed 7 steps at rank 1000 before its budget started: 27 s each on a busy box
+    fits_lo = t_lo * steps_per_epoch * min_epochs <= budget_s
+    affordable = [r for r in ranks if r > lo and _PROBE_STEPS * t_lo * r / lo <= PROBE_SHARE * budget_s]
+    if fits_lo and affordable:
+        hi = affordable[-1]
+        t_hi = probe_step_seconds(kg, rank=hi, batch_size=batch_size, precision=precision, device=device,
+                                  optimizer=optimizer, candidates=candidates)
+        probed[str(hi)] = round(t_hi, 4)
+        slope = max(t_hi - t_lo, 0.0) / (hi - lo)
+    else:
+        slope = t_lo / lo  # t(r) <= t_lo * r / lo
 
     def epoch_seconds(rank: int) -> float:
         return (t_lo + slope * (rank - lo)) * steps_per_epoch
 
     rank = lo
     for cand in ranks:
-        if epoch_seconds(cand) * min_epochs <= minutes * 60:
+        if epoch_seconds(cand) * min_epochs <= budget_s:
             rank = cand
     info = {"rank_chosen": rank, "predicted_seconds_per_epoch": round(epoch_seconds(rank), 1),
-            "probe_step_seconds": {str(lo): round(t_lo, 4), **({str(hi): round(t_hi, 4)} if fits_lo else {})},
-            "min_epochs": min_epochs, "train_minutes": minutes}
+            "probe_step_seconds": probed, "min_epochs": min_epochs, "train_minutes": minutes}
     return rank, info
 
 

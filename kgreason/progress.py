@@ -143,11 +143,6 @@ class LineProgress:
         self._closed = True
         self._line(final=True)
 
-    @property
-    def format_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "total": self.total, "elapsed": self._clock() - self.start_t, "desc": self.desc,
-                "unit": self.unit, "initial": self.initial}
-
     # ---------------------------------------------------------------- lines
     def _maybe_line(self) -> None:
         if not self._closed and self._clock() - self._last_line_t >= self.interval_s:

@@ -44,7 +44,6 @@ import argparse
 import contextlib
 import io
 import itertools
-import json
 import math
 import os
 import platform
@@ -61,6 +60,7 @@ import numpy as np
 from kgreason.cli import ArgumentParser as _Parser, check_device, check_seed  # _Parser: one-line UserError
 from kgreason.errors import UserError, cli_main, unknown_name
 from kgreason.files import check_not_input, check_output_file, write_output
+from kgreason.text import json_line
 from llm_bridge.config import LGOTSettings, from_flags
 
 __all__ = ["ExperimentArgs", "parse_args", "main", "run_experiment", "evaluate_method", "chance_hits",
@@ -847,7 +847,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     paths = output_paths(args)
     check_outputs(args)  # again: another run may have written meanwhile
-    write_output(paths["json"], json.dumps(jsonable(record, drop=frozenset({"config"})), indent=1, ensure_ascii=False) + "\n", what="--out")
+    write_output(paths["json"], json_line(jsonable(record, drop=frozenset({"config"})), indent=1) + "\n", what="--out")
     write_output(paths["md"], markdown(record, command), what="--out")
     write_output(paths["png"], plot(record), what="--out")
     if not args.quiet:

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from kgreason.files import user_cache_dir
+from kgreason.text import json_line
 from llm_bridge.text import clean_text
 from llm_bridge.prompts import (
     ENTITY_SLOT,
@@ -275,8 +276,8 @@ class RelationQuestions:
         path = sidecar_path(artifact, model, cache_dir)
         if path is None:
             return None
-        data = json.dumps(self.to_json(model=model, artifact_key=artifact_key(artifact)), indent=1,
-                          sort_keys=True, ensure_ascii=False)
+        data = json_line(self.to_json(model=model, artifact_key=artifact_key(artifact)), indent=1,
+                         sort_keys=True)  # relation names and LLM text: no raw control/bidi/separator (kgreason.text)
         tmp: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

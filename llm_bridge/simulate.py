@@ -753,10 +753,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     key = None
-    if args.api_key_env:
-        key = os.environ.get(args.api_key_env)
-        if not key:
-            raise UserError(f"--api-key-env: environment variable {args.api_key_env} is not set")
+    if args.api_key_env:  # a key pasted as the flag's value is not echoed
+        from llm_bridge.config import key_from_env
+
+        key = key_from_env(args.api_key_env, os.environ, "--api-key-env")
     check_seed(args.seed)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")

@@ -112,3 +112,18 @@ def test_an_epoch_that_fits_still_stops_at_a_validation_past_the_budget(clock):
     assert res.metrics["curve"]["epoch"] == [1] and clock.steps == 10
     assert res.metrics["valid_cut"] == {"epoch": 1, "ranked": 304}  # 19 chunks of 16: 15.2 s > 15 s left
     assert res.seconds == pytest.approx(10 + 304 * VALID_S_PER_TRIPLE)
+
+
+@pytest.mark.parametrize("minutes, probed, rank", [
+    (1.0, ["32"], 384),  # probing even rank 64 could cost 14 s > 6 s: step time taken as proportional to rank
+    (10.0, ["32", "256"], 1000),  # 60 s pay for probing up to rank 274: 256 is timed (as fast: the line is flat)
+])
+def test_the_second_probe_costs_at_most_a_tenth_of_the_budget(clock, minutes, probed, rank):
+    """Regression: rank 1000 was always timed (27 s a step on MetaQA on a busy box, 7 steps) however small the budget."""
+    from kge.graph import load_kg
+
+    kg = load_kg("nations")
+    got, info = complex_n3.choose_rank(kg, minutes=minutes, min_epochs=5, batch_size=len(kg.train),
+                                       precision="fp32", device="cpu")
+    assert sorted(info["probe_step_seconds"], key=int) == probed and got == rank
+    assert clock.now - 1000.0 == 7 * len(probed) * STEP_S

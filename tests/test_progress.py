@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -124,3 +126,31 @@ def test_cli_with_stderr_in_a_file_writes_lines_and_keeps_the_llm_summary(llm_ar
     assert any(line.startswith("llm: ") and "prompt (100%), done in " in line for line in lines), text
     summary = [line for line in lines if line.startswith("llm: {")]
     assert len(summary) == 1 and '"requests": ' in summary[0], text
+
+
+def _one_slow_prompt(req, headers):
+    if "Entity_000" in json.dumps(req):
+        time.sleep(2.5)  # the bar appears after 1 s, when the other 49 prompts are long done
+    return 200, chat_reply('["Entity_007"]'), {}
+
+
+def test_llm_client_rate_counts_only_what_the_bar_saw(monkeypatch):
+    """Regression: the client's bar began at the prompts already done and divided them by its own age:
+    "885036.62prompt/s" on a terminal."""
+    from llm_bridge import prompts
+    from llm_bridge.client import LLMClient
+    from llm_bridge.config import LLMConfig
+
+    batch = [prompts.projection_messages(prompts.fallback_template("likes"), [f"Entity_{i:03d}"]) for i in range(50)]
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    with scripted_server(_one_slow_prompt) as srv, \
+            LLMClient(LLMConfig(base_url=srv.base_url, model="m", n=1, timeout_s=10.0, max_retries=0,
+                                concurrency=4, use_cache=False)) as client:
+        assert all(r.ok for r in client.complete_many_sync(batch))
+    text = term.getvalue()
+    rates = [float(x) for x in re.findall(r"([\d.]+)prompt/s", text)]
+    assert rates and "49/50" in text, text
+    # tqdm's rate: prompts done between two refreshes at least mininterval (0.5 s) apart, so 50 prompts make
+    # at most 100/s; the old bar divided the prompts done before it existed by its age of microseconds
+    assert max(rates) < 100, text
