@@ -9,9 +9,7 @@ Examples::
         --llm-base-url http://127.0.0.1:8099/v1 --llm-model sim --context yaml
 
 ``--questions`` files: one question per line, or JSON lines ``{"question": ...,
-"answers": [...]}`` (``"path"`` is for the simulator); the first non-blank line
-decides which (a line starting with ``{``: JSON lines, read by
-:func:`kgreason.files.read_json_objects`); with gold answers the
+"answers": [...]}`` (``"path"`` is for the simulator), or both (:func:`read_questions`); with gold answers the
 run ends with Hits@1 on stderr.  With more than :data:`CHUNK` questions a progress
 bar on stderr counts the answered ones: they run in chunks of :data:`CHUNK` (each
 chunk one batch per step).
@@ -193,37 +191,47 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
 
 
 def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:
-    """``(where, question, gold answers or None)`` per non-blank line.
+    """``(where, question, gold answers or None)`` per non-blank line: plain text, or (a line starting
+    with ``{``) a JSON object ``{"question": str, "answers": [str, ...]}``; a file may mix both.
 
-    The first non-blank line decides the format: a line starting with ``{`` makes the file JSON lines
-    ``{"question": str, "answers": [str, ...]}`` (read by :func:`kgreason.files.read_json_objects`, which
-    reports any malformed line, however deeply nested, as ``FILE:LINE``); otherwise every line is a
-    question in plain text, and a line that starts with ``{`` there is an error, not a question.
+    A file of JSON lines only is read by :func:`kgreason.files.read_json_objects` (the ``--exemplars``
+    reader); in a mixed file each ``{`` line is parsed alone, with the same messages.  Either way a
+    malformed line, however deeply nested, is one ``UserError`` naming ``FILE:LINE``.
     """
-    from kgreason.files import read_json_objects, read_lines, text_field
+    from kgreason.files import read_json_objects, read_lines
 
-    lines = read_lines(path, what="--questions")
-    first = next((line for _, line in lines if line.strip()), None)
-    lines.close()  # type: ignore[attr-defined]  # a generator: closes the file
-    if first is None:
+    lines = [(ln, line) for ln, line in read_lines(path, what="--questions") if line.strip()]
+    if not lines:
         raise UserError(f"--questions: {path} has no questions")
-    out: list[tuple[str, str, tuple[str, ...] | None]] = []
-    if first.lstrip().startswith("{"):
-        for where, obj in read_json_objects(path, what="--questions", shape='{"question": ..., "answers": [...]}'):
-            q = text_field(obj, "question", where)
-            gold = obj.get("answers")
-            if gold is not None and not (isinstance(gold, list) and all(isinstance(a, str) for a in gold)):
-                raise UserError(f"{where}: \"answers\" must be a list of entity names")
-            out.append((where, q, tuple(gold) if gold is not None else None))
-        return out
-    for ln, line in read_lines(path, what="--questions"):
-        if not line.strip():
+    shape = '{"question": ..., "answers": [...]}'
+    if all(line.lstrip().startswith("{") for _, line in lines):
+        return [_question(where, obj) for where, obj in read_json_objects(path, what="--questions", shape=shape)]
+    out = []
+    for ln, line in lines:
+        where = f"{path}:{ln}"
+        if not line.lstrip().startswith("{"):
+            out.append((where, line.strip(), None))
             continue
-        if line.lstrip().startswith("{"):
-            raise UserError(f"{path}:{ln}: a line starting with '{{' in a plain-text questions file (the first "
-                            "question decides the format: a JSON-lines file starts with a JSON object)")
-        out.append((f"{path}:{ln}", line.strip(), None))
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where}: not JSON ({exc.msg})") from None
+        except RecursionError:  # json.loads recurses per nesting level ("{"a": [[[[..."): one line, no traceback
+            raise UserError(f"{where}: not JSON (nested too deeply)") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{where}: expected a JSON object {shape}")
+        out.append(_question(where, obj))
     return out
+
+
+def _question(where: str, obj: dict) -> tuple[str, str, tuple[str, ...] | None]:
+    from kgreason.files import text_field
+
+    q = text_field(obj, "question", where)
+    gold = obj.get("answers")
+    if gold is not None and not (isinstance(gold, list) and all(isinstance(a, str) for a in gold)):
+        raise UserError(f"{where}: \"answers\" must be a list of entity names")
+    return where, q, tuple(gold) if gold is not None else None
 
 
 def _linker(artifact):
