@@ -304,6 +304,9 @@ def _read_templates(path: Path) -> dict[str, str]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         log.warning("ignoring unreadable relation questions file %s (%s)", path, exc)
         return {}
+    except RecursionError:  # json.loads recurses per nesting level: a damaged "[[[[..." sidecar
+        log.warning("ignoring unreadable relation questions file %s (JSON nested too deeply)", path)
+        return {}
     t = data.get("templates") if isinstance(data, dict) else None
     if not isinstance(t, dict):
         log.warning("ignoring relation questions file %s: no 'templates' object", path)

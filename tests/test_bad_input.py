@@ -846,3 +846,20 @@ def test_nul_byte_in_a_path_is_one_error_line(tmp_path, capsys, monkeypatch, fla
     err = one_error_line(capsys)
     assert flag in err and "NUL byte" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_output_path_through_a_missing_folder_is_one_error(tmp_path, monkeypatch):
+    """F12: ``x/../o.json`` with ``x`` missing passed the (lexical) parent check and then failed at the
+    final rename, a FileNotFoundError traceback after all the work.  Now refused before any work."""
+    monkeypatch.chdir(tmp_path)
+    for path in ["x/../o.json", "x/y/../../o.json", "x/../../" + tmp_path.name + "/o.json"]:
+        with pytest.raises(UserError, match="goes through 'x', which is not an existing folder"):
+            with open_output(path, what="--json") as f:
+                f.write("never")
+        with pytest.raises(UserError, match="not an existing folder"):
+            check_output_folder(path, what="--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    (tmp_path / "x").mkdir()
+    with open_output("x/../o.json") as f:  # through a folder that exists: fine, as the OS resolves it
+        f.write("ok")
+    assert (tmp_path / "o.json").read_text() == "ok"
