@@ -529,7 +529,8 @@ class LGOTHook:
                 sets.append(None)
                 continue
             kept, _ = likelihood_filter(conf, s.theta)
-            links = self.linker.link_many([c.text for c in kept], prefer=_Prefer(kg_rows[row]))
+            links = self.linker.link_many([c.text for c in kept], prefer=_Prefer(kg_rows[row]),
+                                          relation=None if ctx.relations is None else ctx.relations[row])
             best: dict[int, float] = {}
             detail: dict[int, dict[str, Any]] = {}
             for c, link in zip(kept, links):
