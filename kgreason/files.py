@@ -594,11 +594,11 @@ def _refuse_constant(name: str) -> Any:
 
 def loads_json(text: str, *, max_depth: int = MAX_JSON_DEPTH, allow_nan: bool = True) -> Any:
     """``json.loads(text)``, bounded: a value nested deeper than ``max_depth`` is a ``ValueError``
-    (``"nested too deeply: more than N levels"``) found in linear time before any parsing, so no input reaches
+    (``"nested too deeply"``) found in linear time before any parsing, so no input reaches
     ``json``'s per-level recursion; ``allow_nan=False`` also refuses ``NaN``/``Infinity``.
     Every failure is a ``ValueError`` (``json.JSONDecodeError`` for malformed JSON)."""
     if json_depth(text) > max_depth:
-        raise ValueError(f"nested too deeply: more than {max_depth} levels")
+        raise ValueError("nested too deeply")  # the words every JSON-lines reader of kgreason has used
     if allow_nan:
         return json.loads(text)
     return json.loads(text, parse_constant=_refuse_constant)

@@ -225,7 +225,7 @@ def test_well_formed_plans_round_trip(plans, wrapped):
 # ------------------------------------------------------------------ the bounded JSON reader
 def test_loads_json_is_bounded_and_refuses_nan_on_request():
     for text in ("[" * CAP, "[" * (CAP // 2) + "]" * (CAP // 2), '{"a":' * 200_000):
-        with pytest.raises(ValueError, match="nested too deeply: more than 100 levels"):
+        with pytest.raises(ValueError, match="nested too deeply"):
             loads_json(text)
     assert loads_json("[" * 100 + "]" * 100) is not None
     assert json_depth('["[[[", {"b": "]]"}]') == 2 and json_depth('"[[[') == 0
@@ -236,8 +236,8 @@ def test_loads_json_is_bounded_and_refuses_nan_on_request():
 
 
 @pytest.mark.parametrize("line, message", [
-    ("[" * CAP, "not JSON (nested too deeply: more than 100 levels)"),
-    ('{"a": ' * 5000, "not JSON (nested too deeply: more than 100 levels)"),
+    ("[" * CAP, "not JSON (nested too deeply)"),
+    ('{"a": ' * 5000, "not JSON (nested too deeply)"),
     ("{", "not JSON (Expecting property name enclosed in double quotes)"),
     ("[1]", "expected a JSON object"),
 ])
