@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 from kgreason.cli import ArgumentParser as _Parser  # one-line UserError, user text escaped
 from kgreason.errors import UserError, cli_main
+from kgreason.files import json_object
 from kgreason.text import json_line, printable  # questions, KG names, LLM text: escaped where printed
 
 __all__ = ["AskConfig", "CHUNK", "parse_args", "read_questions", "run", "main"]
@@ -163,12 +164,7 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
         raise UserError(f"--exemplar-weight must be in [0, 10], got {ns.exemplar_weight}")
     if ns.max_hops > 6:
         raise UserError(f"--max-hops must be <= 6 (relation sequences grow exponentially), got {ns.max_hops}")
-    try:
-        kwargs = json.loads(ns.encoder_kwargs)
-    except ValueError as exc:
-        raise UserError(f"--encoder-kwargs: not JSON ({exc.msg})") from None
-    if not isinstance(kwargs, dict):
-        raise UserError("--encoder-kwargs must be a JSON object")
+    kwargs = json_object(ns.encoder_kwargs, "--encoder-kwargs")
     llm = None
     llm_flags = [k for k in vars(ns) if k.startswith("llm_") and getattr(ns, k) not in (None, False)]
     if ns.llm:
@@ -195,8 +191,8 @@ def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:
     with ``{``) a JSON object ``{"question": str, "answers": [str, ...]}``; a file may mix both.
 
     A file of JSON lines only is read by :func:`kgreason.files.read_json_objects` (the ``--exemplars``
-    reader); in a mixed file each ``{`` line is parsed alone, with the same messages.  Either way a
-    malformed line, however deeply nested, is one ``UserError`` naming ``FILE:LINE``.
+    reader); in a mixed file each ``{`` line is parsed alone by the same :func:`kgreason.files.json_object`.
+    Either way a malformed line, however deeply nested, is one ``UserError`` naming ``FILE:LINE``.
     """
     from kgreason.files import read_json_objects, read_lines
 
@@ -212,15 +208,7 @@ def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:
         if not line.lstrip().startswith("{"):
             out.append((where, line.strip(), None))
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not JSON ({exc.msg})") from None
-        except RecursionError:  # json.loads recurses per nesting level ("{"a": [[[[..."): one line, no traceback
-            raise UserError(f"{where}: not JSON (nested too deeply)") from None
-        if not isinstance(obj, dict):
-            raise UserError(f"{where}: expected a JSON object {shape}")
-        out.append(_question(where, obj))
+        out.append(_question(where, json_object(line, where, shape=shape)))
     return out
 
 

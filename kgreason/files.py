@@ -615,13 +615,19 @@ def read_json_objects(path: str | os.PathLike, *, what: str = "", shape: str = "
         if not line.strip():
             continue
         where = f"{path}:{n}"
-        try:
-            obj = loads_json(line)
-        except ValueError as exc:
-            raise UserError(f"{where}: not JSON ({getattr(exc, 'msg', exc)})") from None
-        if not isinstance(obj, dict):
-            raise UserError(f"{where}: expected a JSON object {shape}".rstrip())
-        yield where, obj
+        yield where, json_object(line, where, shape=shape)
+
+
+def json_object(text: str, where: str, *, shape: str = "") -> dict:
+    """``text`` parsed (bounded: :func:`loads_json`) as one JSON object; anything else is a ``UserError``
+    starting with ``where`` (``FILE:LINE`` or a flag), ``shape`` naming the object that was expected."""
+    try:
+        obj = loads_json(text)
+    except ValueError as exc:
+        raise UserError(f"{where}: not JSON ({getattr(exc, 'msg', exc)})") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: expected a JSON object {shape}".rstrip())
+    return obj
 
 
 def text_field(obj: dict, key: str, where: str) -> str:

@@ -26,7 +26,6 @@ and stored, ``ties`` picks the headline one.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ import numpy as np
 import torch
 
 from kgreason.errors import UserError, unknown_name
-from kgreason.files import read_lines
+from kgreason.files import json_object, read_lines
 
 __all__ = [
     "TIES",
@@ -275,14 +274,7 @@ def load_jsonl_queries(path: str | Path, artifact, *, structures: Iterable[str] 
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: invalid JSON ({exc.msg})") from None
-        except RecursionError:
-            raise UserError(f"{where}: JSON nested too deeply") from None
-        if not isinstance(rec, dict):
-            raise UserError(f"{where}: expected a JSON object")
+        rec = json_object(line, where)
         for key in ("structure", "expr", "easy", "hard"):
             if key not in rec:
                 raise UserError(f"{where}: missing key {key!r}")

@@ -15,12 +15,12 @@ folder (:func:`engine.paths.embeddings.relation_embeddings_cache_path`).
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from kgreason.cli import ArgumentParser as _Parser  # one-line UserError, user text escaped
-from kgreason.errors import UserError, cli_main
+from kgreason.errors import cli_main
+from kgreason.files import json_object
 from kgreason.text import json_line, printable
 
 from .karpa import MODES
@@ -72,14 +72,7 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None) -> PathsArgs:
     """Parse ``argv`` into :class:`PathsArgs` (usage errors are :class:`UserError`)."""
     ns = _parser().parse_args(argv)
-    try:
-        kwargs = json.loads(ns.encoder_kwargs)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--encoder-kwargs: invalid JSON ({exc.msg} at column {exc.colno})") from None
-    except RecursionError:
-        raise UserError("--encoder-kwargs: JSON nested too deeply") from None
-    if not isinstance(kwargs, dict):
-        raise UserError("--encoder-kwargs must be a JSON object")
+    kwargs = json_object(ns.encoder_kwargs, "--encoder-kwargs")
     return PathsArgs(
         artifact=ns.artifact,
         topics=tuple(ns.topics),

@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from kgreason.cli import ArgumentParser, check_seed  # noqa: E402 - after the path of a run from anywhere
 from kgreason.errors import UserError, cli_main  # noqa: E402
-from kgreason.files import OutputFolder, check_output_file, open_output, write_output  # noqa: E402
+from kgreason.files import OutputFolder, check_output_file, json_object, loads_json, open_output, write_output  # noqa: E402
 from kgreason.text import json_line  # noqa: E402 - JSON lines: controls, bidi and U+2028/9 escaped
 
 
@@ -412,11 +412,11 @@ def read_results(path: Path, what: str) -> dict[str, Any]:
 
     text = "\n".join(line for _, line in read_lines(path, what=what))
     try:
-        data = json.loads(text)
+        data = loads_json(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{what} {path}:{exc.lineno}: not JSON ({exc.msg})") from None
-    except RecursionError:
-        raise UserError(f"{what} {path}: JSON nested too deeply") from None
+    except ValueError as exc:  # nested too deeply
+        raise UserError(f"{what} {path}: not JSON ({exc})") from None
     ok = isinstance(data, dict) and isinstance(data.get("runs"), list) and bool(data["runs"]) and all(
         isinstance(r, dict) and isinstance(r.get("hops"), int) and isinstance(r.get("method"), str)
         and all(isinstance(r.get(k), (int, float)) for k in ("hits@1", "llm_calls", "tokens", "seconds", "fallbacks"))
@@ -576,14 +576,7 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         raise UserError(f"--llm-max-tokens must be in [1, 1000000], got {a.llm_max_tokens}")
     overrides: Any = {}
     if a.settings is not None:
-        try:
-            overrides = json.loads(a.settings)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"--settings: not JSON ({exc.msg})") from None
-        except RecursionError:
-            raise UserError("--settings: JSON nested too deeply") from None
-        if not isinstance(overrides, dict):
-            raise UserError("--settings must be a JSON object of AskSettings fields")
+        overrides = json_object(a.settings, "--settings", shape="of AskSettings fields")
     split = a.split
     if mode == "make_exemplars":
         if split == "test":
