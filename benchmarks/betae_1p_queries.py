@@ -13,23 +13,31 @@ which favours rare entities, so its 1p MRR is not comparable with published
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
+from kgreason.errors import UserError, cli_main
 
+
+@cli_main
 def main(argv=None) -> int:
     from engine.lang.query import Anchor, Projection, to_sexpr
     from kge.graph import load_kg
-    from kgreason.files import open_output
+    from kgreason.cli import ArgumentParser
+    from kgreason.files import check_output_file, open_output
+    from kgreason.text import json_line  # KG names in the expressions: controls, bidi, U+2028/9 escaped
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--kg", required=True)
-    p.add_argument("--out", required=True)
+    p = ArgumentParser(prog="python benchmarks/betae_1p_queries.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--kg", required=True, help="a KG with train/valid/test splits (a BetaE folder or dataset name)")
+    p.add_argument("--out", required=True, help="the queries file to write (JSON lines)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     args = p.parse_args(argv)
+    check_output_file(args.out, what="--out", inputs=[("--kg", args.kg)])  # before the KG is read
+    if Path(args.out).exists() and not args.overwrite:
+        raise UserError(f"--out {args.out}: already exists; pass --overwrite to replace it")
     kg = load_kg(args.kg)
     easy: dict[tuple[int, int], set[int]] = defaultdict(set)
     for h, r, t in np.concatenate([kg.train, kg.valid]).tolist():
@@ -42,8 +50,8 @@ def main(argv=None) -> int:
     with open_output(args.out, what="--out") as f:
         for (h, r), ts in hard.items():
             node = Projection(relation=kg.relations[r], arg=Anchor(entity=kg.entities[h]))
-            f.write(json.dumps({"structure": "1p", "expr": to_sexpr(node), "easy": sorted(easy[(h, r)]),
-                                "hard": sorted(ts)}, ensure_ascii=False) + "\n")
+            f.write(json_line({"structure": "1p", "expr": to_sexpr(node), "easy": sorted(easy[(h, r)]),
+                               "hard": sorted(ts)}) + "\n")
             n += 1
     print(f"wrote {n:,} 1p queries to {args.out}", file=sys.stderr)
     return 0

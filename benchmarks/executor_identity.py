@@ -289,7 +289,7 @@ def record_run(artifacts: dict[str, Path], queries: Path, *, modes: Sequence[str
     subset's size for ``b1-*`` modes, rows in subset order).
     """
     import torch
-    from tqdm.auto import tqdm
+    from kgreason.progress import progress_bar
 
     from engine.exec.executor import Executor
     from engine.lang.query import parse
@@ -310,7 +310,7 @@ def record_run(artifacts: dict[str, Path], queries: Path, *, modes: Sequence[str
     scores: dict[str, Any] = {}
     nodes = [parse(e, where=f"{queries}:{k + 1}") for k, e in enumerate(exprs)]
     total = sum(len(_wanted(a, modes)) for a in artifacts)  # calls per (artifact, mode): one per structure
-    with tqdm(total=total * len(set(structures)), desc="artifact x mode x structure", unit="call",
+    with progress_bar(total=total * len(set(structures)), desc="artifact x mode x structure", unit="call",
               disable=not progress, file=sys.stderr) as bar:
         for art_name, art_dir in artifacts.items():
             art = Artifact.load(art_dir, verify=True, load_embeddings=False, row_cache_gb=row_cache_gb)
@@ -937,7 +937,20 @@ def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | ReportArgs | Memor
     for q in (s, r, m):
         q.add_argument("--tree", type=Path, default=None,
                        help="import engine/kge/ops from this source tree (default: as installed)")
+    for q in (r, rp, m):
+        q.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     a = p.parse_args(list(argv))
+
+    def output(path: Path | None, flag: str, inputs: list[tuple[str, Path | None]]) -> None:
+        """Before any work: not an input nor inside one, not a folder, replaced only with --overwrite."""
+        from kgreason.files import check_output_file
+
+        if path is None:
+            return
+        check_output_file(path, what=flag, inputs=inputs)
+        if path.exists() and not a.overwrite:
+            raise UserError(f"{flag} {path}: already exists; pass --overwrite to replace it")
+
     if a.cmd == "sample":
         check_seed(a.seed)
         if a.per_structure < 1:
@@ -949,6 +962,11 @@ def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | ReportArgs | Memor
     if a.cmd == "report":
         mem = tuple(_named_path(v, "--memory") for v in a.memory)
         _files([f for _, f in mem], "--memory")
+        output(a.out, "--out", [(f, x) for f, xs in (("--before", a.before), ("--after", a.after),
+                                                     ("--determinism", a.determinism),
+                                                     ("--determinism-with", a.determinism_with),
+                                                     ("--memory", [x for _, x in mem]), ("--notes", [a.notes]))
+                                for x in xs])
         return ReportArgs(_files(a.before, "--before"), _files(a.after, "--after"),
                           _files(a.determinism, "--determinism"), _files(a.determinism_with, "--determinism-with"), mem,
                           None if a.notes is None else _files([a.notes], "--notes")[0], a.out)
@@ -957,6 +975,7 @@ def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | ReportArgs | Memor
     if not a.queries.is_file():
         raise UserError(f"--queries {a.queries}: no such file")
     if a.cmd == "memory":
+        output(a.save, "--save", [("--artifact", a.artifact), ("--queries", a.queries)])
         return MemoryArgs(a.artifact, a.queries, a.threads, a.save, a.tree)
     arts = tuple(_named_path(v, "--artifact") for v in a.artifact)
     if len({n for n, _ in arts}) != len(arts):
@@ -978,6 +997,10 @@ def parse_args(argv: Sequence[str]) -> SampleArgs | RunArgs | ReportArgs | Memor
         raise UserError(f"--save {a.save} is a --compare record")
     if a.limit is not None and a.limit < 1:
         raise UserError(f"--limit must be >= 1, got {a.limit}")
+    output(a.save, "--save", [("--queries", a.queries), *((f"--artifact {n}", d) for n, d in arts),
+                              *(("--compare", c) for c in a.compare)])
+    if a.save is not None:  # the scores file written beside it
+        output(_scores_path(a.save), "--save scores", [("--queries", a.queries), *((f"--artifact {n}", d) for n, d in arts)])
     return RunArgs(a.queries, arts, tuple(dict.fromkeys(a.modes)), a.threads, a.row_cache_gb, a.limit, a.save,
                    _files(a.compare, "--compare"), not a.no_progress, a.tree)
 
@@ -1052,7 +1075,10 @@ def _main(argv: Sequence[str], tree: Path | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    tree = _use_tree(argv)
+    try:
+        tree = _use_tree(argv)
+    except SystemExit as exc:  # a bad --tree: its one error line is printed; a status, not an exception
+        return int(exc.code or 0)
     from kgreason.errors import cli_main
 
     return cli_main(lambda a: _main(a, tree))(argv)

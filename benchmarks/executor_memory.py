@@ -24,7 +24,6 @@ peak RSS means this artifact and executor only.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -41,15 +40,28 @@ class Options:
     artifact: Path
     device: str
     json: Path | None
+    overwrite: bool = False
 
 
 def parse_args(argv: list[str] | None) -> Options:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The command line as :class:`Options`; mistakes (an unknown device, a ``--json`` that is a folder, inside
+    the artifact, or exists without ``--overwrite``) are one-line UserErrors before the artifact is loaded."""
+    from kgreason.cli import ArgumentParser, check_device
+    from kgreason.errors import UserError
+    from kgreason.files import check_output_file
+
+    p = ArgumentParser(prog="python benchmarks/executor_memory.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifact", type=Path, required=True, help="artifact folder")
     p.add_argument("--device", default="cpu", help="executor device (default cpu)")
     p.add_argument("--json", type=Path, default=None, help="also write the numbers to this file")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     a = p.parse_args(argv)
-    return Options(artifact=a.artifact, device=a.device, json=a.json)
+    check_device(a.device)
+    if a.json is not None:
+        check_output_file(a.json, what="--json", inputs=[("--artifact", a.artifact)])
+        if a.json.exists() and not a.overwrite:
+            raise UserError(f"--json {a.json}: already exists; pass --overwrite to replace it")
+    return Options(artifact=a.artifact, device=a.device, json=a.json, overwrite=a.overwrite)
 
 
 def _rss_mib() -> float:
@@ -128,6 +140,15 @@ def matrix_bytes(ex) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The CLI (one-line errors, status 2: :func:`kgreason.errors.cli_main`)."""
+    from kgreason.errors import cli_main
+
+    return cli_main(_main)(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    from kgreason.files import write_output
+
     opt = parse_args(argv)
     import torch
 
@@ -163,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     point("every relation", ex)
     print(f"({time.perf_counter() - t0:.1f} s)", flush=True)
     if opt.json is not None:
-        opt.json.write_text(json.dumps(dict(artifact=str(opt.artifact), device=opt.device, points=rows), indent=2))
+        write_output(opt.json, json.dumps(dict(artifact=str(opt.artifact), device=opt.device, points=rows), indent=2),
+                     what="--json")
     return 0
 
 

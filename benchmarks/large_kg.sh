@@ -4,12 +4,30 @@
 # sampled-candidate training, 15-minute budget), sample 2p/2i queries, answer them (frontier k = 32, and
 # exactly on 50 per structure), and answer one query from the CLI.  Every step runs under /usr/bin/time -v
 # (wall time, peak RSS).  Results: benchmarks/results/kge_train_large.md.
-#   usage: bash benchmarks/large_kg.sh [OUT_DIR]      (default /tmp/kgreason-large; ~18 minutes on 2 cores)
+#   usage: bash benchmarks/large_kg.sh [--overwrite] [OUT_DIR]   (default /tmp/kgreason-large; ~18 minutes on 2 cores)
 #   smaller: ENTITIES=5000 RELATIONS=60 EDGES=40000 TRAIN_MINUTES=1 bash benchmarks/large_kg.sh /tmp/small
+# OUT_DIR must be new or empty, or hold an earlier run of this script (its .kgreason-large-kg marker), which is
+# replaced only with --overwrite: the script never writes into a folder it did not make (the CLI rules, docs/cli.md).
 set -euo pipefail
+OVERWRITE=0
+if [ "${1:-}" = "--overwrite" ]; then OVERWRITE=1; shift; fi
+if [ $# -gt 1 ]; then echo "error: usage: bash benchmarks/large_kg.sh [--overwrite] [OUT_DIR]" >&2; exit 2; fi
+S=$(realpath -m -- "${1:-/tmp/kgreason-large}")  # before the cd below: a relative OUT_DIR is the caller's
+MARK="$S/.kgreason-large-kg"
+if [ -e "$S" ] && [ ! -d "$S" ]; then echo "error: OUT_DIR $S: is a file, not a folder" >&2; exit 2; fi
+if [ -d "$S" ] && [ -n "$(ls -A -- "$S")" ]; then
+  if [ ! -f "$MARK" ]; then
+    echo "error: OUT_DIR $S: folder exists and was not made by this script; give a new or empty folder (nothing was touched)" >&2
+    exit 2
+  fi
+  if [ $OVERWRITE = 0 ]; then
+    echo "error: OUT_DIR $S: holds an earlier run; pass --overwrite to replace it (nothing was touched)" >&2
+    exit 2
+  fi
+fi
 cd "$(dirname "$0")/.."
-S=${1:-/tmp/kgreason-large}
 mkdir -p "$S"
+touch "$MARK"
 T="/usr/bin/time -v"
 step() { local name=$1; shift; echo "== $name" >&2; local t=$(date +%s.%N); $T "$@" > "$S/$name.log" 2>&1 || { tail -5 "$S/$name.log" >&2; exit 1; }; \
   echo "   $(python3 -c "print(f'{$(date +%s.%N) - $t:.1f} s')"), peak RSS $(grep 'Maximum resident' "$S/$name.log" | awk '{printf "%.2f GiB", $6/1048576}')" >&2; }

@@ -31,7 +31,6 @@ Run from the repository root::
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import inspect
 import platform
@@ -339,7 +338,13 @@ def table(head: list[str], rows: list[list[str]]) -> str:
 
 # --------------------------------------------------------------------------------------------- CLI
 def parse(argv: list[str] | None) -> Config:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The command line as a :class:`Config`; mistakes (and an ``--out`` that exists without ``--overwrite``,
+    is a folder or lies inside ``--root``'s ops package) are one-line UserErrors before any timing."""
+    from kgreason.cli import ArgumentParser, check_seed
+    from kgreason.errors import UserError
+    from kgreason.files import check_output_file
+
+    p = ArgumentParser(prog="python benchmarks/ops_cuda_bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="device to time on (default: cuda when available)")
     p.add_argument("--quick", action="store_true",
@@ -349,21 +354,36 @@ def parse(argv: list[str] | None) -> Config:
     p.add_argument("--root", type=Path, default=ROOT, metavar="DIR",
                    help="time the ops package of this checkout (its extension built), e.g. the code before a "
                         "change (default: the checkout holding this script)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     a = p.parse_args(argv)
+    check_seed(a.seed)
     try:
         device = torch.device(a.device)
-    except RuntimeError:
+    except (RuntimeError, ValueError):
         p.error(f"--device: unknown device {a.device!r} (e.g. cpu, cuda, cuda:1)")
     if device.type == "cuda" and not torch.cuda.is_available():
         p.error("--device: CUDA is not available here (torch.cuda.is_available() is False); try --device cpu")
     if not (a.root / "ops" / "__init__.py").is_file():
         p.error(f"--root: {a.root} holds no ops package (ops/__init__.py)")
+    if a.out is not None:
+        check_output_file(a.out, what="--out", inputs=[("--root's ops", a.root / "ops")])
+        if a.out.exists() and not a.overwrite:
+            raise UserError(f"--out {a.out}: already exists; pass --overwrite to replace it")
     if a.quick:
         return Config(a.device, 2_000, 20, 20_000, (1, 16), 0.02, 5, a.seed, a.out, a.root)
     return Config(a.device, 14_505, 237, 272_115, (1, 64, 1024), 0.2, 200, a.seed, a.out, a.root)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The CLI (one-line errors, status 2: :func:`kgreason.errors.cli_main`)."""
+    from kgreason.errors import cli_main
+
+    return cli_main(_main)(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    from kgreason.files import write_output
+
     cfg = parse(argv)
     # torch's one-time notice on creating a sparse CSR tensor (the baseline's matrices)
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
@@ -372,8 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     text, ok = run(cfg)
     print(text)
     if cfg.out is not None:
-        cfg.out.parent.mkdir(parents=True, exist_ok=True)
-        cfg.out.write_text(text)
+        write_output(cfg.out, text, what="--out")
     if not ok:
         print("error: a result differs from the baseline (rows marked **NO**)", file=sys.stderr)
     return 0 if ok else 1

@@ -20,7 +20,6 @@ it and lists the nodes hooks touched.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Sequence
 
 from kgreason.cli import ArgumentParser as _Parser, check_device, check_seed  # _Parser: one-line UserError, user text escaped
 from kgreason.errors import UserError, cli_main
+from kgreason.text import json_line, printable  # KG names and LLM text: escaped where printed
 
 __all__ = ["AnswerConfig", "main", "run"]
 
@@ -185,24 +185,25 @@ def run(cfg: AnswerConfig, out=None, *, hooks: Sequence = ()) -> int:
     results = engine.executor.answer(nodes, k=cfg.top_k, explain=cfg.explain, trace_values=cfg.trace_values)
     for node, res in zip(nodes, results):
         if cfg.json:
-            out.write(json.dumps(res.to_json(), ensure_ascii=False) + "\n")
+            out.write(json_line(res.to_json()) + "\n")
             continue
-        out.write(f"query: {to_sexpr(named(node, art))}\n")
-        out.write(f"  in words: {describe(node, art)}\n")
+        out.write(f"query: {printable(to_sexpr(named(node, art)))}\n")
+        out.write(f"  in words: {printable(describe(node, art))}\n")
         if not res.answers:
             out.write("  no answers (every entity scores 0)\n\n")
             continue
-        width = max(len(a.entity) for a in res.answers)
+        names = [printable(a.entity) for a in res.answers]
+        width = max(len(n) for n in names)
         # Provenance only when something other than the KG contributed: plain KG runs print as before.
         tagged = any(a.provenance != "kg" for a in res.answers)
-        for rank, a in enumerate(res.answers, 1):
-            tag = f"  [{a.provenance}]" if tagged else ""
-            out.write(f"  {rank:>3}. {a.score:.4f}  {a.entity:<{width}}  (id {a.id}){tag}\n")
+        for rank, (a, name) in enumerate(zip(res.answers, names), 1):
+            tag = f"  [{printable(a.provenance)}]" if tagged else ""
+            out.write(f"  {rank:>3}. {a.score:.4f}  {name:<{width}}  (id {a.id}){tag}\n")
             if a.explanation is not None:
                 for line in a.explanation.lines():
-                    out.write(f"         {line}\n")
+                    out.write(f"         {printable(line)}\n")
         for line in _trace_lines(res.trace):
-            out.write(f"  {line}\n")
+            out.write(f"  {printable(line)}\n")
         out.write("\n")
     out.flush()
     return 0

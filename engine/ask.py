@@ -9,9 +9,16 @@ Examples::
         --llm-base-url http://127.0.0.1:8099/v1 --llm-model sim --context yaml
 
 ``--questions`` files: one question per line, or JSON lines ``{"question": ...,
-"answers": [...]}`` (``"path"`` is for the simulator); with gold answers the
-run ends with Hits@1 on stderr.  Without ``--llm`` retrieval is embedding-only
-and the answers are a vote of the best candidate paths (``--vote-paths``).  ``--json`` prints one
+"answers": [...]}`` (``"path"`` is for the simulator), or both (:func:`read_questions`); with gold answers the
+run ends with Hits@1 on stderr.  With more than :data:`CHUNK` questions a progress
+bar on stderr counts the answered ones: they run in chunks of :data:`CHUNK` (each
+chunk one batch per step).
+With ``--llm`` the run is one deadline scope of the client
+(:meth:`llm_bridge.client.LLMClient.deadline_scope`): a server that never
+answers costs one ``--llm-deadline`` for the command, after which the other
+questions run without the LLM (one warning; each question's trace says why).
+Without ``--llm`` retrieval is embedding-only and the answers are a vote of the
+best candidate paths (``--vote-paths``).  ``--json`` prints one
 :meth:`AskResult.to_json <engine.exec.ask.AskResult.to_json>` object per question.
 See docs/ask.md.
 """
@@ -26,8 +33,13 @@ from typing import Any, Sequence
 
 from kgreason.cli import ArgumentParser as _Parser  # one-line UserError, user text escaped
 from kgreason.errors import UserError, cli_main
+from kgreason.text import json_line, printable  # questions, KG names, LLM text: escaped where printed
 
-__all__ = ["AskConfig", "parse_args", "read_questions", "run", "main"]
+__all__ = ["AskConfig", "CHUNK", "parse_args", "read_questions", "run", "main"]
+
+#: Questions per call of the loop in a ``--questions`` run: the progress bar moves once per chunk, and
+#: each chunk's steps are batched (encoder, executor, LLM prompts sent concurrently).
+CHUNK = 16
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class AskConfig:
     llm: Any = None  # llm_bridge.config.LLMConfig with --llm, else None (embedding-only)
     reasoner: bool = True
     llm_ask_json: str = "off"  # planner/reasoner response_format (llm_bridge.karpa_loop.JSON_OUTPUT_MODES)
+    verify: bool = True  # False: --skip-artifact-checksums (finite values and shapes are checked anyway)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,7 +126,10 @@ def _parser() -> argparse.ArgumentParser:
                         "and those the question names word for word (default 0.4; 0 turns it off)")
     p.add_argument("--json", action="store_true", help="print one JSON object per question (JSON lines)")
     p.add_argument("--show-context", action="store_true", help="print the KG context the reasoner sees")
+    from kge.artifact import add_checksum_argument
     from llm_bridge.config import add_llm_arguments
+
+    add_checksum_argument(p)
 
     g = add_llm_arguments(p)
     g.add_argument("--llm", action="store_true", help="plan and reason with the LLM (default: embedding-only)")
@@ -171,35 +187,51 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
                      vote_paths=ns.vote_paths, vote_temperature=ns.vote_temperature,
                      lexical_weight=ns.lexical_weight, json=ns.json,
                      show_context=ns.show_context, llm=llm, reasoner=ns.reasoner,
-                     llm_ask_json=ns.llm_ask_json or "off")
+                     llm_ask_json=ns.llm_ask_json or "off", verify=not ns.skip_artifact_checksums)
 
 
 def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:
-    """``(where, question, gold answers or None)`` per non-blank line: plain text or a JSON object."""
-    from kgreason.files import read_lines
+    """``(where, question, gold answers or None)`` per non-blank line: plain text, or (a line starting
+    with ``{``) a JSON object ``{"question": str, "answers": [str, ...]}``; a file may mix both.
 
-    out = []
-    for ln, line in read_lines(path, what="--questions"):
-        if not line.strip():
-            continue
-        where = f"{path}:{ln}"
-        if line.lstrip().startswith("{"):
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise UserError(f"{where}: not a JSON object ({exc.msg})") from None
-            q = obj.get("question") if isinstance(obj, dict) else None
-            if not isinstance(q, str) or not q.strip():
-                raise UserError(f"{where}: expected a \"question\" string")
-            gold = obj.get("answers")
-            if gold is not None and not (isinstance(gold, list) and all(isinstance(a, str) for a in gold)):
-                raise UserError(f"{where}: \"answers\" must be a list of entity names")
-            out.append((where, q, tuple(gold) if gold is not None else None))
-        else:
-            out.append((where, line.strip(), None))
-    if not out:
+    A file of JSON lines only is read by :func:`kgreason.files.read_json_objects` (the ``--exemplars``
+    reader); in a mixed file each ``{`` line is parsed alone, with the same messages.  Either way a
+    malformed line, however deeply nested, is one ``UserError`` naming ``FILE:LINE``.
+    """
+    from kgreason.files import read_json_objects, read_lines
+
+    lines = [(ln, line) for ln, line in read_lines(path, what="--questions") if line.strip()]
+    if not lines:
         raise UserError(f"--questions: {path} has no questions")
+    shape = '{"question": ..., "answers": [...]}'
+    if all(line.lstrip().startswith("{") for _, line in lines):
+        return [_question(where, obj) for where, obj in read_json_objects(path, what="--questions", shape=shape)]
+    out = []
+    for ln, line in lines:
+        where = f"{path}:{ln}"
+        if not line.lstrip().startswith("{"):
+            out.append((where, line.strip(), None))
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where}: not JSON ({exc.msg})") from None
+        except RecursionError:  # json.loads recurses per nesting level ("{"a": [[[[..."): one line, no traceback
+            raise UserError(f"{where}: not JSON (nested too deeply)") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{where}: expected a JSON object {shape}")
+        out.append(_question(where, obj))
     return out
+
+
+def _question(where: str, obj: dict) -> tuple[str, str, tuple[str, ...] | None]:
+    from kgreason.files import text_field
+
+    q = text_field(obj, "question", where)
+    gold = obj.get("answers")
+    if gold is not None and not (isinstance(gold, list) and all(isinstance(a, str) for a in gold)):
+        raise UserError(f"{where}: \"answers\" must be a list of entity names")
+    return where, q, tuple(gold) if gold is not None else None
 
 
 def _linker(artifact):
@@ -219,36 +251,52 @@ def _linker(artifact):
 
 
 def _print(res, out, show_context: bool, asker) -> None:
-    out.write(f"question: {res.question}\n")
+    out.write(f"question: {printable(res.question)}\n")
     if res.error is not None:
-        out.write(f"  error: {res.error}\n\n")
+        out.write(f"  error: {printable(res.error)}\n\n")
         return
     plans = "; ".join(" -> ".join(p) for p in res.plans) or "none"
-    out.write(f"  topic: {res.topic}   retrieval: {res.retrieval}   plans: {plans}\n")
+    out.write(f"  topic: {printable(str(res.topic))}   retrieval: {printable(res.retrieval)}   plans: {printable(plans)}\n")
     if not res.answers:
         out.write("  no answers\n")
     for rank, a in enumerate(res.answers, 1):
-        out.write(f"  {rank:>3}. {a.score:.4f}  {a.entity}   via {' -> '.join(a.path)} (path {a.path_rank}, "
-                  f"{a.selected_by}, {a.provenance})\n")
+        out.write(printable(f"  {rank:>3}. {a.score:.4f}  {a.entity}   via {' -> '.join(a.path)} (path {a.path_rank}, "
+                            f"{a.selected_by}, {a.provenance})") + "\n")
         if a.explanation is not None:
             for line in a.explanation.lines():
-                out.write(f"         {line}\n")
+                out.write(f"         {printable(line)}\n")
     out.write("  candidate paths:\n")
     for i, p in enumerate(res.paths, 1):
-        out.write(f"    {i:>2}. cost {p.cost:.4f}  {' -> '.join(p.names)}  ({p.num_tails} tails, {p.source})\n")
+        out.write(printable(f"    {i:>2}. cost {p.cost:.4f}  {' -> '.join(p.names)}  ({p.num_tails} tails, {p.source})") + "\n")
     if show_context and res.paths:
         from engine.exec.context import format_context
 
         cps = [asker.context_path(res, p) for p in res.paths]
         out.write("  context:\n")
         for line in format_context(cps, style=asker.settings.context,
-                                   max_tokens=asker.settings.max_context_tokens).splitlines():
-            out.write(f"    {line}\n")
+                                   max_tokens=asker.settings.max_context_tokens).split("\n"):  # not at U+2028
+            out.write(f"    {printable(line)}\n")
     for w in res.warnings:
-        out.write(f"  warning: {w}\n")
+        out.write(f"  warning: {printable(w)}\n")
     if res.llm_calls:
         out.write(f"  llm: {res.llm_calls} calls, {res.llm_tokens} tokens\n")
     out.write("\n")
+
+
+def _ask_chunks(asker, questions: list[str], err, *, progress: bool, **kw: Any) -> list:
+    """``asker.ask`` over chunks of :data:`CHUNK` questions, with a bar on ``err`` that moves per chunk
+    (``progress``), else in one batch.  A question's result does not depend on the others asked with it."""
+    if not progress:
+        return asker.ask(questions, **kw)
+    from kgreason.progress import progress_bar  # a bar on a terminal, plain lines in a log
+
+    results: list = []
+    with progress_bar(total=len(questions), desc="questions", unit="question", file=err) as bar:
+        for start in range(0, len(questions), CHUNK):
+            part = questions[start:start + CHUNK]
+            results.extend(asker.ask(part, **kw))
+            bar.update(len(part))
+    return results
 
 
 def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: Any = None) -> int:
@@ -265,7 +313,7 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
                            embedding_candidates=cfg.embedding_candidates, vote_paths=cfg.vote_paths,
                            vote_temperature=cfg.vote_temperature, lexical_weight=cfg.lexical_weight)
     items = [("question", cfg.question, None)] if cfg.question is not None else read_questions(cfg.questions)
-    engine = Engine.load(cfg.artifact)
+    engine = Engine.load(cfg.artifact, verify=cfg.verify)
     exemplars = None if cfg.exemplars is None else read_exemplars(cfg.exemplars, engine.artifact.relations)
     verbalizer = None
     if cfg.path_text == "questions":
@@ -274,8 +322,8 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
                   settings=settings, verbalizer=verbalizer, exemplars=exemplars)
     linker = _linker(engine.artifact)
     t0 = time.perf_counter()
-    results = asker.ask([q for _, q, _ in items], planner=planner, reasoner=reasoner, linker=linker,
-                        progress=len(items) > 50)
+    results = _ask_chunks(asker, [q for _, q, _ in items], err, planner=planner, reasoner=reasoner, linker=linker,
+                          progress=cfg.questions is not None and len(items) > CHUNK)
     wall = time.perf_counter() - t0
     if cfg.question is not None and results[0].error is not None:
         raise UserError(f"question: {results[0].error}")
@@ -285,7 +333,7 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
             d = res.to_json()
             if gold is not None:
                 d["gold"] = list(gold)
-            out.write(json.dumps(d, ensure_ascii=False) + "\n")
+            out.write(json_line(d) + "\n")
         else:
             _print(res, out, cfg.show_context, asker)
         if gold is not None:
@@ -312,7 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from llm_bridge.client import LLMClient
     from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
 
-    with LLMClient(cfg.llm) as client:
+    # One deadline scope for the command, as engine.answer's (llm_bridge.cli.llm_hooks): a server that never
+    # answers costs one --llm-deadline, not one per chunk and step (plan, replan, reason).
+    with LLMClient(cfg.llm) as client, client.deadline_scope():
         return run(cfg, planner=LLMPlanner(client, max_hops=cfg.max_hops, json_output=cfg.llm_ask_json),
                    reasoner=LLMReasoner(client, json_output=cfg.llm_ask_json) if cfg.reasoner else None)
 

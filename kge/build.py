@@ -58,7 +58,7 @@ from .train import (HUGE_FROM, MAX_LR, PRESET_OVERRIDES, TRAINING_LOOPS, TrainCo
                     check_optimizer, check_train_values, check_trainable, default_train_config, size_class,
                     train_complex)
 
-__all__ = ["BuildConfig", "build_artifact", "summarize", "main", "MAX_LR", "MIN_MATRIX_GB", "MAX_MATRIX_GB",
+__all__ = ["BuildConfig", "build_artifact", "summarize", "main", "remove_killed_builds", "StagingLock", "LOCK_SUFFIX", "MAX_LR", "MIN_MATRIX_GB", "MAX_MATRIX_GB",
            "DEFAULT_MAX_CALIBRATE_MINUTES", "calibrate_minutes", "available_memory_bytes", "estimate_build_memory",
            "EAGER_PEAK_FACTOR", "CALIBRATE_GFLOPS", "TRAIN_FLAGS", "flat_defaults"]
 
@@ -236,8 +236,141 @@ def build_artifact(config: BuildConfig, *, progress: bool = True) -> Artifact:
     """
     output = OutputFolder(config.out, overwrite=config.overwrite, what="--out", create_parents=True,
                           inputs=[("--kg", config.kg)])  # never the KG's own folder (or inside it)
-    with output as tmp:  # SIGTERM, Ctrl-C or an error from here on removes the temporary folder
+    remove_killed_builds(output.path, progress=progress)
+    # SIGTERM, Ctrl-C or an error from here on removes the temporary folder; SIGKILL leaves it behind, with
+    # the lock file that lets the next build of this output see that no process owns it any more.  The lock
+    # file goes first on the way out (after the commit, or before the failed folder is removed), so that the
+    # parent folders a failed build created are empty again and removed.
+    with output as tmp, StagingLock() as lock:
+        lock.hold(tmp)
         return _build(config, progress, output, tmp)
+
+
+# ------------------------------------------------------------------ leftovers of killed builds
+#: A build's staging folder is ``.NAME.building-XXXX`` beside its output (:class:`kgreason.files.OutputFolder`);
+#: its lock file is the folder's name plus this suffix, beside it (never inside: it would end up in the artifact).
+LOCK_SUFFIX = ".lock"
+
+
+class StagingLock:
+    """Marks a staging folder as owned by this live process, for :func:`remove_killed_builds`.
+
+    ``hold(folder)`` creates ``folder`` + :data:`LOCK_SUFFIX`, takes an exclusive ``flock`` on it and
+    writes this process's id into it.  The kernel releases a ``flock`` when its holder dies, SIGKILL
+    included, so a lock file that can be locked again has no living owner, whatever its pid has
+    become since.  Leaving the ``with`` block deletes the file, then releases the lock.
+    """
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self._fd: int | None = None
+
+    def hold(self, folder: Path) -> None:
+        import fcntl
+
+        path = folder.with_name(folder.name + LOCK_SUFFIX)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.path, self._fd = path, fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a file system without flock: the pid is what remove_killed_builds goes by there
+            pass
+        os.write(fd, f"{os.getpid()}\n".encode())
+
+    def __enter__(self) -> "StagingLock":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+        if self._fd is not None:
+            os.close(self._fd)
+        self.path = self._fd = None
+
+
+def _owner_alive(lock: Path) -> bool | None:
+    """Whether a process may still own the staging folder of ``lock``: True, False, or None (the file is gone).
+
+    False only for a file that holds a pid (its build writes it while holding the lock) and that nobody
+    holds a lock on; an empty file may belong to a build between creating and locking it.
+    """
+    import errno
+    import fcntl
+
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locks = True
+        except BlockingIOError:
+            return True  # its build holds it
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            locks = False  # no flock on this file system: the recorded pid decides
+        try:
+            pid = int(os.read(fd, 64).split()[0])
+        except (ValueError, IndexError):
+            return True  # no pid yet: a build that is just starting; never delete what may be in use
+        if locks:
+            return False  # nobody holds it: its build died (the pid may belong to another process by now)
+        if pid <= 0:
+            return True  # not a pid kge.build writes (0 and negatives would signal process groups)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # another user's live process
+        return True
+    finally:
+        os.close(fd)
+
+
+def remove_killed_builds(out: str | os.PathLike, *, progress: bool = True) -> list[Path]:
+    """Remove the staging folders (and lock files) that killed builds of ``out`` left beside it; returns them.
+
+    A staging folder ``.NAME.building-XXXX`` is removed when its lock file (:class:`StagingLock`)
+    has no living owner.  A staging folder of a build still running is never touched, and neither is
+    one without a lock file (written by a version of kge.build before the lock files, or by a build
+    that is just starting or finishing): those are reported on stderr (with ``progress``), to be
+    removed by hand when no build of ``out`` runs.
+    """
+    import shutil
+
+    out = Path(os.path.abspath(out))
+    prefix = f".{out.name}.building-"
+    try:
+        entries = sorted(p for p in out.parent.iterdir() if p.name.startswith(prefix))
+    except OSError:  # no parent folder yet: nothing left behind
+        return []
+    names = {p.name for p in entries}
+    removed, unowned = [], []
+    for entry in entries:
+        if entry.name.endswith(LOCK_SUFFIX):
+            if entry.name[:-len(LOCK_SUFFIX)] not in names and _owner_alive(entry) is False:
+                entry.unlink(missing_ok=True)  # killed after its folder went, before the lock file did
+            continue
+        if entry.is_symlink() or not entry.is_dir():
+            continue
+        lock = entry.with_name(entry.name + LOCK_SUFFIX)
+        if entry.name + LOCK_SUFFIX not in names:
+            unowned.append(entry)
+        elif _owner_alive(lock) is False:
+            shutil.rmtree(entry, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+            if not entry.exists():
+                removed.append(entry)
+    if progress:
+        for entry in removed:
+            print(f"note: removed {entry}, left by a build of {out} that was killed", file=sys.stderr)
+        for entry in unowned:
+            print(f"note: {entry} has no lock file (left by an older kge.build, or a build starting or ending); "
+                  f"remove it by hand if no build of {out} is running", file=sys.stderr)
+    return removed
 
 
 def _build(config: BuildConfig, progress: bool, output: OutputFolder, tmp: Path) -> Artifact:
@@ -660,8 +793,9 @@ def _parser() -> ArgumentParser:
                    help="1n: the project's fast 1-N ComplEx-N3 loop (default); lcwa/slcwa: pykeen's own loops")
     p.add_argument("--optimizer", default=None, help="adagrad (1n default), adam, or a pykeen optimizer name for lcwa/slcwa")
     p.add_argument("--train-minutes", type=float, default=None,
-                   help=f"training time budget in minutes (1n loop; large KGs: picks the rank, "
-                        f"default {PRESET_OVERRIDES['large']['train_minutes']:g})")
+                   help=f"training time budget in minutes, rank probes and validation included, kept to the "
+                        f"batch (1n loop; large KGs: picks the rank, default "
+                        f"{PRESET_OVERRIDES['large']['train_minutes']:g})")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
                    help="1n loop GEMMs: bf16 where the CPU/GPU has it (auto, default) or fp32")
     p.add_argument("--candidates", type=int, default=None,

@@ -287,7 +287,7 @@ def calibrate(
     relations (other rows stay empty).  Returns the CSR (float32 data, int32
     indices sorted per row, int64 indptr) and :class:`CalibrationStats`.
     """
-    from tqdm.auto import tqdm
+    from kgreason.progress import progress_bar
 
     calib = RowCalibrator(entity, relation, observed, threshold=threshold, delta=delta, device=device,
                           chunk_rows=chunk_rows)
@@ -305,7 +305,7 @@ def calibrate(
     kept_total = 0
     done_rows = 0
     raised: list[float] = []
-    bar = tqdm(total=total_rows, unit="row", unit_scale=True, desc="calibrating", disable=not progress, mininterval=1.0)
+    bar = progress_bar(total=total_rows, unit="row", unit_scale=True, desc="calibrating", disable=not progress, mininterval=1.0)
     # Chunks in a fixed shuffled order: the running nnz then projects the total
     # without bias (relations differ a lot in density), which the memory bound uses.
     chunk_list = list(_chunks(ranges, chunk))

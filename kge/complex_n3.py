@@ -51,7 +51,7 @@ from kgreason.errors import UserError
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "resolve_precision", "tail_scores", "batch_loss", "train_1n", "filtered_tail_ranks", "to_pykeen_model",
            "n3_penalty", "matmul_rate", "choose_rank", "probe_step_seconds", "CANDIDATE_RANKS", "flops_per_epoch",
-           "sampled_batch_loss", "use_sampling"]
+           "sampled_batch_loss", "use_sampling", "budget_deadline", "VALID_CHUNK", "PROBE_SHARE"]
 
 #: bf16: GEMMs in bfloat16 (float32 accumulation); fp32: everything float32; auto: bf16 where the hardware has it.
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -267,6 +267,12 @@ def probe_step_seconds(kg, *, rank: int, batch_size: int, precision: str, device
     return float(np.median(times))
 
 
+#: Largest share of the time budget the second rank probe of :func:`choose_rank` may cost (bounded from above).
+PROBE_SHARE = 0.1
+#: Steps :func:`choose_rank` runs per probed rank (:func:`probe_step_seconds`: 2 warm-up + 5 timed).
+_PROBE_STEPS = 7
+
+
 def choose_rank(kg, *, minutes: float, min_epochs: int, batch_size: int, precision: str, device: str,
                 optimizer: str = "adagrad", ranks=CANDIDATE_RANKS, candidates: int | None = None,
                 max_rank: int | None = None) -> tuple[int, dict[str, Any]]:
@@ -274,31 +280,48 @@ def choose_rank(kg, *, minutes: float, min_epochs: int, batch_size: int, precisi
 
     A step's time is linear in the rank (three GEMMs and the optimizer scale
     with ``2d``; the softmax over ``(B, N)`` scores does not), so real steps are
-    timed at the smallest and the largest candidate and the line through them
-    predicts every other rank.  GEMM FLOP counts alone mislead: with bf16 GEMMs
-    the softmax and the optimizer step are most of an FB15k-237 step at rank 256.
-    Returns ``(rank, info)``; the smallest candidate when none fits.
+    timed at the smallest candidate and at the largest one whose probe costs at most
+    :data:`PROBE_SHARE` of the budget, and the line through them predicts every other rank.
+    GEMM FLOP counts alone mislead: with bf16 GEMMs the softmax and the optimizer step are most
+    of an FB15k-237 step at rank 256.
+
+    The probes are paid from the budget (:func:`kge.train.train_complex` starts it first).  When
+    even the smallest rank cannot do ``min_epochs`` epochs, it is returned without a second probe;
+    when no larger rank's probe is affordable, step time is taken as proportional to the rank (an
+    upper bound: the line has a non-negative intercept), which errs towards smaller ranks.
+    Returns ``(rank, info)``.  ``min_epochs`` is a planning figure only: the budget, not the epoch
+    count, ends training (:func:`train_1n`), so on a machine busier than during the probes fewer
+    epochs run.
     """
     if max_rank is not None:
         ranks = tuple(x for x in ranks if x <= max_rank) or ranks[:1]
-    lo, hi = ranks[0], ranks[-1]
+    lo = ranks[0]
+    budget_s = minutes * 60
     steps_per_epoch = math.ceil(len(kg.train) / batch_size)
     t_lo = probe_step_seconds(kg, rank=lo, batch_size=batch_size, precision=precision, device=device, optimizer=optimizer,
                               candidates=candidates)
-    t_hi = probe_step_seconds(kg, rank=hi, batch_size=batch_size, precision=precision, device=device, optimizer=optimizer,
-                              candidates=candidates) if hi != lo else t_lo
-    slope = max(t_hi - t_lo, 0.0) / max(1, hi - lo)
+    probed = {str(lo): round(t_lo, 4)}
+    # MetaQA's 6-minute build timed 7 steps at rank 1000 before its budget started: 27 s each on a busy box
+    fits_lo = t_lo * steps_per_epoch * min_epochs <= budget_s
+    affordable = [r for r in ranks if r > lo and _PROBE_STEPS * t_lo * r / lo <= PROBE_SHARE * budget_s]
+    if fits_lo and affordable:
+        hi = affordable[-1]
+        t_hi = probe_step_seconds(kg, rank=hi, batch_size=batch_size, precision=precision, device=device,
+                                  optimizer=optimizer, candidates=candidates)
+        probed[str(hi)] = round(t_hi, 4)
+        slope = max(t_hi - t_lo, 0.0) / (hi - lo)
+    else:
+        slope = t_lo / lo  # t(r) <= t_lo * r / lo
 
     def epoch_seconds(rank: int) -> float:
         return (t_lo + slope * (rank - lo)) * steps_per_epoch
 
     rank = lo
     for cand in ranks:
-        if epoch_seconds(cand) * min_epochs <= minutes * 60:
+        if epoch_seconds(cand) * min_epochs <= budget_s:
             rank = cand
     info = {"rank_chosen": rank, "predicted_seconds_per_epoch": round(epoch_seconds(rank), 1),
-            "probe_step_seconds": {str(lo): round(t_lo, 4), str(hi): round(t_hi, 4)},
-            "min_epochs": min_epochs, "train_minutes": minutes}
+            "probe_step_seconds": probed, "min_epochs": min_epochs, "train_minutes": minutes}
     return rank, info
 
 
@@ -310,12 +333,14 @@ def _known_tails(known: np.ndarray, num_relations: int):
 
 
 def filtered_tail_ranks(entity, relation, triples: np.ndarray, known: np.ndarray, *, num_relations: int,
-                        chunk: int = 1024, precision: str = "fp32") -> np.ndarray:
+                        chunk: int = 1024, precision: str = "fp32", deadline: float | None = None) -> np.ndarray:
     """Realistic filtered tail ranks (E,) float64 of ``triples`` (E, 3) against all entities.
 
     Filtered: every other known tail of ``(h, r)`` (``known`` (K, 3), which
     must include ``triples``) is removed before ranking.  Realistic: ties
     count half (``1 + #greater + #equal / 2``), pykeen's "realistic" rank.
+    With a ``deadline`` (a ``time.perf_counter()`` value) the ranking stops after the first chunk that
+    ends past it and returns the ranks of the triples done so far (a prefix; at least one chunk).
     """
     import torch
 
@@ -342,6 +367,8 @@ def filtered_tail_ranks(entity, relation, triples: np.ndarray, known: np.ndarray
             greater = (scores > target).sum(1).double()
             equal = (scores == target).sum(1).double() - 1  # the target itself
             out[s:s + len(part)] = (1 + greater + equal / 2).cpu().numpy()
+            if deadline is not None and time.perf_counter() > deadline:
+                return out[:s + len(part)]
     return out
 
 
@@ -360,18 +387,37 @@ def _make_optimizer(name: str, params, lr: float):
     return {"adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[name](params, lr=lr)
 
 
-def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None):
+#: Validation triples ranked per GEMM chunk (and per check of the time budget) during training.
+VALID_CHUNK = 1024
+
+
+def budget_deadline(minutes: float | None) -> float:
+    """The ``time.perf_counter()`` value at which a budget of ``minutes`` starting now runs out (inf: none)."""
+    return time.perf_counter() + minutes * 60 if minutes else math.inf
+
+
+def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str, Any]], None] | None = None,
+             deadline: float | None = None):
     """Train ComplEx-N3 on ``kg.train`` with the 1-N loop; returns a :class:`kge.train.TrainResult`.
 
     ``config`` is a :class:`kge.train.TrainConfig` with ``training_loop="1n"``.
-    The run ends after ``config.epochs`` epochs, when ``config.train_minutes``
-    have passed (checked per batch), or when the validation MRR has not improved
-    for ``config.patience`` evaluations; the best evaluated epoch's embeddings
-    are returned.  ``kg.valid`` is the validation set (a sample of
-    ``config.valid_max_triples``); with no validation edges the last epoch wins.
+    The run ends after ``config.epochs`` epochs, when the validation MRR has not improved
+    for ``config.patience`` evaluations, or when the time budget runs out; the best evaluated
+    epoch's embeddings are returned.  ``kg.valid`` is the validation set (a seeded random sample of
+    ``config.valid_max_triples``, in random order); with no validation edges the last epoch wins.
+
+    The time budget ends at ``deadline`` (a ``time.perf_counter()`` value; default
+    ``config.train_minutes`` from now, see :func:`budget_deadline`; :func:`kge.train.train_complex`
+    starts it before the rank probes, which it pays for).  It is checked after every batch, so an
+    epoch longer than the budget is cut short, and after every :data:`VALID_CHUNK` validation
+    triples: a validation that runs past it stops there and scores the epoch on the triples ranked so
+    far (a random subset, since the order is random), and training stops after it.  At least one
+    batch is trained and one chunk validated, so the budget is kept to within one batch and one
+    validation chunk (plus a checkpoint, when one is written).  ``config.min_epochs`` plays no part
+    here: it only sizes the rank (:func:`choose_rank`).
     """
     import torch
-    from tqdm.auto import tqdm
+    from kgreason.progress import progress_bar
 
     from .train import TrainResult, resolve_device
 
@@ -390,19 +436,22 @@ def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str,
     if config.valid_max_triples is not None and len(valid) > config.valid_max_triples:
         pick = np.random.default_rng(config.seed).choice(len(valid), size=config.valid_max_triples, replace=False)
         valid = valid[np.sort(pick)]
+    # random order: a validation cut short by the budget then ranks a random subset, not the file's first relations
+    valid = valid[np.random.default_rng([config.seed, 1]).permutation(len(valid))]
     start_epoch, curve = 0, _Curve([], [], [], [])
     best = {"mrr": -1.0, "epoch": 0, "entity": None, "relation": None}
     ckpt = Path(config.checkpoint) if config.checkpoint else None
     if ckpt is not None and ckpt.is_file():
         start_epoch, curve, best = _resume(ckpt, config, entity, relation, optimizer, kg, gen)
 
-    deadline = time.perf_counter() + config.train_minutes * 60 if config.train_minutes else math.inf
+    if deadline is None:
+        deadline = budget_deadline(config.train_minutes)
     t0 = time.perf_counter()
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
     # one bar per epoch: with a time budget the epoch count is a cap, not a forecast
-    bar = tqdm(total=steps_per_epoch, disable=not progress, unit="batch", file=sys.stderr, dynamic_ncols=True,
+    bar = progress_bar(total=steps_per_epoch, disable=not progress, unit="batch", file=sys.stderr, dynamic_ncols=True,
                leave=False)
-    stale, stop_reason, rows_trained = 0, "epochs", 0
+    stale, stop_reason, rows_trained, valid_cut = 0, "epochs", 0, None
     try:
         for epoch in range(start_epoch, config.epochs):
             perm = torch.randperm(len(train), generator=gen).to(device)
@@ -436,7 +485,11 @@ def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str,
             mrr = float("nan")
             if evaluate:
                 ranks = filtered_tail_ranks(entity.detach(), relation.detach(), valid, known,
-                                            num_relations=num_rel, precision="fp32")
+                                            num_relations=num_rel, precision="fp32", chunk=VALID_CHUNK,
+                                            deadline=deadline)
+                if len(ranks) < len(valid):
+                    valid_cut = {"epoch": done_epoch, "ranked": int(len(ranks))}
+                    stop_reason = "time budget"
                 mrr = float(np.mean(1.0 / ranks))
                 if mrr > best["mrr"]:
                     best = {"mrr": mrr, "epoch": done_epoch, "entity": entity.detach().clone(),
@@ -448,12 +501,16 @@ def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str,
             info = {"epoch": done_epoch, "loss": curve.loss[-1], "valid_mrr": mrr, "seconds": curve.seconds[-1]}
             if progress:
                 bar.write(f"epoch {done_epoch}: loss {info['loss']:.4f}"
-                          + (f", valid MRR {mrr:.4f}" if evaluate else "") + f" ({info['seconds']:.0f} s)",
-                          file=sys.stderr)
+                          + (f", valid MRR {mrr:.4f}" if evaluate else "")
+                          + (f" (on {valid_cut['ranked']:,} of {len(valid):,}: time budget)"
+                             if valid_cut and valid_cut["epoch"] == done_epoch else "")
+                          + f" ({info['seconds']:.0f} s)", file=sys.stderr)
             if on_epoch is not None:
                 on_epoch(info)
             if ckpt is not None:
                 _save_checkpoint(ckpt, done_epoch, entity, relation, optimizer, curve, best, config, gen)
+            if stop_reason == "epochs" and time.perf_counter() > deadline:
+                stop_reason = "time budget"  # spent by the validation (or checkpoint) after the epoch's last batch
             if stop_reason != "epochs":
                 break
             if evaluate and config.patience and stale >= config.patience:
@@ -480,6 +537,8 @@ def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str,
         "best_epoch": best["epoch"],
         "best_valid_mrr": None if math.isnan(best["mrr"]) else round(best["mrr"], 5),
         "valid_triples": int(len(valid)),
+        # the validation the time budget cut short (its epoch, the triples ranked), or None
+        "valid_cut": valid_cut,
         "curve": {"epoch": curve.epochs, "valid_mrr": [None if math.isnan(x) else round(x, 5) for x in curve.valid_mrr],
                   "loss": [round(x, 5) for x in curve.loss], "seconds": [round(x, 2) for x in curve.seconds]},
         # useful GEMM FLOPs per second of the whole loop (softmax, gathers, optimizer and validation included)

@@ -298,12 +298,12 @@ class LazyMatrices:
         return m
 
     def _compute_uncached(self, keys: np.ndarray, *, progress: bool, desc: str):
-        from tqdm.auto import tqdm
+        from kgreason.progress import progress_bar
 
         t0 = time.perf_counter()
         step = self._calib.chunk_rows
         parts = []
-        with tqdm(total=len(keys), unit="row", unit_scale=True, desc=desc, disable=not progress,
+        with progress_bar(total=len(keys), unit="row", unit_scale=True, desc=desc, disable=not progress,
                   mininterval=1.0) as bar:
             for a in range(0, len(keys), step):
                 parts.append(self._calib.compute(keys[a : a + step]))

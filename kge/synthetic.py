@@ -926,12 +926,12 @@ def _stats(kg: SyntheticKG, g: _Generator, c: SyntheticConfig, seconds: float, c
 # ------------------------------------------------------------------ writing
 def write_tsv(kg: SyntheticKG, path: str | os.PathLike, *, progress: bool = False, what: str = "--out") -> Path:
     """Write ``head<TAB>relation<TAB>tail`` lines atomically (``kgreason.files.open_output``)."""
-    from tqdm.auto import tqdm
+    from kgreason.progress import progress_bar
 
     ents, rels = kg.entities, kg.relations
     tr = kg.triples
     step = 200_000
-    with open_output(path, what=what) as f, tqdm(total=len(tr), unit="edge", unit_scale=True, desc="writing",
+    with open_output(path, what=what) as f, progress_bar(total=len(tr), unit="edge", unit_scale=True, desc="writing",
                                                  disable=not progress, mininterval=0.5) as bar:
         for s in range(0, len(tr), step):
             part = tr[s:s + step].tolist()

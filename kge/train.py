@@ -33,6 +33,7 @@ import logging
 import math
 import numbers
 import re
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
@@ -42,6 +43,7 @@ import numpy as np
 
 from kgreason.cli import check_device, check_seed
 from kgreason.errors import UserError, unknown_name
+from kgreason.progress import is_terminal
 from .complex_n3 import OPTIMIZERS as ONE_N_OPTIMIZERS, PRECISIONS as ONE_N_PRECISIONS  # numpy-only at import time
 from .graph import KnowledgeGraph
 
@@ -167,6 +169,14 @@ class TrainConfig:
     (0 = skip the evaluation, None = all of them).  ``num_negatives`` and ``loss`` other than
     ``crossentropy`` matter to pykeen's loops only; ``precision`` through ``max_rank`` to the 1n loop only.
     Every check is :func:`check_train_values`.
+
+    ``train_minutes`` is a hard budget for the training phase: the rank probes (``rank=None``), the
+    epochs and their validation, checked after every batch and every validation chunk
+    (:func:`kge.complex_n3.train_1n`), so it is kept to within one batch and one chunk even when one
+    epoch takes longer than the whole budget.  ``min_epochs`` only sizes the rank (the largest whose
+    ``min_epochs`` epochs fit the budget at the speed measured at start): it is a plan, not a
+    promise; the budget wins.  The held-out link metrics after training are not part of the budget
+    (``eval_max_triples`` bounds them).
     """
 
     rank: int | None = 128
@@ -440,16 +450,16 @@ def train_complex(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool = T
             training_kwargs=dict(
                 num_epochs=config.epochs,
                 batch_size=config.batch_size,
-                use_tqdm=progress,
+                use_tqdm=progress and is_terminal(sys.stderr),
                 # the per-batch bar moves every few seconds even when one epoch takes minutes
-                use_tqdm_batch=progress,
+                use_tqdm_batch=progress and is_terminal(sys.stderr),
             ),
             evaluator="rankbased",
             evaluator_kwargs=dict(filtered=True),
             evaluation_kwargs=dict(
                 batch_size=config.eval_batch_size,
                 additional_filter_triples=[torch.as_tensor(known, dtype=torch.long)],
-                use_tqdm=progress,
+                use_tqdm=progress and is_terminal(sys.stderr),
             ) if do_eval else dict(batch_size=config.eval_batch_size, use_tqdm=False),
             random_seed=config.seed,
             device=device,
@@ -512,9 +522,7 @@ def resolve_rank(kg: KnowledgeGraph, config: TrainConfig, *, device: str) -> tup
 def _train_1n_and_evaluate(kg: KnowledgeGraph, config: TrainConfig, *, progress: bool) -> TrainResult:
     """The 1n loop (:mod:`kge.complex_n3`), then the filtered link metrics on held-out edges (pykeen's
     evaluator, or the GEMM ranker :func:`own_link_metrics` from :data:`HUGE_FROM` entities)."""
-    import sys
-
-    from .complex_n3 import train_1n
+    from .complex_n3 import budget_deadline, train_1n
 
     device = resolve_device(config.device)
     check_trainable(kg)
@@ -522,11 +530,12 @@ def _train_1n_and_evaluate(kg: KnowledgeGraph, config: TrainConfig, *, progress:
         import torch
 
         torch.set_num_threads(config.num_threads)
+    deadline = budget_deadline(config.train_minutes)  # the rank probes are paid from the budget too
     config, rank_info = resolve_rank(kg, config, device=device)
     if rank_info and progress:
         print(f"training: rank {config.rank} for a {config.train_minutes:g}-minute budget "
               f"(~{rank_info['predicted_seconds_per_epoch']:.0f} s per epoch, timed on real steps)", file=sys.stderr)
-    result = train_1n(kg, config, progress=progress)
+    result = train_1n(kg, config, progress=progress, deadline=deadline)
     result.config = config
     result.metrics.update(rank_info)
     held_out = kg.missing
@@ -612,7 +621,7 @@ def pykeen_link_metrics(entity: np.ndarray, relation: np.ndarray, triples: np.nd
         with _known_pykeen_noise():
             res = RankBasedEvaluator(filtered=True).evaluate(
                 model, torch.as_tensor(part), batch_size=batch_size, additional_filter_triples=filter_triples,
-                use_tqdm=progress, device=torch.device(device),
+                use_tqdm=progress and is_terminal(sys.stderr), device=torch.device(device),
             )
         for name, key in keys.items():
             sums[name] = sums.get(name, 0.0) + float(res.get_metric(key)) * len(part)

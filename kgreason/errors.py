@@ -13,6 +13,9 @@ import os
 import sys
 from typing import Callable, Iterable, Sequence
 
+# The one rule for untrusted text on a terminal (kgreason.text), re-exported: messages quote user text.
+from kgreason.text import printable
+
 __all__ = ["UserError", "Terminated", "closest_names", "unknown_name", "cli_main", "printable", "os_error_message"]
 
 
@@ -44,15 +47,6 @@ def unknown_name(kind: str, name: str, known: Sequence[str], where: str = "") ->
     hint = f"; closest known: {', '.join(repr(c) for c in close)}" if close else ""
     loc = f"{where}: " if where else ""
     return UserError(f"{loc}unknown {kind} {name!r}{hint}")
-
-
-def printable(text: str) -> str:
-    """``text`` with every non-printable character (line breaks, control characters, U+2028, ...)
-    written as its Python escape (``\\r``, ``\\x00``, ``\\u2028``), so that echoing user input
-    never moves the cursor or splits an error over lines."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _error_lines(message: str) -> str:

@@ -176,6 +176,20 @@ def _show(names: list[str], k: int = 3) -> str:
     return shown + (f" and {len(names) - k} more" if len(names) > k else "")
 
 
+def _check_dotdot(path: Path, loc: str) -> None:
+    """Refuse a path that goes through a missing folder and back out with '..' (``x/../o`` with ``x`` missing).
+
+    ``os.path.abspath`` folds ``x/..`` away, so the checks below would pass, but the OS resolves ``x``
+    when the output is finally renamed into place and fails there, after all the work.
+    """
+    parts = Path(path).parts
+    for i, part in enumerate(parts):
+        if part == ".." and i > 0:
+            if not Path(*parts[:i]).is_dir():
+                missing = next(Path(*parts[:j]) for j in range(1, i + 1) if not Path(*parts[:j]).is_dir())
+                raise UserError(f"{loc}{str(path)!r} goes through {str(missing)!r}, which is not an existing folder")
+
+
 def _check_parent(path: Path, what: str, *, create: bool = False) -> Path:
     """The parent folder of ``path``, checked to exist and be writable.
 
@@ -184,6 +198,7 @@ def _check_parent(path: Path, what: str, *, create: bool = False) -> Path:
     """
     parent = Path(os.path.abspath(path)).parent
     loc = f"{what}: " if what else ""
+    _check_dotdot(path, loc)
     if not parent.is_dir() and create:
         ancestor = parent
         while not ancestor.exists() and not ancestor.is_symlink() and ancestor.parent != ancestor:

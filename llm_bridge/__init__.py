@@ -23,7 +23,7 @@ Modules (imported on demand; ``import llm_bridge`` loads nothing else):
 * :mod:`~llm_bridge.config`    client settings from flags and the environment
 * :mod:`~llm_bridge.client`    async OpenAI-compatible client on the openai SDK: deadline, validated replies, budget, cache
 * :mod:`~llm_bridge.cache`     the on-disk response cache (opens only files it created; read-only replay)
-* :mod:`~llm_bridge.text`      ``clean_text``: server text made safe to print and store
+* :mod:`~llm_bridge.text`      ``clean_text``: server text cleaned on receipt (printing escapes: kgreason.text)
 * :mod:`~llm_bridge.prompts`   prompts rendered from package-data templates (``llm_bridge/templates``)
 * :mod:`~llm_bridge.relations` relation -> question templates (LLM-generated once, kept in a sidecar)
 * :mod:`~llm_bridge.parse`     tolerant reply parsing; confidence p(e) from samples or log-probabilities

@@ -176,7 +176,8 @@ def compact_notes(notes: Mapping[str, Any], *, limit: int = 5) -> str:
 
     The bridge's keys are summarised (``llm``: its summary line and the kept
     answers, ``merged``: how many, ``llm_set``: its first entities,
-    ``warning`` verbatim); other keys as ``notes {JSON}``, as before.
+    ``warning`` verbatim); other keys as ``notes {JSON}``, as before.  The line holds LLM and KG text as
+    it is: the caller escapes it where it prints it (:func:`kgreason.text.printable`, as ``engine.answer`` does).
     """
     parts: list[str] = []
     rest: dict[str, Any] = {}

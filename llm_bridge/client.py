@@ -771,18 +771,21 @@ class LLMClient:
     async def _progress(self, done: list[int], total: int) -> None:
         """A progress bar on stderr once a call has waited :data:`_PROGRESS_AFTER_S`, refreshed every second."""
         await asyncio.sleep(_PROGRESS_AFTER_S)
-        from tqdm import tqdm
+        from kgreason.progress import progress_bar
 
-        bar = tqdm(total=total, desc="llm", unit="prompt", file=sys.stderr, leave=False, mininterval=0.5)
+        # counting from the prompts already done: a rate over them and a bar a moment old was nonsense
+        bar = progress_bar(total=total, initial=done[0], desc="llm", unit="prompt", file=sys.stderr, leave=False,
+                           mininterval=0.5)
         try:
             while True:
-                bar.n = done[0]
+                bar.update(done[0] - bar.n)
                 with self._lock:
                     retries = self.stats.retries
                 bar.set_postfix_str(f"{retries} retries, deadline {self.config.deadline_s:g} s", refresh=False)
                 bar.refresh()
                 await asyncio.sleep(1.0)
         finally:
+            bar.update(done[0] - bar.n)
             bar.close()
 
     def _enter_call(self) -> None:

@@ -56,6 +56,8 @@ __all__ = [
     "JSON_OUTPUT_MODES",
     "default_cache_path",
     "check_base_url",
+    "looks_like_secret",
+    "key_from_env",
     "add_llm_arguments",
     "config_from_args",
 ]
@@ -80,26 +82,50 @@ def default_cache_path() -> Path:
     return user_cache_dir() / "llm-cache.sqlite"
 
 
+def _shown_url(url: str) -> str:
+    """``url`` as an error message may quote it: a password in it (``https://user:PASSWORD@host``) masked,
+    and a value that is no URL at all but reads like a key pasted into the wrong flag (:func:`looks_like_secret`)
+    not shown."""
+    if not url.startswith(("http://", "https://")):
+        return "(a value that looks like a key; not shown)" if looks_like_secret(url) else repr(url)
+    return repr(re.sub(r"^(https?://[^/@]*?:)[^/@]*@", r"\1***@", url))
+
+
+def looks_like_secret(value: str) -> bool:
+    """Whether ``value`` reads like an API key rather than a name or an address: a key prefix (``sk-``,
+    ``gsk_``, ``AIza``, ``hf_``, ...), or one token of 20 or more letters, digits, ``-`` and ``_`` that mixes
+    letters and digits with no run of a name's ``_``-separated words (each at most 16 characters).  Used to
+    decide what an error message may echo; it errs towards hiding."""
+    if re.match(r"(sk|pk|rk|gsk|xai|hf|ghp|gho|github_pat|glpat|AIza|ya29)[-_.]", value) or value.startswith("AIza"):
+        return True
+    if len(value) < 20 or not re.fullmatch(r"[A-Za-z0-9_\-]+", value):
+        return False
+    has_mix = re.search(r"[A-Za-z]", value) is not None and re.search(r"\d", value) is not None
+    return has_mix and any(len(part) > 16 for part in re.split(r"[_\-]", value))
+
+
 def check_base_url(url: object) -> str:
     """``url`` without trailing slashes if it is an ``http(s)://host[:port][/path]`` URL; else a
-    :class:`ValueError` saying what is wrong (callers add the flag or variable it came from)."""
+    :class:`ValueError` saying what is wrong (callers add the flag or variable it came from).  The message
+    quotes the value with a password in it masked, and not at all when it reads like a key."""
     if not isinstance(url, str):
         raise ValueError(f"must be a string, got {type(url).__name__}")
+    shown = _shown_url(url)
     if not url.startswith(("http://", "https://")):
-        raise ValueError(f"must start with http:// or https://, got {url!r}")
+        raise ValueError(f"must start with http:// or https://, got {shown}")
     if re.search(r"[\s\x00-\x1f\x7f]", url):
-        raise ValueError(f"must not contain spaces or control characters, got {url!r}")
+        raise ValueError(f"must not contain spaces or control characters, got {shown}")
     try:
         parts = urlsplit(url)
         port = parts.port  # range-checked by urllib: 0..65535
     except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", a non-numeric port
-        raise ValueError(f"is not a valid URL ({exc}), got {url!r}") from None
+        raise ValueError(f"is not a valid URL ({exc}), got {shown}") from None
     if not parts.hostname:
-        raise ValueError(f"has no host name, got {url!r}")
+        raise ValueError(f"has no host name, got {shown}")
     if port == 0:
-        raise ValueError(f"port must be in [1, 65535], got {url!r}")
+        raise ValueError(f"port must be in [1, 65535], got {shown}")
     if parts.query or parts.fragment:
-        raise ValueError(f"must not carry a query or fragment, got {url!r}")
+        raise ValueError(f"must not carry a query or fragment, got {shown}")
     return url.rstrip("/")
 
 
@@ -256,7 +282,10 @@ class LLMConfig:
         parts = []
         for f in fields(self):
             value = getattr(self, f.name)
-            parts.append(f"{f.name}={_mask(value)!r}" if f.name == "api_key" else f"{f.name}={value!r}")
+            if f.name == "api_key":
+                parts.append(f"{f.name}={_mask(value)!r}")
+            else:  # a password inside base_url is masked too
+                parts.append(f"{f.name}={_shown_url(value) if f.name == 'base_url' and value else repr(value)}")
         return f"LLMConfig({', '.join(parts)})"
 
     __str__ = __repr__
@@ -441,6 +470,20 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
     return g
 
 
+def key_from_env(var: str, env: Mapping[str, str], flag: str) -> str:
+    """The value of the environment variable ``var`` that ``flag`` names (an API key), or a one-line
+    :class:`UserError`.  The flag takes a variable's NAME, and a key pasted there by mistake is never
+    echoed: the name is shown (``environment variable NOPE is not set``) only when it reads like one
+    (upper-case words, ``OPENAI_API_KEY``) and not like a key (:func:`looks_like_secret`)."""
+    is_name = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var) is not None
+    if is_name and env.get(var):
+        return env[var]
+    if is_name and re.fullmatch(r"[A-Z_][A-Z0-9_]*", var) and not looks_like_secret(var):
+        raise UserError(f"{flag}: environment variable {var} is not set")
+    raise UserError(f"{flag} expects an environment variable name like OPENAI_API_KEY; the value given is not one"
+                    + (" that is set" if is_name else "") + " (not shown)")
+
+
 def config_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -> LLMConfig:
     """The :class:`LLMConfig` of parsed :func:`add_llm_arguments` flags over the environment."""
     env = os.environ if env is None else env
@@ -464,11 +507,7 @@ def config_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = Non
         "use_cache": False if getattr(ns, "no_llm_cache", False) else None,
     }
     if key_var is not None:
-        if not key_var or not key_var.replace("_", "").isalnum():
-            raise UserError(f"--llm-api-key-env: expected an environment variable name, got {key_var!r}")
-        if not env.get(key_var):
-            raise UserError(f"--llm-api-key-env: environment variable {key_var} is not set")
-        overrides["api_key"] = env[key_var]
+        overrides["api_key"] = key_from_env(key_var, env, "--llm-api-key-env")
     names = {"temperature": "--llm-temperature", "n": "--llm-n", "max_tokens": "--llm-max-tokens",
              "timeout_s": "--llm-timeout", "deadline_s": "--llm-deadline",
              "max_response_bytes": "--llm-max-response-bytes", "max_retries": "--llm-max-retries", "concurrency": "--llm-concurrency",

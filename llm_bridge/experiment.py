@@ -44,7 +44,6 @@ import argparse
 import contextlib
 import io
 import itertools
-import json
 import math
 import os
 import platform
@@ -61,9 +60,10 @@ import numpy as np
 from kgreason.cli import ArgumentParser as _Parser, check_device, check_seed  # _Parser: one-line UserError
 from kgreason.errors import UserError, cli_main, unknown_name
 from kgreason.files import check_not_input, check_output_file, write_output
+from kgreason.text import json_line
 from llm_bridge.config import LGOTSettings, from_flags
 
-__all__ = ["ExperimentArgs", "parse_args", "main", "run_experiment", "evaluate_method", "chance_hits",
+__all__ = ["ExperimentArgs", "check_name", "parse_args", "main", "run_experiment", "evaluate_method", "chance_hits",
            "sim_model_name", "output_paths", "DEFAULT_STRUCTURES"]
 
 DEFAULT_STRUCTURES = ("1p", "2p", "3p", "2i", "2u", "pin")
@@ -181,6 +181,15 @@ def _slug(text: str) -> str:
     return s[:80] or "model"
 
 
+def check_name(name: str, flag: str = "--name") -> str:
+    """``name`` if it is a plain output-name prefix (letters, digits, '.', '_', '-'; not starting or ending
+    with '.' or '-'), else a :class:`UserError` naming ``flag``.  Output files are ``OUT/NAME...``: a name
+    holding a folder part (``../x``, ``/abs/x``) would write outside ``--out``."""
+    if not name or _slug(name) != name:
+        raise UserError(f"{flag} must be a plain name (letters, digits, '.', '_', '-'), got {name!r}")
+    return name
+
+
 def parse_args(argv: Sequence[str] | None = None) -> ExperimentArgs:
     from engine.lang.structures import STRUCTURES
     from llm_bridge.config import config_from_args
@@ -221,9 +230,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ExperimentArgs:
     if not server:
         # The simulator's address and model name are set per configuration (see sim_model_name).
         config = config.replace(base_url="http://127.0.0.1:1/v1", api_key=None)
-    name = ns.name if ns.name is not None else Path(os.path.abspath(ns.artifact)).name
-    if not name or _slug(name) != name:
-        raise UserError(f"--name must be a plain name (letters, digits, '.', '_', '-'), got {name!r}")
+    name = check_name(ns.name if ns.name is not None else Path(os.path.abspath(ns.artifact)).name)
     args = ExperimentArgs(
         artifact=ns.artifact, out=ns.out, structures=tuple(dict.fromkeys(ns.structures)),
         per_structure=ns.per_structure, seed=ns.seed, recall=recall, hallucination=hallucination, noise=noise,
@@ -847,7 +854,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     paths = output_paths(args)
     check_outputs(args)  # again: another run may have written meanwhile
-    write_output(paths["json"], json.dumps(jsonable(record, drop=frozenset({"config"})), indent=1, ensure_ascii=False) + "\n", what="--out")
+    write_output(paths["json"], json_line(jsonable(record, drop=frozenset({"config"})), indent=1) + "\n", what="--out")
     write_output(paths["md"], markdown(record, command), what="--out")
     write_output(paths["png"], plot(record), what="--out")
     if not args.quiet:

@@ -36,6 +36,7 @@ Run (writes the Markdown table and the PNG next to it)::
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -271,10 +272,10 @@ class Outcome:
 
 def evaluate(linker: Any, examples: Sequence[Example], *, desc: str = "linking") -> list[Outcome]:
     """Run ``linker.link`` on every example (progress on stderr)."""
-    from tqdm import tqdm
+    from kgreason.progress import progress_bar
 
     out = []
-    for ex in tqdm(examples, desc=desc, file=sys.stderr, mininterval=1.0, leave=False):
+    for ex in progress_bar(examples, desc=desc, file=sys.stderr, mininterval=1.0, leave=False):
         link = linker.link(ex.text)
         out.append(Outcome(link.name, link.method, float(link.score)))
     return out
@@ -323,23 +324,57 @@ def choose_threshold(rows: Sequence[dict[str, float]], *, min_precision: float =
     return ok
 
 
+def check_revision(rev: str) -> str:
+    """``rev`` if it can only be read by git as a revision, else a one-line :class:`UserError`: a value
+    starting with '-' would be taken as an option (``--output=FILE`` writes a file), and an empty one, one
+    holding ':' (``rev:path`` syntax) or a control character never names a commit."""
+    if not rev or rev.startswith("-") or ":" in rev or not rev.isprintable() or rev != rev.strip():
+        raise UserError(f"--baseline-rev {rev!r}: not a git revision (a commit, branch or tag name, such as "
+                        "HEAD~1 or 0a51aa3)")
+    return rev
+
+
 def _load_revision(rev: str) -> Any:
-    """``llm_bridge/linking.py`` of git revision ``rev``, as a module."""
+    """``llm_bridge/linking.py`` of git revision ``rev``, as a module (``rev`` checked by :func:`check_revision`).
+
+    git gets ``--end-of-options`` before the revision, so that nothing in it is read as an option; a
+    missing git, an unknown revision, or a file there without an ``EntityLinker`` is a :class:`UserError`.
+    """
+    check_revision(rev)
     repo = Path(__file__).resolve().parent.parent
     try:
-        src = subprocess.run(["git", "show", f"{rev}:llm_bridge/linking.py"], cwd=repo, capture_output=True,
-                             text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
+        src = subprocess.run(["git", "show", "--end-of-options", f"{rev}:llm_bridge/linking.py"], cwd=repo,
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
         detail = " ".join(str(getattr(exc, "stderr", "") or exc).split())
         raise UserError(f"--baseline-rev {rev!r}: cannot read llm_bridge/linking.py from git ({detail})") from None
     folder = Path(tempfile.mkdtemp(prefix="linking_baseline_"))
-    path = folder / "linking_baseline.py"
-    path.write_text(src, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("linking_baseline", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    try:
+        path = folder / "linking_baseline.py"
+        path.write_text(src, encoding="utf-8")
+        spec = importlib.util.spec_from_file_location("linking_baseline", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+        try:
+            spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - that revision's code, not ours: report which and why
+            raise UserError(f"--baseline-rev {rev!r}: its llm_bridge/linking.py does not load "
+                            f"({type(exc).__name__}: {exc})") from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if not hasattr(mod, "EntityLinker") or not isinstance(getattr(mod, "DEFAULT_THRESHOLD", None), (int, float)):
+        raise UserError(f"--baseline-rev {rev!r}: its llm_bridge/linking.py has no EntityLinker and "
+                        "DEFAULT_THRESHOLD to compare with")
     return mod
+
+
+def baseline_linker(mod: Any, rev: str, names: Sequence[str]) -> Any:
+    """``mod.EntityLinker(names=..., threshold=0.0)`` of the ``--baseline-rev`` module; a revision whose linker
+    takes other arguments is a one-line :class:`UserError`, not a TypeError out of that revision's code."""
+    try:
+        return mod.EntityLinker(names=names, threshold=0.0)
+    except TypeError as exc:
+        raise UserError(f"--baseline-rev {rev!r}: its EntityLinker cannot be built as this tool builds it ({exc})") from None
 
 
 # ------------------------------------------------------------------------------------- report
@@ -502,6 +537,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                    help="use a seeded random sample of this many KB names (default: all), e.g. to afford --embedding")
     a = p.parse_args(argv)
     check_seed(a.seed)
+    if a.baseline_rev is not None:
+        check_revision(a.baseline_rev)
     if Path(a.out).is_dir():
         raise UserError(f"--out: {a.out!r} is a folder; give the Markdown file to write")
     # Before any linking: the report and its plot never replace --kb, and their folder can be made.
@@ -555,7 +592,7 @@ def run(config: Config) -> dict[str, Any]:
     if chosen is not None:
         results["new"]["threshold"] = chosen["threshold"]
     if old is not None:
-        measure(f"old ({config.baseline_rev})", lambda: old.EntityLinker(names=data.names, threshold=0.0),
+        measure(f"old ({config.baseline_rev})", lambda: baseline_linker(old, config.baseline_rev, data.names),
                 float(old.DEFAULT_THRESHOLD))
     if config.embedding:
         th = results["new"]["threshold"]

@@ -52,9 +52,9 @@ import numpy as np
 
 from kgreason.cli import ArgumentParser as _Parser, check_seed  # one-line UserError parser
 from kgreason.errors import UserError, cli_main
-from kgreason.files import check_output_file, write_output
+from kgreason.files import check_not_input, check_output_file, write_output
 from .config import MERGE_RULES, LGOTSettings, from_flags
-from .experiment import jsonable
+from .experiment import check_name, jsonable
 
 __all__ = ["MetaQAArgs", "parse_args", "run", "hits_at_k", "main", "PAPER"]
 
@@ -133,7 +133,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--cache", type=Path, default=Path("artifacts/metaqa-lgot-cache.sqlite"),
                    help="LLM response cache (SQLite); reruns replay from it")
-    p.add_argument("--name", default="metaqa")
+    p.add_argument("--name", default="metaqa", help="output name prefix: a plain name, the files are "
+                   "OUT/NAME.{md,json,png} (default metaqa)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     return p
@@ -142,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> MetaQAArgs:
     a = _parser().parse_args(argv)
     check_seed(a.seed)
+    check_name(a.name)  # a folder part ("../x", "/abs/x") would write outside --out
     from_flags(LGOTSettings, {k: getattr(a, k) for k in LGOT_FLAGS}, LGOT_FLAGS)  # its checks, naming the flags
     if not 1 <= a.per_hop <= 100_000:
         raise UserError(f"--per-hop must be in [1, 100000], got {a.per_hop}")
@@ -202,9 +204,9 @@ def _grade(executor, nodes, gold: list[np.ndarray], *, batch_size: int, desc: st
     t0 = time.perf_counter()
     bar = None
     if not quiet:
-        from tqdm import tqdm
+        from kgreason.progress import progress_bar
 
-        bar = tqdm(total=len(nodes), desc=desc, unit="q", leave=False, file=sys.stderr)
+        bar = progress_bar(total=len(nodes), desc=desc, unit="q", leave=False, file=sys.stderr)
     for item in executor.iter_scores(nodes, batch_size=batch_size):
         idx, y = item[0], item[1]
         ys = y.detach().cpu().numpy()
@@ -473,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     paths = {ext: args.out / f"{args.name}.{ext}" for ext in ("md", "json", "png")}
     inputs = [("--artifact", args.artifact), ("--metaqa", args.metaqa)]
+    check_not_input(args.cache, what="--cache", inputs=inputs)  # the cache is written: never into an input
     for p in paths.values():
         check_output_file(p, what="--out", inputs=inputs)
         if p.exists() and not args.overwrite:

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from kgreason.files import user_cache_dir
+from kgreason.text import json_line
 from llm_bridge.text import clean_text
 from llm_bridge.prompts import (
     ENTITY_SLOT,
@@ -275,8 +276,8 @@ class RelationQuestions:
         path = sidecar_path(artifact, model, cache_dir)
         if path is None:
             return None
-        data = json.dumps(self.to_json(model=model, artifact_key=artifact_key(artifact)), indent=1,
-                          sort_keys=True, ensure_ascii=False)
+        data = json_line(self.to_json(model=model, artifact_key=artifact_key(artifact)), indent=1,
+                         sort_keys=True)  # relation names and LLM text: no raw control/bidi/separator (kgreason.text)
         tmp: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -302,6 +303,9 @@ def _read_templates(path: Path) -> dict[str, str]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         log.warning("ignoring unreadable relation questions file %s (%s)", path, exc)
+        return {}
+    except RecursionError:  # json.loads recurses per nesting level: a damaged "[[[[..." sidecar
+        log.warning("ignoring unreadable relation questions file %s (JSON nested too deeply)", path)
         return {}
     t = data.get("templates") if isinstance(data, dict) else None
     if not isinstance(t, dict):

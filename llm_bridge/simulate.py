@@ -196,14 +196,15 @@ class KnowledgeBase:
         self.num_triples = len(keys)
 
     @classmethod
-    def from_artifact(cls, path: str | Path) -> "KnowledgeBase":
+    def from_artifact(cls, path: str | Path, *, verify: bool = True) -> "KnowledgeBase":
         """The KB of an artifact folder, read and checked by :mod:`kge.artifact`'s own readers
-        (meta.json, format version, checksums of the four files used here): a UserError otherwise."""
+        (meta.json, format version, checksums of the four files used here unless ``verify=False``,
+        i.e. ``--skip-artifact-checksums``): a UserError otherwise."""
         from kge.artifact import read_meta, read_triples, read_vocab
 
         path = Path(path)
         files = ("entities.tsv", "relations.tsv", "observed.tsv", "missing.tsv")
-        read_meta(path, verify=True, required=files, files=files)
+        read_meta(path, verify=verify, required=files, files=files)
         triples = np.concatenate([read_triples(path / "observed.tsv"), read_triples(path / "missing.tsv")])
         return cls(entities=read_vocab(path / "entities.tsv"), relations=read_vocab(path / "relations.tsv"),
                    triples=triples)
@@ -744,6 +745,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-n", action="store_true", help="one choice per request whatever n asks (like llama.cpp)")
     p.add_argument("--messy", action="store_true", help="wrap answers in fences/prose/other list styles")
     p.add_argument("--api-key-env", metavar="VAR", help="require the API key held in this environment variable")
+    from kge.artifact import add_checksum_argument
+
+    add_checksum_argument(p)
     return p
 
 
@@ -753,10 +757,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     key = None
-    if args.api_key_env:
-        key = os.environ.get(args.api_key_env)
-        if not key:
-            raise UserError(f"--api-key-env: environment variable {args.api_key_env} is not set")
+    if args.api_key_env:  # a key pasted as the flag's value is not echoed
+        from llm_bridge.config import key_from_env
+
+        key = key_from_env(args.api_key_env, os.environ, "--api-key-env")
     check_seed(args.seed)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
@@ -764,7 +768,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              latency_ms=args.latency_ms, fail_rate=args.fail_rate, fail_status=args.fail_status,
                              fail_mode=args.fail_mode, hang_s=args.hang_s, ignore_n=args.ignore_n,
                              messy=args.messy, api_key=key)
-    kb = KnowledgeBase.from_artifact(args.artifact)
+    kb = KnowledgeBase.from_artifact(args.artifact, verify=not args.skip_artifact_checksums)
     return serve(SimulatedLLM(kb, config), args.host, args.port,
                  lambda url: f"simulated LLM on {url} ({len(kb.entities)} entities, {kb.num_triples} triples; "
                              f"recall {config.recall}, hallucination {config.hallucination}, noise {config.noise}, "
@@ -776,8 +780,8 @@ def serve(llm: "SimulatedLLM", host: str, port: int, banner) -> int:
     listening. A port that cannot be bound is a one-line :class:`UserError`."""
     try:
         server = SimulatorServer(llm, host, port)
-    except OSError as exc:
-        raise UserError(f"simulator: cannot listen on {host}:{port} ({exc.strerror})") from None
+    except (OSError, TypeError, ValueError) as exc:  # TypeError: a NUL in --host (socket.bind's own check)
+        raise UserError(f"simulator: cannot listen on {host}:{port} ({getattr(exc, 'strerror', None) or exc})") from None
     print(banner(server.base_url), flush=True)
     try:
         server.serve_forever()

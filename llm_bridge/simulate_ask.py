@@ -236,6 +236,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-rate", type=float, default=0.0, help="fraction of requests that fail")
     p.add_argument("--fail-mode", choices=("status", "hang", "mixed"), default="status")
     p.add_argument("--hang-s", type=float, default=60.0, help="how long a 'hang' failure waits")
+    from kge.artifact import add_checksum_argument
+
+    add_checksum_argument(p)
     return p
 
 
@@ -250,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        exact_replan=not args.no_exact_replan)
     config = SimulatorConfig(seed=args.seed, latency_ms=args.latency_ms, fail_rate=args.fail_rate,
                              fail_mode=args.fail_mode, hang_s=args.hang_s)
-    kb = KnowledgeBase.from_artifact(args.artifact)
+    kb = KnowledgeBase.from_artifact(args.artifact, verify=not args.skip_artifact_checksums)
     gold = load_gold(args.questions, kb.relations)
     return serve(AskSimulatedLLM(kb, config, ask=ask, gold=gold), args.host, args.port,
                  lambda url: f"simulated KARPA planner on {url} ({len(gold)} questions; plan error "

@@ -62,8 +62,16 @@ class TinyWorld:
     """
 
     def __init__(self, *, root: Path, kg: Path, artifact_dir: Path, queries: Path, betae_folder: Path,
-                 betae_queries: Path, artifact) -> None:
+                 betae_queries: Path, artifact, metaqa: Path, mqa_art: Path, mqa_questions: Path,
+                 mqa_exemplars: Path, mqa_results: Path, identity_queries: Path, identity_record: Path) -> None:
         self.root = root
+        self.metaqa = metaqa  # a tiny MetaQA-format folder (kb.txt, {1,2,3}-hop/{test,dev}.txt, qtypes)
+        self.mqa_art = mqa_art  # its KG-only artifact (run_metaqa.py --build-kg-only)
+        self.mqa_questions = mqa_questions  # its questions as JSON lines (run_metaqa.py --export)
+        self.mqa_exemplars = mqa_exemplars  # weakly labelled dev exemplars (run_metaqa.py --make-exemplars)
+        self.mqa_results = mqa_results  # a results JSON of run_metaqa.py's method rows
+        self.identity_queries = identity_queries  # benchmarks/executor_identity.py sample's queries of art/
+        self.identity_record = identity_record  # and a record of its run (--save)
         self.kg = kg  # tiny.tsv
         self.artifact_dir = artifact_dir  # a built artifact folder
         self.queries = queries  # JSONL queries of the artifact (engine.sample's format)
@@ -135,8 +143,46 @@ def tiny_world(tmp_path_factory) -> TinyWorld:
     pkl = root / "test-queries.pkl"
     pkl.write_bytes(pickle.dumps(dict(data)))
     _WORLD = TinyWorld(root=root, kg=kg, artifact_dir=art_dir, queries=queries, betae_folder=betae,
-                       betae_queries=pkl, artifact=Artifact.load(art_dir))
+                       betae_queries=pkl, artifact=Artifact.load(art_dir), **_metaqa_files(root),
+                       **_identity_files(root, art_dir))
     return _WORLD
+
+
+def _identity_files(root: Path, art_dir: Path) -> dict[str, Path]:
+    """Queries and one record of benchmarks/executor_identity.py on the tiny artifact (its own writers)."""
+    main = load_script("benchmarks/executor_identity.py").main
+    q, rec = root / "identity_queries.jsonl", root / "identity_record.json"
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        for argv in (["sample", "--artifact", str(art_dir), "--out", str(q), "--per-structure", "1", "--no-progress"],
+                     ["run", "--queries", str(q), "--artifact", f"a={art_dir}", "--save", str(rec), "--no-progress",
+                      "--limit", "3"]):
+            if main(argv) != 0:  # pragma: no cover - tested in test_executor_identity.py
+                raise RuntimeError(f"executor_identity.py {argv} failed on the tiny artifact")
+    return {"identity_queries": q, "identity_record": rec}
+
+
+def _metaqa_files(root: Path) -> dict[str, Path]:
+    """The tiny MetaQA world of the MetaQA tools, made by run_metaqa.py itself (the real writers)."""
+    from test_metaqa import KB, _questions, _write
+
+    data = root / "metaqa"
+    _write(data, KB, _questions(KB))
+    for hops in (1, 2, 3):  # the dev split (the weak labels' source): the same questions
+        shutil.copy(data / f"{hops}-hop" / "test.txt", data / f"{hops}-hop" / "dev.txt")
+    rmq = load_script("benchmarks/results/ask/run_metaqa.py").main
+    paths = {"metaqa": data, "mqa_art": root / "mqa_art", "mqa_questions": root / "mqa_questions.jsonl",
+             "mqa_exemplars": root / "mqa_exemplars.jsonl", "mqa_results": root / "mqa_results.json"}
+    common = ["--data", str(data), "--quiet"]
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        for argv in (["--build-kg-only", str(paths["mqa_art"])], ["--export", str(paths["mqa_questions"])],
+                     ["--artifact", str(paths["mqa_art"]), "--make-exemplars", str(paths["mqa_exemplars"])]):
+            if rmq([*common, *argv]) != 0:  # pragma: no cover - tested in test_bad_input_scripts.py
+                raise RuntimeError(f"run_metaqa.py {argv} failed on the tiny MetaQA folder")
+    paths["mqa_results"].write_text(json.dumps({"label": "tiny", "artifact": str(paths["mqa_art"]), "per_hop": 3,
+                                                "runs": [{"hops": h, "method": m, "hits@1": 0.5, "llm_calls": 1.0,
+                                                          "tokens": 10.0, "seconds": 0.01, "fallbacks": 0.0}
+                                                         for h in (1, 2) for m in ("embedding", "gold-lf")]}))
+    return paths
 
 
 def _sample_lines(art, QuerySampler) -> list[dict]:
@@ -165,6 +211,28 @@ def _fill(s, rng, n, r):
     if s == "u":
         return -1
     return tuple(_fill(x, rng, n, r) for x in s)
+
+
+# ----------------------------------------------------------------------------- scripts
+REPO = Path(__file__).resolve().parents[1]
+_SCRIPTS: dict[str, object] = {}
+
+
+def load_script(relpath: str):
+    """The module of a user-facing script that is not in a package (``benchmarks/...py``), loaded once
+    from the repository (its ``main(argv)`` is then called in process, like the packages' CLIs)."""
+    import importlib.util
+    import sys
+
+    if relpath not in _SCRIPTS:
+        name = "script_" + re.sub(r"\W", "_", relpath.removesuffix(".py"))
+        spec = importlib.util.spec_from_file_location(name, REPO / relpath)
+        assert spec is not None and spec.loader is not None, relpath
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses look their module up while a class is built
+        spec.loader.exec_module(mod)
+        _SCRIPTS[relpath] = mod
+    return _SCRIPTS[relpath]
 
 
 # ----------------------------------------------------------------------------- properties
@@ -290,12 +358,16 @@ def copy_inputs(world: TinyWorld, dest: Path) -> dict[str, Path]:
     """A private copy of the world's input files in ``dest`` (a CLI that damages them harms no other example)."""
     dest.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name in ("kg", "artifact_dir", "queries", "betae_folder", "betae_queries"):
+    for name in ("kg", "artifact_dir", "queries", "betae_folder", "betae_queries", "metaqa", "mqa_art",
+                 "mqa_questions", "mqa_exemplars", "mqa_results", "identity_queries", "identity_record"):
         src = getattr(world, name)
         dst = dest / src.name
         if src.is_dir():
             shutil.copytree(src, dst)
         else:
             shutil.copy2(src, dst)
+            scores = src.with_name(src.name + ".scores.npz")  # an executor_identity record's scores
+            if scores.is_file():
+                shutil.copy2(scores, dst.with_name(scores.name))
         paths[name] = dst
     return paths

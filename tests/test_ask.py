@@ -554,7 +554,7 @@ def test_cli_bad_questions_file_and_unknown_topic(kg, tmp_path, capsys):
     bad.write_text('{"question": "ok [Entity_001]"}\n{"question": 3}\n', encoding="utf-8")
     enc = ["--encoder", "hashing", "--encoder-kwargs", json.dumps(ENC)]
     assert main(["--artifact", str(kg[0]), *enc, "--questions", str(bad)]) == 2
-    assert f"{bad}:2: expected a \"question\" string" in capsys.readouterr().err
+    assert f"{bad}:2: 'question' must be non-empty text, got 3" in capsys.readouterr().err
     assert main(["--artifact", str(kg[0]), *enc, "who is [Nobody Here]"]) == 2
     assert "error: question: [Nobody Here] is no entity name" in capsys.readouterr().err
 

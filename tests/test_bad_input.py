@@ -5,6 +5,7 @@ Tiny KGs are written into tmp_path; pykeen's bundled UMLS is used only for the s
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -414,29 +415,57 @@ def test_quiet_build_prints_nothing(tmp_path):
     assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stderr
 
 
-def test_training_progress_moves_per_batch(tmp_path, capsys):
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal: progress bars are drawn only on one (kgreason.progress)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_training_progress_moves_per_batch(tmp_path, monkeypatch):
     from kge.train import TrainConfig, train_complex
 
     f = tmp_path / "kg.tsv"
     f.write_text("".join(f"e{i}\tr{i % 3}\te{(i * 7 + 1) % 40}\n" for i in range(120)))
+    monkeypatch.setattr(sys, "stderr", _Terminal())
     train_complex(load_kg(f), TrainConfig(rank=2, epochs=1, batch_size=16, eval_max_triples=0, device="cpu",
                                           training_loop="slcwa"), progress=True)
-    err = capsys.readouterr().err
+    err = sys.stderr.getvalue()
     assert "Training batches on cpu:   0%|          | 0.00/15.0" in err  # a bar over 240 edges / 16 per batch
     assert "Warning" not in err and "WARNING" not in err
 
 
-def test_1n_training_progress_moves_per_batch(tmp_path, capsys):
+def test_1n_training_progress_moves_per_batch(tmp_path, monkeypatch):
     from kge.train import TrainConfig, train_complex
 
     f = tmp_path / "kg.tsv"
     f.write_text("".join(f"e{i}\tr{i % 3}\te{(i * 7 + 1) % 40}\n" for i in range(120)))
+    monkeypatch.setattr(sys, "stderr", _Terminal())
     train_complex(load_kg(f), TrainConfig(rank=2, epochs=2, batch_size=16, eval_max_triples=0, device="cpu",
                                           training_loop="1n", optimizer="adagrad"), progress=True)
-    err = capsys.readouterr().err
+    err = sys.stderr.getvalue()
     assert "epoch 1/2:   0%|          | 0/15" in err  # a bar per epoch over 240 edges / 16 per batch
     assert "epoch 2/2: 100%|##########| 15/15" in err or "epoch 2/2: 100%|██████████| 15/15" in err
     assert "Warning" not in err and "WARNING" not in err
+
+
+def test_training_progress_in_a_log_is_plain_lines(tmp_path, capsys):
+    """Regression: with stderr in a file the epoch bars filled it with carriage returns (319 in the log of a
+    first `engine.answer --query pin`, which builds UMLS)."""
+    from kge.train import TrainConfig, train_complex
+
+    f = tmp_path / "kg.tsv"
+    f.write_text("".join(f"e{i}\tr{i % 3}\te{(i * 7 + 1) % 40}\n" for i in range(120)))
+    train_complex(load_kg(f), TrainConfig(rank=2, epochs=2, batch_size=16, eval_max_triples=0, device="cpu"),
+                  progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err, err
+    lines = err.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["epoch 1", "epoch 2", "epoch 2/2"], err
+    assert lines[2].startswith("epoch 2/2: 15/15 batch (100%), done in "), err
+    train_complex(load_kg(f), TrainConfig(rank=2, epochs=1, batch_size=16, eval_max_triples=0, device="cpu",
+                                          training_loop="slcwa"), progress=True)
+    assert "\r" not in capsys.readouterr().err  # pykeen's own bars: on a terminal only
 
 
 # ----------------------------------------------------------------- the shared helpers
@@ -817,3 +846,20 @@ def test_nul_byte_in_a_path_is_one_error_line(tmp_path, capsys, monkeypatch, fla
     err = one_error_line(capsys)
     assert flag in err and "NUL byte" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_output_path_through_a_missing_folder_is_one_error(tmp_path, monkeypatch):
+    """F12: ``x/../o.json`` with ``x`` missing passed the (lexical) parent check and then failed at the
+    final rename, a FileNotFoundError traceback after all the work.  Now refused before any work."""
+    monkeypatch.chdir(tmp_path)
+    for path in ["x/../o.json", "x/y/../../o.json", "x/../../" + tmp_path.name + "/o.json"]:
+        with pytest.raises(UserError, match="goes through 'x', which is not an existing folder"):
+            with open_output(path, what="--json") as f:
+                f.write("never")
+        with pytest.raises(UserError, match="not an existing folder"):
+            check_output_folder(path, what="--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    (tmp_path / "x").mkdir()
+    with open_output("x/../o.json") as f:  # through a folder that exists: fine, as the OS resolves it
+        f.write("ok")
+    assert (tmp_path / "o.json").read_text() == "ok"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pytest
@@ -272,3 +273,101 @@ def test_memory_estimate_components():
     assert estimate_build_memory(**{**kw, "rank": 64})["embeddings"] == 2 * lazy["embeddings"]
     reuse = estimate_build_memory(**{**kw, "train": False})
     assert reuse["training_buffers"] == 0 and reuse["embeddings"] == lazy["embeddings"] // 3
+
+
+# ------------------------------------------------------------------ leftovers of killed builds (issue 32, item 7)
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    return int(proc.stdout)
+
+
+def test_a_build_removes_leftovers_of_killed_builds_and_keeps_live_ones(tmp_path, capsys):
+    """Regression: a SIGKILLed build's hidden staging folder stayed beside the output for good."""
+    from kge.build import StagingLock
+
+    out = tmp_path / "nations"
+    dead = tmp_path / ".nations.building-dead01"  # what a killed build leaves: its folder, its lock file
+    dead.mkdir()
+    (dead / "entities.tsv").write_text("half written\n")
+    (tmp_path / ".nations.building-dead01.lock").write_text(f"{_dead_pid()}\n")
+    orphan_lock = tmp_path / ".nations.building-gone02.lock"  # killed after its folder went
+    orphan_lock.write_text(f"{_dead_pid()}\n")
+    legacy = tmp_path / ".nations.building-old003"  # no lock file: an older kge.build's, or one just starting
+    legacy.mkdir()
+    other = tmp_path / ".other.building-dead04"  # another output's: not this build's business
+    other.mkdir()
+    (tmp_path / ".other.building-dead04.lock").write_text(f"{_dead_pid()}\n")
+    live = tmp_path / ".nations.building-live05"
+    live.mkdir()
+    cfg = BuildConfig(kg="nations", out=str(out), train=dict(rank=4, epochs=1, eval_max_triples=0))
+    with StagingLock() as running:  # a build of the same output still running: this process holds its lock
+        running.hold(live)
+        build_artifact(cfg, progress=True)
+        Artifact.load(out)
+        assert not dead.exists() and not (tmp_path / ".nations.building-dead01.lock").exists()
+        assert not orphan_lock.exists()
+        assert live.is_dir() and (tmp_path / ".nations.building-live05.lock").read_text() == f"{os.getpid()}\n"
+        assert legacy.is_dir() and other.is_dir() and (tmp_path / ".other.building-dead04.lock").is_file()
+    assert not (tmp_path / ".nations.building-live05.lock").exists()  # a build's lock goes with it
+    err = capsys.readouterr().err
+    assert f"note: removed {dead}, left by a build of {out} that was killed" in err
+    assert f"note: {legacy} has no lock file" in err and str(live) not in err
+    # this build's own staging folder and lock file are gone too
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".nations.building-live05", ".nations.building-old003", ".other.building-dead04",
+         ".other.building-dead04.lock", "nations"])
+
+
+def test_without_flock_the_pid_decides(tmp_path, monkeypatch):
+    """On a file system without flock a lock file's pid decides; an empty or odd one keeps the folder."""
+    import errno
+    import fcntl
+
+    from kge.build import _owner_alive
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    lock = tmp_path / "x.lock"
+    assert _owner_alive(lock) is None
+    for text, alive in [(f"{_dead_pid()}\n", False), (f"{os.getpid()}\n", True), ("", True), ("0\n", True),
+                        ("-1\n", True), ("junk\n", True)]:
+        lock.write_text(text)
+        assert _owner_alive(lock) is alive, text
+
+
+def test_a_sigkilled_build_is_cleaned_up_by_the_next(tmp_path):
+    """kge.build killed with SIGKILL mid-training; the next build of the same output removes what it left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "nations"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "kge.build", "--kg", "nations", "--out", str(out), "--rank", "4",
+                             "--epochs", "1000000", "--eval-max-triples", "0", "--device", "cpu", "--quiet"],
+                            cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".nations.building-*")):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "no staging folder after 120 s"
+            time.sleep(0.1)
+        time.sleep(1.0)  # well into loading and training
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert not out.exists() and any(name.startswith(".nations.building-") for name in left), left
+    cfg = BuildConfig(kg="nations", out=str(out), train=dict(rank=4, epochs=1, eval_max_triples=0))
+    build_artifact(cfg, progress=False)
+    assert Artifact.load(out).num_entities == 14
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nations"]

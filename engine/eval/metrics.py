@@ -178,9 +178,9 @@ def evaluate_queries(
             by_structure.setdefault(q.structure, []).append(q)
     bar = None
     if progress:
-        from tqdm import tqdm
+        from kgreason.progress import progress_bar
 
-        bar = tqdm(total=sum(len(v) for v in by_structure.values()), desc=desc, unit="q", file=sys.stderr,
+        bar = progress_bar(total=sum(len(v) for v in by_structure.values()), desc=desc, unit="q", file=sys.stderr,
                    leave=leave)
     results = []
     for name, group in by_structure.items():

@@ -47,7 +47,6 @@ valid + test) this is BetaE's protocol with valid+test as the hidden part.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 import zlib
@@ -60,6 +59,7 @@ import numpy as np
 
 from kgreason.errors import UserError
 from kgreason.files import open_output
+from kgreason.text import json_line
 
 from engine.lang.query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union, named, to_sexpr
 from engine.lang.structures import check_negation, get_structure
@@ -287,9 +287,9 @@ class QuerySampler:
         repeats: Counter = Counter()  # extra draws of a pending node before it was evaluated
         bar = None
         if progress:
-            from tqdm import tqdm
+            from kgreason.progress import progress_bar
 
-            bar = tqdm(total=count, desc=f"sample {name}", unit="q", file=sys.stderr)
+            bar = progress_bar(total=count, desc=f"sample {name}", unit="q", file=sys.stderr)
         accepted = 0
         drawn = 0
         last_new = 0  # draw index of the latest accepted query
@@ -422,7 +422,7 @@ def query_record(q: SampledQuery, artifact=None) -> str:
     """
     node = named(q.node, artifact) if artifact is not None else q.node
     rec = {"structure": q.structure, "expr": to_sexpr(node), "easy": q.easy.tolist(), "hard": q.hard.tolist()}
-    return json.dumps(rec, ensure_ascii=False) + "\n"
+    return json_line(rec) + "\n"  # KG names: no raw control, bidi or separator character (kgreason.text)
 
 
 def write_jsonl(queries: Iterable[SampledQuery], path: str | Path, artifact=None) -> int:

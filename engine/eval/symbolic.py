@@ -193,9 +193,9 @@ def answers(
         groups.setdefault(skeleton(q), []).append(i)
     bar = None
     if progress:
-        from tqdm import tqdm
+        from kgreason.progress import progress_bar
 
-        bar = tqdm(total=len(nodes), desc=desc, unit="q")
+        bar = progress_bar(total=len(nodes), desc=desc, unit="q")
     for idx in groups.values():
         for lo in range(0, len(idx), batch_size):
             chunk = idx[lo : lo + batch_size]

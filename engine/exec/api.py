@@ -11,6 +11,10 @@
     res[0].answers[0].provenance, res[0].trace.to_json()    # "kg" | "llm" | "both"; per-node trace
     eng.add_hook(my_hook, ops=("p",))                       # see engine.exec.hooks
 
+Names and explanations are the KG's (and an LLM's) text as it is; to print them on a terminal, escape them
+with :func:`kgreason.text.printable` (and write JSON with :func:`kgreason.text.json_line`), as the CLIs do:
+a KG name may hold ESC sequences, bidi controls or line separators.
+
 Queries can be S-expression strings, :class:`~engine.lang.query.Node` ASTs (names or
 ids), or ``(structure, anchors, relations)`` tuples; a single query or a list.
 """

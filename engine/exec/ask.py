@@ -48,6 +48,7 @@ Planners and reasoners are injected (the engine never imports the LLM bridge):
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -528,6 +529,25 @@ def vote_ranking(scores: np.ndarray, costs: Sequence[float], temperature: float,
     return cand[order].astype(np.int64), first[order].astype(np.int64)
 
 
+#: The path-embedding cache is rewritten once it would grow by 1/_CACHE_GROWTH (Asker._sequence_embeddings).
+_CACHE_GROWTH = 8
+
+
+def _read_sequence_cache(path: os.PathLike, width: int) -> dict[str, np.ndarray]:
+    """The path-text -> embedding map of a path-embedding cache file (``texts``: N strings, ``emb``: (N, width)
+    finite float32); ``ValueError(why)`` when it is not one (see :meth:`Asker._sequence_embeddings`)."""
+    from engine.paths.embeddings import check_embeddings
+
+    with np.load(path, allow_pickle=False) as z:
+        texts, emb = z["texts"], z["emb"]
+    if not isinstance(texts, np.ndarray) or texts.ndim != 1 or texts.dtype.kind != "U":
+        raise ValueError("'texts' is not a list of strings")
+    why = check_embeddings(emb, rows=len(texts), width=width)
+    if why is not None:
+        raise ValueError(f"'emb': {why}")
+    return dict(zip(texts.tolist(), emb))
+
+
 def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
@@ -589,6 +609,9 @@ class Asker:
         self._folded: dict[str, int] | None = None
         self._outrel: tuple[np.ndarray, np.ndarray] | None = None
         self._seq_emb: dict[str, np.ndarray] | None = None
+        self._seq_damage: str | None = None  # why the path-embedding cache read was damaged, until rewritten
+        self._seq_saved = 0  # texts in the cache file (as read or last written)
+        self._seq_wrote = False  # this Asker wrote (or tried to write) the cache file
         self._seq_cache: dict[tuple[int, int], tuple[list[tuple[int, ...]], bool]] = {}
         rel = retriever.relation_emb
         self._rel_unit = rel / np.maximum(np.linalg.norm(rel, axis=1, keepdims=True), 1e-12)
@@ -945,28 +968,40 @@ class Asker:
 
     def _sequence_embeddings(self, texts: Sequence[str]) -> None:
         """Make ``self._seq_emb`` hold every text's embedding: from memory, the disk cache
-        (``$KGREASON_HOME/ask_sequences/<encoder and relations key>.npz``), else one encoder call."""
+        (``$KGREASON_HOME/ask_sequences/<encoder and relations key>.npz``), else one encoder call.
+
+        The cache is verified when read (:func:`_read_sequence_cache`); a damaged one is dropped and
+        rewritten with the texts of this run, or used from memory only when its folder cannot be written,
+        with one warning (:func:`engine.paths.embeddings.cache_warning`).  Writes are atomic.  The first call
+        that embeds new texts writes the file; later calls of the same Asker rewrite it only once the texts
+        not in it are at least 1/:data:`_CACHE_GROWTH` of those in it, so a run of many chunks of questions
+        (``engine.ask --questions``) writes ~``_CACHE_GROWTH`` times the final size in all rather than the
+        whole file per chunk; what is left unwritten is recomputed, and written, by the next run."""
+        from engine.paths.embeddings import cache_warning, read_cache, write_cache
+
         if self._seq_emb is None:
-            self._seq_emb = {}
-            path = self._sequence_cache_path()
-            try:
-                with np.load(path, allow_pickle=False) as z:
-                    self._seq_emb.update(zip(z["texts"].tolist(), z["emb"]))
-            except (OSError, ValueError, KeyError):
-                pass  # no cache yet, or an unreadable one: recomputed
+            width = int(self._rel_unit.shape[1])  # the encoder's width (the relation embeddings')
+            got, self._seq_damage = read_cache(self._sequence_cache_path(),
+                                               lambda p: _read_sequence_cache(p, width))
+            self._seq_emb = got or {}
+            self._seq_saved = len(self._seq_emb)
         todo = [t for t in dict.fromkeys(texts) if t not in self._seq_emb]
         if not todo:
             return
         self._seq_emb.update(zip(todo, np.asarray(self.retriever.encoder.encode(todo), dtype=np.float32)))
+        if self._seq_wrote and (len(self._seq_emb) - self._seq_saved) * _CACHE_GROWTH < self._seq_saved:
+            return
         path = self._sequence_cache_path()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-            names = list(self._seq_emb)
-            np.savez(tmp, texts=np.array(names), emb=np.stack([self._seq_emb[t] for t in names]))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a cache folder that cannot be written only costs the recomputation
+        names = list(self._seq_emb)
+        buf = io.BytesIO()
+        np.savez(buf, texts=np.array(names, dtype=str), emb=np.stack([self._seq_emb[t] for t in names]))
+        # A cache folder that cannot be written only costs the recomputation (silent unless it was damaged).
+        unwritten = write_cache(path, buf.getvalue(), "path-embedding cache")
+        self._seq_saved = len(names)  # written, or given up until the cache grows as much again
+        self._seq_wrote = True
+        if self._seq_damage is not None:
+            cache_warning("path-embedding cache", path, self._seq_damage, unwritten)
+            self._seq_damage = None
 
     def path_text(self, relations: Sequence[int]) -> str:
         """The text embedding-only retrieval compares with the question (topic mention removed).
@@ -1092,9 +1127,9 @@ class Asker:
         enumerated = []
         iterator: Any = range(len(topics))
         if r_progress:
-            from tqdm import tqdm
+            from kgreason.progress import progress_bar
 
-            iterator = tqdm(iterator, desc="ask: enumerate paths", unit="question")
+            iterator = progress_bar(iterator, desc="ask: enumerate paths", unit="question")
         for i in iterator:
             seqs, truncated = self.reachable_sequences(int(topics[i]), s.max_hops)
             if truncated and results is not None:

@@ -652,9 +652,9 @@ class Executor:
         chunks = self._groups(keys, batch_size)
         it = chunks
         if progress:
-            from tqdm.auto import tqdm
+            from kgreason.progress import progress_bar
 
-            it = tqdm(chunks, desc="query batches", unit="batch")
+            it = progress_bar(chunks, desc="query batches", unit="batch")
         for idx in it:
             value, run = self._run_batch([resolved[k] for k in idx], idx, want_arg=False, record=False,
                                          trace_values=trace_values)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Iterator
 
 from kgreason.errors import UserError
+from kgreason.text import printable
 
 from engine.lang.optable import NODE_TYPES, lookup, register
 
@@ -321,9 +322,8 @@ def _error(text: str, pos: int, message: str, where: str) -> UserError:
     return UserError(f"{loc}: {message}\n  {shown}\n  {' ' * caret}^")
 
 
-def _printable(token: str) -> str:
-    """``token`` with non-printable characters written as Python escapes (for messages only)."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in token)
+# Tokens and file names in messages: the one rule for untrusted text on a terminal (kgreason.text).
+_printable = printable
 
 
 def _describe_tok(tok: _Tok) -> str:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from kgreason.cli import ArgumentParser as _Parser  # one-line UserError, user text escaped
 from kgreason.errors import UserError, cli_main
+from kgreason.text import json_line, printable
 
 from .karpa import MODES
 
@@ -122,10 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     retriever, results = run(args)
     if args.json:
-        json.dump([r.to_dict(retriever.graph) for r in results], sys.stdout, indent=2, ensure_ascii=False)
-        print()
+        # KG names, escaped where printed (kgreason.text): no raw control, bidi or separator character
+        print(json_line([r.to_dict(retriever.graph) for r in results], indent=2))
     else:
-        print("\n\n".join(r.format(retriever.graph) for r in results))
+        print("\n\n".join("\n".join(printable(line) for line in r.format(retriever.graph).split("\n"))
+                           for r in results))
     return 0
 
 

@@ -26,18 +26,30 @@ default), ``key`` a sha256 of the artifact's ``relations.tsv`` checksum (or of
 the names themselves) and the encoder's name.  A cache folder that cannot be
 written only costs the recomputation.
 
+Embedding caches (this one, and the ask loop's path-text cache) are derived data, so they are verified
+on load (:func:`read_cache`, :func:`check_embeddings`: readable, a 2-D float32 array of the expected shape,
+every value finite) and a damaged one is recomputed and rewritten, or, when its folder cannot be
+written, used from memory only, with one warning (:func:`cache_warning`).  Writes are atomic (temporary
+sibling + rename, :func:`~kgreason.files.write_output`): a killed writer leaves the old file (its
+temporary is removed by a later write once an hour old, :func:`write_cache`), and a concurrent reader
+sees the old or the new file, never part of one.
+
 Bad encoder keyword arguments (``--encoder-kwargs``) are a
 :class:`~kgreason.errors.UserError` naming the encoder and the parameters it takes.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import inspect
 import io
+import logging
 import os
 import re
+import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -58,7 +70,14 @@ __all__ = [
     "relation_embeddings",
     "RELATION_EMBEDDINGS_FILE",
     "relation_embeddings_cache_path",
+    "check_embeddings",
+    "read_cache",
+    "write_cache",
+    "cache_warning",
 ]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RELATION_EMBEDDINGS_FILE = "relation_embeddings.npy"  # the name older artifacts used inside their folder
 
@@ -277,28 +296,128 @@ def relation_embeddings_cache_path(relations: Sequence[str], encoder: Encoder, a
     return user_cache_dir() / "relation_embeddings" / f"{key}.npy"
 
 
+def check_embeddings(emb: Any, *, rows: int | None = None, width: int | None = None) -> str | None:
+    """Why ``emb`` cannot be used as cached embeddings, or None when it can.
+
+    It must be a 2-D float32 array of ``rows`` rows and ``width`` columns (when given) whose every value is
+    finite: a NaN would make every cosine with it NaN, and NaN costs sort anywhere.
+    """
+    if not isinstance(emb, np.ndarray) or emb.ndim != 2 or emb.dtype != np.float32:
+        what = f"a {emb.ndim}-D {emb.dtype} array" if isinstance(emb, np.ndarray) else type(emb).__name__
+        return f"expected a 2-D float32 array, found {what}"
+    if rows is not None and emb.shape[0] != rows:
+        return f"{emb.shape[0]} rows, expected {rows}"
+    if width is not None and emb.shape[1] != width:
+        return f"width {emb.shape[1]}, expected {width}"
+    bad = int(np.count_nonzero(~np.isfinite(emb)))
+    if bad:
+        return f"{bad} values that are not finite (NaN or infinite)"
+    return None
+
+
+def read_cache(path: Path, read: Callable[[Path], T]) -> tuple[T | None, str | None]:
+    """``(read(path), None)``, ``(None, None)`` without a file, or ``(None, why)`` for a damaged one.
+
+    ``read`` loads the file and raises ``ValueError(why)`` when the content is not usable
+    (:func:`check_embeddings`).  Any failure to read counts as damage: an empty file (``EOFError``), a
+    truncated archive (``BadZipFile``), a mangled header (``ValueError``, ``MemoryError``), a missing entry
+    (``KeyError``); the cache is derived data that is recomputed, so nothing is lost by dropping it.
+    """
+    if not path.is_file():
+        return None, None
+    try:
+        return read(path), None
+    except FileNotFoundError:  # removed by another process since is_file()
+        return None, None
+    except Exception as exc:  # noqa: BLE001 - see the docstring: any unreadable cache is rebuilt
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return None, f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+#: A cache's temporary file older than this is a killed writer's leftover (a live one is seconds old).
+STALE_PART_S = 3600.0
+
+
+def write_cache(path: Path, data: bytes, what: str) -> str | None:
+    """Write ``data`` to ``path`` atomically (:func:`~kgreason.files.write_output`); None, or why it could not.
+
+    A writer killed by SIGKILL leaves its temporary sibling (``.NAME.part-*``, as large as the cache);
+    those older than :data:`STALE_PART_S` are removed here, so leftovers do not pile up.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for part in path.parent.glob(f".{glob.escape(path.name)}.part-*"):  # kgreason.files.open_output's names
+            with contextlib.suppress(OSError):  # gone already, or not ours to remove
+                if time.time() - part.stat().st_mtime > STALE_PART_S:
+                    part.unlink()
+        write_output(path, data, what=what)
+    except (OSError, UserError) as exc:
+        return str(exc)
+    return None
+
+
+def cache_warning(what: str, path: Path, damage: str, unwritten: str | None) -> None:
+    """The one warning about a damaged cache: what was wrong, and whether it was rewritten."""
+    done = "rebuilt" if unwritten is None else f"recomputed for this run only, not rewritten ({unwritten})"
+    log.warning("%s %s was damaged (%s): %s", what, path, damage, done)
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    return buf.getvalue()
+
+
+def _probe(arr: np.ndarray, encoder: Encoder, relation: str) -> str | None:
+    """Why ``arr`` (cached embeddings, first row ``relation``'s) is not ``encoder``'s, or None."""
+    p = np.asarray(encoder.encode([relation_text(relation)]), dtype=np.float64)
+    if p.ndim != 2 or p.shape[1] != arr.shape[1]:
+        return f"width {arr.shape[1]}, the encoder's is {p.shape[-1] if p.ndim else '?'}"
+    a = arr[0].astype(np.float64)
+    norms = float(np.linalg.norm(p[0])), float(np.linalg.norm(a))
+    if max(norms) < 1e-6:  # an encoder may embed a text as zeros (_normalize keeps them): both agree
+        return None
+    cos = float(p[0] @ a) / max(norms[0] * norms[1], 1e-12)
+    if cos < 0.99:
+        return f"row 0 is not the encoder's embedding of {relation!r} (cosine {cos:.3f}): another model?"
+    return None
+
+
 def relation_embeddings(relations: Sequence[str], encoder: Encoder, artifact=None) -> np.ndarray:
     """(R, d) unit-norm embeddings of the readable relation names.
 
     With an ``artifact`` they are cached in the user cache folder
     (:func:`relation_embeddings_cache_path`), never in the artifact itself, so a
-    read-only or shared artifact works and its checksums never change.
+    read-only or shared artifact works and its checksums never change.  A cached
+    array is used only if it has R rows of finite float32 values and the encoder's
+    width: its ``dim`` when it declares one (the hashing encoder), else the width of
+    the encoder's embedding of the first relation, which must also be the cached
+    row's direction (cosine >= 0.99; the model is loaded now rather than at its
+    first use).  Otherwise it is recomputed and rewritten with one warning (see the
+    module docstring).
     """
     cache = relation_embeddings_cache_path(relations, encoder, artifact) if artifact is not None else None
-    if cache is not None and cache.is_file():
-        try:
-            arr = np.load(cache, allow_pickle=False)
-        except (OSError, ValueError):
-            arr = None  # a damaged cache entry is recomputed (and rewritten) below
-        if arr is not None and arr.ndim == 2 and arr.shape[0] == len(relations) and arr.dtype == np.float32:
+    damage = None
+    if cache is not None:
+        dim = getattr(encoder, "dim", None)
+        width = dim if isinstance(dim, int) and not isinstance(dim, bool) else None
+
+        def read(path: Path) -> np.ndarray:
+            arr = np.load(path, allow_pickle=False)
+            why = check_embeddings(arr, rows=len(relations), width=width)
+            if why is not None:
+                raise ValueError(why)
+            return arr
+
+        arr, damage = read_cache(cache, read)
+        if arr is not None and width is None and len(relations):
+            damage = _probe(arr, encoder, relations[0])
+        if arr is not None and damage is None:
             return arr
     emb = encoder.encode([relation_text(r) for r in relations]).astype(np.float32)
     if cache is not None:
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            buf = io.BytesIO()
-            np.save(buf, emb)
-            write_output(cache, buf.getvalue(), what="relation-embedding cache")
-        except (OSError, UserError):
-            pass  # a read-only cache folder only costs the recomputation next time
+        # A read-only cache folder only costs the recomputation next time (silent unless the file was damaged).
+        unwritten = write_cache(cache, _npy_bytes(emb), "relation-embedding cache")
+        if damage is not None:
+            cache_warning("relation-embedding cache", cache, damage, unwritten)
     return emb

@@ -485,9 +485,9 @@ class PathRetriever:
             raise UserError(f"max_hops must be >= 1, got {max_hops}")
         iterator = range(len(topic_ids))
         if progress:
-            from tqdm import tqdm
+            from kgreason.progress import progress_bar
 
-            iterator = tqdm(iterator, desc=f"KARPA-{mode}", unit="topic")
+            iterator = progress_bar(iterator, desc=f"KARPA-{mode}", unit="topic")
         if mode == "heuristic":
             return self._heuristic_batch(topic_ids, plan_objs, k, max_hops, iterator)
         costs_cache: dict[int, np.ndarray] = {}
