@@ -24,7 +24,7 @@ TORCH_LIBRARY_FRAGMENT(kgreason, m) {
   //       sweeps, 16 sources at a time, for every unbounded search (hop-bounded ones
   //       use the radix heap; targets and heuristic are then only upper bounds on the
   //       work: every distance is computed exactly); 1 auto: sweeps where Dijkstra
-  //       could not stop early (unbounded, no targets, no heuristic, >= 4 sources),
+  //       could not stop early (unbounded, no targets, no heuristic, >= 8 sources),
   //       else as 0. Distances are identical whatever the strategy; predecessors may
   //       break ties between equal-cost paths differently (csrc/cpu/dijkstra_cpu.cpp).
   //

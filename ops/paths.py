@@ -45,7 +45,7 @@ __all__ = ["dijkstra", "ShortestPathTensors", "check_relation_costs", "HEAPS"]
 
 #: Search strategies of the cpp kernel (name -> the op's ``heap`` code).
 #: ``"auto"`` (default): batched label-correcting sweeps (16 sources at a time,
-#: no heap) for unbounded searches without targets or heuristic and >= 4 sources,
+#: no heap) for unbounded searches without targets or heuristic and >= 8 sources,
 #: else Dijkstra with the radix heap.  ``"sweep"``: the sweeps for every unbounded
 #: search (hop-bounded ones use the radix heap).  ``"radix"`` / ``"binary"`` /
 #: ``"4-ary"``: Dijkstra with that priority queue; the radix heap needs monotone

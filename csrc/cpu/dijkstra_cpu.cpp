@@ -2,7 +2,7 @@
 //
 // Two strategies, both exact (identical float32 distances, see below):
 //  * Batched label-correcting sweeps ("heap" 1 = auto, the default for plain
-//    all-targets searches of >= 4 sources, or 3 = always): 16 sources per batch,
+//    all-targets searches of >= 8 sources, or 3 = always): 16 sources per batch,
 //    one 64-byte row of 16 float32 distances per entity (one cache line), and
 //    Gauss-Seidel "pull" sweeps over the entities whose in-neighbours changed:
 //    row[t] = min(row[t], row[v] + w(v, t)) over t's in-edges, two AVX2 add+min
@@ -18,8 +18,8 @@
 //    all walks of the folded sum, bit for bit (benchmarks/results/paths.md checks
 //    it on FB15k-237; the tests on random graphs with ties and zero costs).
 //    Sweeps need no heap, so they cannot stop early: targets, A* heuristics and
-//    hop bounds use Dijkstra (auto), and so do batches of < 4 sources (a sweep
-//    batch costs about as much as 3 Dijkstra searches whatever its lane count).
+//    hop bounds use Dijkstra (auto), and so do calls with < 8 sources (a sweep
+//    batch costs about as much as 3-6 Dijkstra searches whatever its lane count).
 //  * Dijkstra / A*: one independent search per source.
 // Work items (sweep batches, single-source searches) are spread over threads with
 // at::parallel_for; each thread pulls them from a shared atomic counter so that
@@ -545,7 +545,15 @@ void sweep_predecessors(const Problem& p, const InAdjacency& in, int64_t first, 
 }
 
 // Shortest distances from sources [first, first + lanes) (lanes <= 16), one lane each.
-void sweep_batch(const Problem& p, const InAdjacency& in, int64_t first, int lanes, SweepWorkspace& ws) {
+// Returns false, having written nothing, when the sweeps exceed their work budget:
+// Gauss-Seidel needs one sweep per "descent" of a shortest path against the
+// entity order, so a long chain numbered backwards would take O(N) sweeps of an
+// O(N) dirty scan each; the caller then runs Dijkstra for these sources. The
+// budget, 16 * (E + N) pulled edges and scanned entities whatever the lane count
+// (a batch's work barely depends on it), costs about what 4 Dijkstra searches do
+// (~4x the cost per edge), so a fallback at most doubles a batch's time; FB15k-237
+// uses ~6 E per batch of 8 or 16 sources.
+bool sweep_batch(const Problem& p, const InAdjacency& in, int64_t first, int lanes, SweepWorkspace& ws) {
   const int64_t n = p.n;
   LaneRow* __restrict rows = ws.rows.data();
   uint8_t* __restrict dirty = ws.dirty.data();  // restrict: the byte stores must not force reloads
@@ -566,11 +574,19 @@ void sweep_batch(const Problem& p, const InAdjacency& in, int64_t first, int lan
   };
   for (int j = 0; j < lanes; ++j) set_lane(rows[p.sources[first + j]], j, 0.f);
   for (int j = 0; j < lanes; ++j) mark(p.sources[first + j]);
+  const int64_t budget = kLanes * (in_ptr[n] + n);
+  int64_t work = 0;
   for (bool changed = true; changed;) {
     changed = false;
+    work += n;
+    if (work > budget) {
+      std::memset(dirty, 0, n);
+      return false;
+    }
     for (int64_t t = 0; t < n; ++t) {
       if (!dirty[t]) continue;
       dirty[t] = 0;
+      work += in_ptr[t + 1] - in_ptr[t];
       const F8 old0 = rows[t].v[0], old1 = rows[t].v[1];
       F8 a0 = old0, a1 = old1;
       for (int64_t i = in_ptr[t], end = in_ptr[t + 1]; i < end; ++i) {
@@ -596,6 +612,7 @@ void sweep_batch(const Problem& p, const InAdjacency& in, int64_t first, int lan
     for (int64_t v = 0; v < n; ++v) dist[v] = lane(rows[v], j);
   }
   if (p.pred_e) sweep_predecessors(p, in, first, lanes, ws);
+  return true;
 }
 
 // Sweep batches over sources [0, swept), Dijkstra (with Heap) over [swept, S).
@@ -625,7 +642,10 @@ void run_all(const Problem& p, int64_t num_sources, int64_t swept, const InAdjac
       for (int64_t j = next.fetch_add(1); j < jobs; j = next.fetch_add(1)) {
         if (j < num_batches) {
           if (!sws) sws = std::make_unique<SweepWorkspace>(p.n);
-          sweep_batch(p, *in, batches[j].first, batches[j].second, *sws);
+          if (sweep_batch(p, *in, batches[j].first, batches[j].second, *sws)) continue;
+          if (!ws) ws = std::make_unique<Workspace<Heap>>(p);  // over budget: Dijkstra (unbounded here)
+          for (int64_t s = batches[j].first; s < batches[j].first + batches[j].second; ++s)
+            search_unbounded<Heap>(p, s, *ws);
           continue;
         }
         const int64_t s = swept + (j - num_batches);
@@ -740,9 +760,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dijkstra_cpu(
 
   if (num_sources > 0 && n > 0) {
     // Sweeps: "sweep" (3) for every unbounded search; "auto" (1) only where Dijkstra
-    // cannot stop early (no targets, no heuristic) and a batch gets >= 4 sources.
+    // cannot stop early (no targets, no heuristic) and a batch gets >= 8 sources.
     int64_t swept = 0;
-    if (max_hops < 0 && (heap == 3 || (heap == 1 && !p.targets && !p.heuristic && num_sources >= 4)))
+    if (max_hops < 0 && (heap == 3 || (heap == 1 && !p.targets && !p.heuristic && num_sources >= 8)))
       swept = num_sources;
     InAdjacency in;
     if (swept > 0) in = transpose(adj, n);
