@@ -28,13 +28,19 @@ follow one set of rules:
 :func:`read_lines` is the one text reader: UTF-8 (a leading BOM is dropped),
 universal newlines, decoding errors reported as ``file:line`` with a hint, and
 a folder or missing file given where a file is expected as a ``UserError``.
+:func:`loads_json` is the one JSON parser for untrusted text (JSON-lines files,
+caches, LLM replies): linear time, no recursion deeper than :data:`MAX_JSON_DEPTH`
+levels (``json.loads`` recurses once per level and ends in a ``RecursionError``
+on ``[[[[...``), NaN/Infinity refused on request; every failure is a ``ValueError``.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -59,6 +65,9 @@ __all__ = [
     "write_output",
     "read_lines",
     "read_json_objects",
+    "MAX_JSON_DEPTH",
+    "json_depth",
+    "loads_json",
     "relation_path_field",
     "text_field",
 ]
@@ -552,10 +561,54 @@ def _decoded_lines(f: IO[bytes], name: str) -> Iterator[tuple[int, str]]:
                 yield lineno, text
 
 
+#: Deepest nesting :func:`loads_json` parses (a reply, a questions line or a cache entry of kgreason's
+#: is never deeper than a few levels; ``json.loads`` itself fails near the interpreter's recursion limit).
+MAX_JSON_DEPTH = 100
+# A JSON string from its opening quote to its closing one, or to the end of the text when it never closes:
+# always matching at a quote keeps one pass linear (a string that fails to close is not retried).  The
+# "unrolled loop" form: every character belongs to exactly one repeat, so no input makes it backtrack
+# more than once over each character (Python 3.10 has no possessive quantifiers).
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP = str.maketrans({"[": "1", "{": "1", "]": "2", "}": "2"})
+
+
+def json_depth(text: str) -> int:
+    """An upper bound of the nesting depth ``json.loads(text)`` would reach before it returns or fails.
+
+    Linear time, no recursion: strings are removed (from the first quote, as a JSON parser reads them),
+    then the running count of opening minus closing brackets is taken at C speed.  Up to the point where
+    a JSON parser stops (the end of the value or the first error), the two read the same tokens, so the
+    bound holds for any text, valid JSON or not.
+    """
+    if text.count("[") + text.count("{") == 0:
+        return 0
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)).translate(_BRACKET_STEP)
+    steps = itertools.accumulate(1 if c == "1" else -1 for c in brackets)
+    return max(0, max(steps, default=0))
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def loads_json(text: str, *, max_depth: int = MAX_JSON_DEPTH, allow_nan: bool = True) -> Any:
+    """``json.loads(text)``, bounded: a value nested deeper than ``max_depth`` is a ``ValueError``
+    (``"nested too deeply"``) found in linear time before any parsing, so no input reaches
+    ``json``'s per-level recursion; ``allow_nan=False`` also refuses ``NaN``/``Infinity``.
+    Every failure is a ``ValueError`` (``json.JSONDecodeError`` for malformed JSON)."""
+    if json_depth(text) > max_depth:
+        raise ValueError("nested too deeply")  # the words every JSON-lines reader of kgreason has used
+    if allow_nan:
+        return json.loads(text)
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
 def read_json_objects(path: str | os.PathLike, *, what: str = "", shape: str = "") -> Iterator[tuple[str, dict]]:
     """``("FILE:LINE", object)`` of every non-blank line of a JSON-lines file of objects (:func:`read_lines`).
 
-    A line that is not JSON, or JSON but not an object, is a ``UserError`` naming ``FILE:LINE``;
+    A line that is not JSON (nesting deeper than :data:`MAX_JSON_DEPTH` included: :func:`loads_json`),
+    or JSON but not an object, is a ``UserError`` naming ``FILE:LINE``;
     ``shape`` (e.g. ``{"question": ..., "path": [...]}``) is the object the message says was expected.
     """
     for n, line in read_lines(path, what=what):
@@ -563,11 +616,9 @@ def read_json_objects(path: str | os.PathLike, *, what: str = "", shape: str = "
             continue
         where = f"{path}:{n}"
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not JSON ({exc.msg})") from None
-        except RecursionError:  # json.loads recurses per nesting level: "[[[[...]]]]" past ~1,000 levels
-            raise UserError(f"{where}: not JSON (nested too deeply)") from None
+            obj = loads_json(line)
+        except ValueError as exc:
+            raise UserError(f"{where}: not JSON ({getattr(exc, 'msg', exc)})") from None
         if not isinstance(obj, dict):
             raise UserError(f"{where}: expected a JSON object {shape}".rstrip())
         yield where, obj

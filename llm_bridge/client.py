@@ -62,7 +62,6 @@ import contextvars
 import dataclasses
 import functools
 import importlib.util
-import json
 import logging
 import math
 import random
@@ -74,6 +73,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
 from kgreason.errors import UserError
+from kgreason.files import loads_json
 
 from .cache import ResponseCache, request_key
 from .config import LLMConfig
@@ -349,7 +349,7 @@ def _parse_reply(body: bytes) -> tuple[Any | None, str]:
     from pydantic import ValidationError
 
     try:
-        data = json.loads(body.decode("utf-8"))
+        data = loads_json(body.decode("utf-8"))  # bounded: a body nested 100,000 deep was a RecursionError
     except (UnicodeDecodeError, ValueError):
         head = body[:60].decode("utf-8", "replace")
         return None, f"not JSON (starts {head!r})"

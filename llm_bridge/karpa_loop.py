@@ -52,6 +52,7 @@ simulator uses them, so tests go through the real prompt text).
 """
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from dataclasses import dataclass
@@ -60,8 +61,10 @@ from typing import Any, Iterable, Sequence
 from engine.exec.ask import PlanReply, PlanRequest, ReasonReply, ReasonRequest
 from engine.exec.context import estimate_tokens
 
+from kgreason.files import _JSON_STRING, loads_json
+
 from .client import LLMClient
-from .parse import extract_entities
+from .parse import _roots, extract_entities, scan_json
 
 __all__ = ["LLMPlanner", "LLMReasoner", "plan_messages", "reason_messages", "parse_plan_reply",
            "parse_reason_reply", "parse_plan_prompt", "parse_reason_prompt", "PlanPrompt", "ReasonPrompt",
@@ -108,7 +111,11 @@ Reply with JSON {{"paths": [numbers of the paths that answer the question], "ans
 _Q = re.compile(r"^Question: (.*)$", re.MULTILINE)
 _T = re.compile(r"^Topic entity: (.*)$", re.MULTILINE)
 _UNSAFE = re.compile(r'["\\\x00-\x1f\x7f]')
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+# No "\s*" before the lazy body: with one, a fence followed by a long run of spaces was tried once per
+# split of the run (quadratic); json.loads skips the spaces anyway.
+_FENCE = re.compile(r"```(?:json)?(.*?)```", re.DOTALL)
+#: Values open at the end of a reply (cut off by max_tokens) that :func:`_cut_off_json` tries to close.
+_MAX_CUT_OFF_TRIES = 4
 
 
 def plan_messages(req: PlanRequest, *, max_plans: int = 3, max_hops: int = 3,
@@ -276,23 +283,53 @@ def parse_reason_prompt(messages: Sequence[dict[str, Any]]) -> ReasonPrompt | No
 
 
 def _json_value(text: str) -> Any:
-    """The first JSON value in ``text`` (code fences and prose around it allowed); raises ValueError."""
+    """The first JSON value in ``text`` (code fences and prose around it allowed); raises ValueError.
+
+    As if ``raw_decode`` were tried at every ``[``/``{`` in order, and a value cut off by the end of the
+    reply closed by :func:`_cut_off_json`, but in time linear in the reply's length
+    (:func:`llm_bridge.parse.scan_json`; values nested deeper than :data:`~kgreason.files.MAX_JSON_DEPTH`
+    levels are not JSON).
+    """
     for m in _FENCE.finditer(text):
         try:
-            return json.loads(m.group(1))
+            return loads_json(m.group(1))
         except ValueError:
             pass
-    dec = json.JSONDecoder()
-    for i, ch in enumerate(text):
-        if ch in "[{":
-            try:
-                return dec.raw_decode(text[i:])[0]
-            except ValueError:
-                # Cut off by max_tokens: the outer value's complete part, not its first inner list.
-                cut = _cut_off_json(text[i:])
-                if cut is not None:
-                    return cut
+    closed, open_at_end = scan_json(text)
+    roots = _roots(text, closed)
+    cut_offs = open_at_end[:_MAX_CUT_OFF_TRIES]
+    for start, value in roots:
+        # a value open at the end that starts earlier holds this one: its cut-off reading comes first
+        while cut_offs and cut_offs[0] < start:
+            cut = _cut_off_json(text[cut_offs.pop(0):])
+            if cut is not None:
+                return cut
+        return value
+    for i in cut_offs:
+        cut = _cut_off_json(text[i:])
+        if cut is not None:
+            return cut
     raise ValueError("no JSON list or object in the reply")
+
+
+_CUT_TOKEN = re.compile(rf'{_JSON_STRING.pattern}|[\[\]{{}}]', re.DOTALL)
+
+
+def _open_brackets(text: str, stop: int) -> tuple[list[str], list[int]] | None:
+    """The closers ``text[:stop]`` still needs and the positions of its list-closing ``]``; None when a
+    bracket closes the wrong kind or the outer value completes (then it is no cut-off value)."""
+    stack: list[str] = []
+    closes: list[int] = []
+    for m in _CUT_TOKEN.finditer(text, 0, stop):
+        ch = m.group()
+        if ch in "[{":
+            stack.append("]" if ch == "[" else "}")
+        elif ch in "]}":
+            if not stack or stack.pop() != ch or not stack:
+                return None
+            if ch == "]":
+                closes.append(m.start())
+    return stack, closes
 
 
 def _cut_off_json(text: str) -> Any:
@@ -300,34 +337,31 @@ def _cut_off_json(text: str) -> Any:
 
     A schema-constrained reply stopped by ``max_tokens`` is valid JSON up to where it stops
     (``{"plans": [["a", "b"], ["c", "d`` → ``{"plans": [["a", "b"]]}``): its complete lists are kept,
-    the unfinished rest dropped.
+    the unfinished rest dropped.  At most three parses (two suffice): when the text closed after its last complete list
+    fails at a position, the text before that position parsed, so the last list closing before it is
+    the answer (or there is none).
     """
     if not text.startswith(("{", "[")):
         return None
-    stack: list[str] = []
-    closes: list[tuple[int, str]] = []  # (position of a "]" ending a list, the closers the prefix then needs)
-    in_str = esc = False
-    for i in range(len(text)):
-        ch = text[i]
-        if in_str:
-            esc, in_str = (False, True) if esc else (ch == "\\", ch != '"')
-            continue
-        if ch == '"':
-            in_str = True
-        elif ch in "[{":
-            stack.append("]" if ch == "[" else "}")
-        elif ch in "]}":
-            if not stack or stack.pop() != ch:
-                return None
-            if not stack:
-                return None  # a complete value: raw_decode would have read it, so it is not JSON
-            if ch == "]":
-                closes.append((i, "".join(reversed(stack))))
-    for i, closers in reversed(closes):
+    scanned = _open_brackets(text, len(text))
+    if scanned is None or not scanned[1]:
+        return None
+    limit = len(text)
+    closes = scanned[1]
+    for _ in range(3):
+        k = bisect.bisect_left(closes, limit) - 1
+        if k < 0:
+            return None
+        end = closes[k]
+        stack = _open_brackets(text, end + 1)
+        if stack is None:
+            return None
         try:
-            return json.loads(text[:i + 1] + closers)
+            return loads_json(text[:end + 1] + "".join(reversed(stack[0])))
+        except json.JSONDecodeError as exc:
+            limit = min(exc.pos, end)
         except ValueError:
-            continue
+            return None
     return None
 
 

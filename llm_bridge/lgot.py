@@ -74,7 +74,12 @@ call leaves the row's values unchanged, with a ``"warning"`` note.
 
 **Failures never fail a batch**: a row whose LLM call failed (after the
 client's retries, or with the budget spent) keeps its KG value (both modes),
-its LLM set is undefined, and the trace gets a ``"warning"`` note.
+its LLM set is undefined, and the trace gets a ``"warning"`` note.  So does a
+row whose reply is *unusable*: no sample reads as entity names
+(:attr:`~llm_bridge.parse.ParsedReply.unusable`: ``[[[[...``, a 1 MB line; a
+refusal or ``[]`` is an answer, not unusable) or the parsers raised on it; its
+``"llm"`` note gets ``unusable`` (why, samples, the first 120 characters).  A
+cached reply replays the same way, so a bad reply in the cache never ends a run.
 
 **Trace** (``ctx.note``), per projection row, key ``"llm"``: ``question``,
 ``inputs``, ``inputs_below_ratio`` (when > 0: how many top entities
@@ -244,7 +249,8 @@ class _Prefer:
 
 @dataclass
 class HookStats:
-    """Counters over the hook's life: prompts asked, rows that fell back, LLM entities merged;
+    """Counters over the hook's life: prompts asked, rows that fell back (``failed_rows``: the call failed;
+    ``unusable_rows``: no sample of the reply could be read), LLM entities merged;
     ``nested``: projection rows asked with an empty input (a nested sub-question), ``skipped``:
     rows with an empty input and no sub-question to nest (nothing asked);
     answer checks asked (``checks``, per row and entity; ``unique_checks``: distinct prompts sent),
@@ -254,6 +260,7 @@ class HookStats:
     prompts: int = 0
     unique_prompts: int = 0
     failed_rows: int = 0
+    unusable_rows: int = 0
     answers: int = 0
     nested: int = 0
     skipped: int = 0
@@ -453,7 +460,8 @@ class LGOTHook:
         return inputs, questions, per_row, asked, nested_from, below_ratio
 
     def _confidence(self, res: Any) -> tuple[list[Confidence], int, list[str]]:
-        """(answers with p(e), refusals, the rule each reply was read by)."""
+        """(answers with p(e), refusals, the rule each reply was read by, ``"unusable"`` for a reply with
+        nothing that reads as names: :attr:`~llm_bridge.parse.ParsedReply.unusable`)."""
         parsed = [extract_entities(t, limit=self.settings.max_answers) for t in res.texts]
         refusals = sum(p.refused for p in parsed)
         n = max(int(getattr(res, "n_requested", 0) or 0), len(parsed))
@@ -464,7 +472,7 @@ class LGOTHook:
             conf = logprob_confidence(samples, mode=mode.split("-", 1)[1], n=n)
         else:
             conf = sample_confidence([p.entities for p in parsed], n=n)
-        return conf, refusals, [p.how for p in parsed]
+        return conf, refusals, ["unusable" if p.unusable else p.how for p in parsed]
 
     def _projection(self, ctx: NodeContext, value: NodeValue) -> tuple[NodeValue | None, list[LLMSet | None],
                                                                         list[tuple[str, list[str]] | None]]:
@@ -502,9 +510,27 @@ class LGOTHook:
                 ctx.note(row, "warning", failed[row])
                 sets.append(None)
                 continue
-            conf, refusals, _ = self._confidence(res)
+            try:
+                conf, refusals, hows = self._confidence(res)
+                unusable = bool(hows) and all(h == "unusable" for h in hows)
+                why = "no sample could be read as entity names" if unusable else ""
+            except Exception as exc:  # noqa: BLE001  a reply the parsers cannot read must not end the run
+                why = f"{type(exc).__name__} while reading it"
+            if why:
+                # Live or replayed from the cache, the same reply degrades the same way: the row keeps its
+                # KG value, its LLM set is undefined, and the trace says why.
+                self.stats.unusable_rows += 1
+                texts = [str(t) for t in getattr(res, "texts", ())]
+                info["unusable"] = {"why": why, "samples": len(texts),
+                                    "first": texts[0][:120] if texts else ""}
+                ctx.note(row, "llm", info)
+                failed[row] = f"LLM reply unusable ({why}); this row is KG-only"
+                ctx.note(row, "warning", failed[row])
+                sets.append(None)
+                continue
             kept, _ = likelihood_filter(conf, s.theta)
-            links = self.linker.link_many([c.text for c in kept], prefer=_Prefer(kg_rows[row]))
+            links = self.linker.link_many([c.text for c in kept], prefer=_Prefer(kg_rows[row]),
+                                          relation=None if ctx.relations is None else ctx.relations[row])
             best: dict[int, float] = {}
             detail: dict[int, dict[str, Any]] = {}
             for c, link in zip(kept, links):

@@ -17,18 +17,43 @@ The set imitates how an LLM writes the names of a KG's entities.  From
   renamed film dropped;
 * **negatives** (the string names no table entity, label ``None``): held-out
   names and their acronyms, persons with the first name of another person (``"Bo Jackson"``-like,
-  not a name in the KB), and the ambiguous bare titles.
+  not a name in the KB), and the ambiguous bare titles;
+* **negatives of the wrong kind** (issue 32: what a real LLM's answers to MetaQA
+  sub-questions linked to), each asked under a relation: ``other_kind_typo`` -- one
+  letter added or changed at the start of a name of another kind than the
+  relation reaches ("selling" near the film "Elling" for a tag question, "The
+  Lobster" near the tag "mobster" for a film question; persons vs works
+  included); ``placeholder`` -- "Movie B", "Actor C", "Film #2" (the tag
+  "b-movie" is "Movie B" at fuzzy score 100); ``person_acronym`` -- a made-up
+  person whose initials spell an all-capitals KB title ("Jean-Claude Van Damme"
+  -> the film "JCVD"); ``partial_name`` -- a person's initials or one of their
+  names alone ("P.J" of "P.J. Hogan"); ``joined_words`` -- a two-word name
+  written as one word ("Deadpool" is not "The Dead Pool").
+
+Every string carries the **relation** its question asked (``Example.relation``): for
+a positive one reaching the labelled entity in the table's KG, for a negative one
+reaching its source name in the KB, for the wrong-kind kinds one whose range
+(:class:`~llm_bridge.linking.RelationRanges` of the table's KG) excludes the name
+it is near.  The table's KG is ``kb.txt``'s triples over the table (held-out names'
+triples dropped, renamed films under their new name), relation ``2k`` a KB relation
+and ``2k+1`` its inverse ``X^-1``.  The ranged linker is called with the relation,
+the others without.
 
 A link is correct when it picks the labelled entity (or an entity with the same
 normalised name); precision = correct links / links, recall = correct links /
-positives.  The fuzzy threshold is swept from one run at threshold 0 (a string
+positives, overall and per kind (a negative kind has no recall: every link of it is
+wrong).  The fuzzy threshold is swept from one run at threshold 0 (a string
 links at threshold ``t`` iff it linked by a non-fuzzy method, or fuzzily with a
 score ``>= t``; the fuzzy decision is otherwise independent of the threshold).
+The sweep misses what the rules *after* the fuzzy step (written-out acronyms,
+embedding) link once the fuzzy step rejects a string, which at threshold 0 it
+never does; the side-by-side and per-kind tables are exact: every string not
+linked at or above a linker's threshold by the run at 0 is linked again at it.
 
 Run (writes the Markdown table and the PNG next to it)::
 
     python -m llm_bridge.linkeval --kb ../shared/data/metaqa/kb.txt \\
-        --out benchmarks/results/lgot/linking.md --baseline-rev 0a51aa3
+        --out benchmarks/results/lgot/linking.md --baseline-rev 0467476
 
 ``--baseline-rev`` measures the linker of that git revision side by side (its
 ``llm_bridge/linking.py`` is loaded from ``git show`` into a temporary module).
@@ -36,6 +61,7 @@ Run (writes the Markdown table and the PNG next to it)::
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -43,7 +69,7 @@ import tempfile
 import time
 import unicodedata
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -52,45 +78,77 @@ import numpy as np
 from kgreason.cli import ArgumentParser, check_seed
 from kgreason.errors import UserError, cli_main
 from kgreason.files import _check_parent, check_not_input, read_lines
-from llm_bridge.linking import DEFAULT_THRESHOLD, EntityLinker, normalize
+from llm_bridge.linking import DEFAULT_THRESHOLD, EntityLinker, RelationRanges, acronyms, loose_form, normalize
 
-__all__ = ["Example", "LinkingSet", "load_kb_names", "build_set", "evaluate", "sweep", "choose_threshold", "main"]
+__all__ = ["Example", "LinkingSet", "load_kb", "load_kb_names", "build_set", "evaluate", "sweep", "per_kind",
+           "choose_threshold", "range_coverage", "main"]
 
 PERSON_RELATIONS = ("directed_by", "written_by", "starred_actors")
 CORPORATE = (" Inc.", " Corporation", " Ltd", " Co.", ", Inc.", " LLC")
 ACCENTS = {"a": "á", "e": "é", "i": "í", "o": "ö", "u": "ü", "n": "ñ", "c": "ç"}
 POSITIVE_KINDS = ("case", "article", "punctuation", "corporate", "accents", "reorder", "acronym", "typo",
                   "qualifier_added", "qualifier_dropped")
-NEGATIVE_KINDS = ("held_out", "held_out_acronym", "swapped_first_name", "ambiguous_bare")
+NEGATIVE_KINDS = ("held_out", "held_out_acronym", "swapped_first_name", "ambiguous_bare", "other_kind_typo",
+                  "placeholder", "person_acronym", "partial_name", "joined_words")
+#: The kinds a real LLM's wrong-kind answers showed (issue 32); built only when the KB's triples are given.
+WRONG_KIND_KINDS = NEGATIVE_KINDS[4:]
+#: "Movie B"-like placeholders: the noun, and the KB relations whose answers it stands for (X^-1: films).
+PLACEHOLDER_NOUNS = {"Movie": ("directed_by^-1", "starred_actors^-1", "has_tags^-1", "release_year^-1"),
+                     "Film": ("directed_by^-1", "written_by^-1", "has_genre^-1"),
+                     "Title": ("starred_actors^-1", "in_language^-1"), "Actor": ("starred_actors",),
+                     "Actress": ("starred_actors",), "Director": ("directed_by",), "Writer": ("written_by",),
+                     "Person": PERSON_RELATIONS}
+INVERSE = "^-1"
 THRESHOLDS = tuple(float(t) for t in range(50, 101, 2))
 
 
 @dataclass(frozen=True)
 class Example:
-    """One labelled string: ``target`` is the table name it means (``None`` for a negative)."""
+    """One labelled string: ``target`` is the table name it means (``None`` for a negative); ``relation``:
+    the name of the relation whose question it answers (``None``: no relation known)."""
 
     text: str
     target: str | None
     kind: str
     source: str
+    relation: str | None = None
 
 
 @dataclass
 class LinkingSet:
-    """The linker's name table and the labelled strings."""
+    """The linker's name table, the labelled strings, and (when built from triples) the table's KG:
+    ``relations`` (``2k``: a KB relation, ``2k+1``: its inverse) and ``triples`` (``(E, 3)`` table ids)."""
 
     names: list[str]
     examples: list[Example]
+    relations: list[str] = field(default_factory=list)
+    triples: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.int64))
+
+    def ranges(self) -> RelationRanges:
+        """The :class:`RelationRanges` of the table's KG."""
+        return RelationRanges(self.triples, num_entities=len(self.names), num_relations=len(self.relations),
+                              inverse=[k ^ 1 for k in range(len(self.relations))])
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, LinkingSet) and (self.names, self.examples, self.relations)
+                == (other.names, other.examples, other.relations) and np.array_equal(self.triples, other.triples))
 
 
 def load_kb_names(path: str | Path) -> tuple[list[str], set[str], dict[str, str]]:
     """(entity names in first-seen order, person names, film -> release year) of a MetaQA ``kb.txt``."""
+    names, persons, years, _ = load_kb(path)
+    return names, persons, years
+
+
+def load_kb(path: str | Path) -> tuple[list[str], set[str], dict[str, str], list[tuple[str, str, str]]]:
+    """:func:`load_kb_names` and the ``(head, relation, tail)`` name triples (duplicates dropped, file order)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--kb: {str(path)!r} is not a file (MetaQA's kb.txt: head|relation|tail lines)")
     seen: dict[str, None] = {}
     persons: set[str] = set()
     years: dict[str, str] = {}
+    triples: dict[tuple[str, str, str], None] = {}
     for lineno, line in read_lines(path, what="--kb"):  # a non-UTF-8 line is a FILE:LINE error
         if not line.strip():
             continue
@@ -100,13 +158,14 @@ def load_kb_names(path: str | Path) -> tuple[list[str], set[str], dict[str, str]
         h, r, t = (p.strip() for p in parts)
         seen.setdefault(h, None)
         seen.setdefault(t, None)
+        triples.setdefault((h, r, t), None)
         if r in PERSON_RELATIONS:
             persons.add(t)
         elif r == "release_year":
             years.setdefault(h, t)
     if not seen:  # else an empty report: 0 positives, "precision 1.000"
         raise UserError(f"--kb {path}: no head|relation|tail line (an empty file?)")
-    return list(seen), persons, years
+    return list(seen), persons, years, list(triples)
 
 
 # ----------------------------------------------------------------------------- perturbations
@@ -175,10 +234,14 @@ def _acronym(s):
 
 
 def build_set(names: Sequence[str], persons: set[str], years: dict[str, str], *, seed: int = 0,
-              per_kind: int = 400, held_out: float = 0.05) -> LinkingSet:
+              per_kind: int = 400, held_out: float = 0.05,
+              triples: Sequence[tuple[str, str, str]] | None = None) -> LinkingSet:
     """The name table and labelled strings (see the module doc); deterministic for a seed.
 
     ``per_kind``: strings per positive kind and per negative kind (fewer when too few names fit).
+    ``triples``: the KB's name triples; with them every string gets its relation, the table its KG, and
+    the wrong-kind kinds are added (drawn from their own random streams: the other strings are those
+    built without triples).
     """
     rng = np.random.default_rng(seed)
     names = list(dict.fromkeys(names))
@@ -257,7 +320,137 @@ def build_set(names: Sequence[str], persons: set[str], years: dict[str, str], *,
         examples.append(Example(t, None, "swapped_first_name", n))
         count += 1
     examples += [Example(n, None, "ambiguous_bare", n) for n in doubled]
-    return LinkingSet(table, examples)
+    if triples is None:
+        return LinkingSet(table, examples)
+    rename = {n: n for n in kept} | {n: f"{n} (film)" for n in renamed + doubled}
+    return _with_relations(LinkingSet(table, examples), triples, rename, persons, keys, seed=seed,
+                           per_kind=per_kind)
+
+
+def _with_relations(data: LinkingSet, triples: Sequence[tuple[str, str, str]], rename: dict[str, str],
+                    persons: set[str], keys: set[str], *, seed: int, per_kind: int) -> LinkingSet:
+    """``data`` with the table's KG, a relation on every string, and the wrong-kind kinds (module doc)."""
+    base = list(dict.fromkeys(r for _, r, _ in triples))
+    relations = [x for r in base for x in (r, r + INVERSE)]
+    rid = {r: k for k, r in enumerate(relations)}
+    ids = {n: i for i, n in enumerate(data.names)}
+    reach: dict[str, set[str]] = {}  # KB name -> the relations reaching it (as a tail; X^-1: as a head)
+    rows = []
+    for h, r, t in triples:
+        reach.setdefault(t, set()).add(r)
+        reach.setdefault(h, set()).add(r + INVERSE)
+        th, tt = rename.get(h), rename.get(t)
+        if th is not None and tt is not None:  # a held-out name's triples are not in the table's KG
+            rows += [(ids[th], rid[r], ids[tt]), (ids[tt], rid[r + INVERSE], ids[th])]
+    trip = np.array(sorted(set(rows)), dtype=np.int64).reshape(-1, 3)
+    out = LinkingSet(data.names, [], relations, trip)
+    ranges = out.ranges()
+    rng = np.random.default_rng([seed, 2])
+    table_reach: dict[int, list[str]] = {}
+    for h, r, t in trip.tolist():
+        table_reach.setdefault(t, []).append(relations[r])
+
+    def pick_rel(pool) -> str | None:
+        pool = sorted(set(pool))
+        return pool[rng.integers(len(pool))] if pool else None
+
+    for ex in data.examples:
+        if ex.target is not None:
+            rel = pick_rel(table_reach.get(ids[ex.target], ()))
+        else:
+            rel = pick_rel(reach.get(ex.source, ()))
+        out.examples.append(replace(ex, relation=rel))
+    ex_keys = set(keys) | {normalize(e.text) for e in out.examples}
+
+    def add(kind: str, text: str, source: str, relation: str | None) -> bool:
+        k = normalize(text)
+        if relation is None or not k or k in ex_keys:  # a KB name, or a string already labelled
+            return False
+        ex_keys.add(k)
+        out.examples.append(Example(text, None, kind, source, relation))
+        return True
+
+    def shuffled(pool):
+        pool = list(pool)
+        return [pool[i] for i in rng.permutation(len(pool))]
+
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    mentioned = np.zeros(len(data.names), dtype=bool)
+    mentioned[trip[:, 0]] = True
+    mentioned[trip[:, 2]] = True
+    # other_kind_typo: a letter added before or changed at the start of a name of another kind, asked under
+    # a relation reaching no entity of that name (MetaQA's tag "insomnia" is also the film "Insomnia")
+    same: dict[str, list[int]] = {}
+    for i, n in enumerate(data.names):
+        same.setdefault(normalize(n), []).append(i)
+    count = 0
+    for i in shuffled([i for i, n in enumerate(data.names) if mentioned[i] and len(normalize(n)) >= 5]):
+        if count >= per_kind:
+            break
+        twins = same[normalize(data.names[i])]
+        wrong = [relations[r] for r in range(len(relations))
+                 if ranges.sizes[r] >= 20 and not ranges.allowed(r)[twins].any()]
+        n = data.names[i]
+        if not n[:1].isalpha() or not wrong or normalize(n, strip_articles=False) != normalize(n):
+            continue  # a name starting with an article would have its typo in "The"
+        c = letters[rng.integers(26)]
+        t = c + n[0].lower() + n[1:] if rng.random() < 0.5 else c + n[1:]  # "Elling" -> "selling"; "mobster" -> "lobster"
+        t = t.capitalize() if n[0].isupper() else t
+        if rng.random() < 0.2:
+            t = "The " + t
+        count += add("other_kind_typo", t, n, pick_rel(wrong))
+    # placeholder: "Movie B", "Actor C", "Film #2"
+    count = 0
+    forms = [(f"{noun} {x}", noun) for noun in PLACEHOLDER_NOUNS for x in list("ABCDEFGHXYZ") + ["1", "2", "#1", "#2"]]
+    forms += [(f"{x} {noun}", noun) for noun in ("Movie", "Film") for x in "ABCXYZ"]
+    for text, noun in shuffled(forms):
+        if count >= per_kind:
+            break
+        count += add("placeholder", text, noun, pick_rel(r for r in PLACEHOLDER_NOUNS[noun] if r in rid))
+    # person_acronym: a made-up person whose initials spell an all-capitals title ("Jean Claude Van Damme")
+    caps = [n for n in data.names if n.isalpha() and n.isupper() and 4 <= len(n) <= 8 and n not in persons]
+    words: dict[str, list[str]] = {}
+    for p in sorted(persons):
+        for w in p.split():
+            if w.isalpha() and len(w) >= 3 and w.lower() not in ("the", "and", "for"):
+                words.setdefault(w[0].upper(), []).append(w)
+    person_rels = [r for r in PERSON_RELATIONS if r in rid]
+    count = tries = 0
+    while caps and person_rels and count < per_kind and tries < 20 * per_kind:
+        tries += 1
+        title = caps[rng.integers(len(caps))]
+        if not all(c in words for c in title):
+            continue
+        parts = [words[c][rng.integers(len(words[c]))] for c in title]
+        text = " ".join(parts) if rng.random() < 0.5 else "-".join(parts[:2]) + " " + " ".join(parts[2:])
+        if normalize(title).replace(" ", "") not in acronyms(normalize(text)):
+            continue
+        count += add("person_acronym", text, title, pick_rel(person_rels))
+    # partial_name: a person's initials ("P.J" of "P.J. Hogan"), or one of their names alone
+    count = 0
+    people = [p for p in data.names if p in persons and len(p.split()) >= 2]
+    initials = [p for p in people if re.fullmatch(r"(?:[A-Z]\.){2,3}", p.split()[0])]
+    for p in shuffled(initials) + shuffled(people):
+        if count >= per_kind:
+            break
+        first = p.split()[0]
+        if p in initials:
+            text = first.rstrip(".") if rng.random() < 0.7 else first.replace(".", "")
+        else:
+            text = first if rng.random() < 0.5 else p.split()[-1]
+        count += add("partial_name", text, p, pick_rel(table_reach.get(ids[p], ())))
+    # joined_words: a two-word name as one word ("Deadpool" is not "The Dead Pool")
+    count = 0
+    heads = {k for k, r in enumerate(relations) if r.endswith(INVERSE)}  # X^-1 reaches X's heads: the works
+    works = sorted({i for _, r, i in trip.tolist() if r in heads})
+    for n in shuffled([data.names[i] for i in works]):
+        if count >= per_kind:
+            break
+        w = normalize(n).split()
+        if len(w) != 2 or not all(x.isalpha() and len(x) >= 3 for x in w) or "(" in n or " " not in loose_form(n):
+            continue  # "Semi-Pro" joins its words itself: "Semipro" is that name
+        count += add("joined_words", (w[0] + w[1]).capitalize(), n, pick_rel(table_reach.get(ids[n], ())))
+    return out
 
 
 # ------------------------------------------------------------------------------- evaluation
@@ -270,13 +463,16 @@ class Outcome:
     score: float
 
 
-def evaluate(linker: Any, examples: Sequence[Example], *, desc: str = "linking") -> list[Outcome]:
-    """Run ``linker.link`` on every example (progress on stderr)."""
+def evaluate(linker: Any, examples: Sequence[Example], *, desc: str = "linking",
+             relations: dict[str, int] | None = None) -> list[Outcome]:
+    """Run ``linker.link`` on every example (progress on stderr); with ``relations`` (name -> id) each
+    example's relation is passed too (``relation=``; a linker with ranges then respects them)."""
     from kgreason.progress import progress_bar
 
     out = []
     for ex in progress_bar(examples, desc=desc, file=sys.stderr, mininterval=1.0, leave=False):
-        link = linker.link(ex.text)
+        rel = None if relations is None or ex.relation is None else relations[ex.relation]
+        link = linker.link(ex.text) if rel is None else linker.link(ex.text, relation=rel)
         out.append(Outcome(link.name, link.method, float(link.score)))
     return out
 
@@ -302,6 +498,17 @@ def counts(examples: Sequence[Example], outcomes: Sequence[Outcome], threshold: 
             "precision": correct / links if links else 1.0, "recall": correct / positives if positives else 0.0}
 
 
+def per_kind(examples: Sequence[Example], outcomes: Sequence[Outcome], threshold: float) -> dict[str, dict[str, float]]:
+    """:func:`counts` of each kind present, in :data:`POSITIVE_KINDS` + :data:`NEGATIVE_KINDS` order (then
+    any other kind): a positive kind's precision and recall; a negative kind has no positives (recall 0)
+    and every link of it is wrong (precision 0, or 1.0 when it has no link)."""
+    present = dict.fromkeys(e.kind for e in examples)
+    order = [k for k in POSITIVE_KINDS + NEGATIVE_KINDS if k in present] + [k for k in present
+                                                                           if k not in POSITIVE_KINDS + NEGATIVE_KINDS]
+    return {k: {"strings": sum(e.kind == k for e in examples), **counts(examples, outcomes, threshold, kinds=[k])}
+            for k in order}
+
+
 def sweep(examples, outcomes, thresholds=THRESHOLDS) -> list[dict[str, float]]:
     """:func:`counts` at each threshold."""
     return [{"threshold": t, **counts(examples, outcomes, t)} for t in thresholds]
@@ -322,6 +529,60 @@ def choose_threshold(rows: Sequence[dict[str, float]], *, min_precision: float =
             break
         ok = row if ok is None or f_beta(row) > f_beta(ok) else ok
     return ok
+
+
+def range_coverage(names: Sequence[str], triples: Sequence[tuple[str, str, str]], *, seed: int = 0,
+                   drop: float = 0.5) -> list[dict[str, Any]]:
+    """What :class:`RelationRanges` would cost in answers on a KB with held-out edges (see the report).
+
+    ``drop`` of the triples (seeded) are held out; the ranges are read from the rest (with the inverses,
+    as artifacts store them) under three rules: the observed range, widened at
+    :data:`~llm_bridge.linking.WIDEN_OVERLAP`, and widened plus the entities no kept triple mentions (the
+    linker's default).  Per rule: ``inside`` (held-out answers in the allowed set of their relation),
+    ``allowed`` (allowed share of the entities, mean over held-out triples) and ``other_kind`` (share of
+    the entities of another kind admitted, mean over held-out triples; an entity's kinds: "head" for a
+    head of any triple -- MetaQA's films --, "person" for a tail of a :data:`PERSON_RELATIONS` relation,
+    else the relation it is a tail of).
+    """
+    from llm_bridge.linking import WIDEN_OVERLAP
+
+    ids = {n: i for i, n in enumerate(names)}
+    base = list(dict.fromkeys(r for _, r, _ in triples))
+    rid = {r: k for k, r in enumerate(base)}
+    canon = np.array([(ids[h], 2 * rid[r], ids[t]) for h, r, t in triples], dtype=np.int64).reshape(-1, 3)
+    perm = np.random.default_rng([seed, 3]).permutation(len(canon))
+    k = int(round(drop * len(canon)))
+
+    def both(a):
+        return np.concatenate([a, np.stack([a[:, 2], a[:, 1] + 1, a[:, 0]], 1)])
+
+    kept, held = both(canon[perm[k:]]), both(canon[perm[:k]])
+    n, nrel = len(names), 2 * len(base)
+    kind_of = lambda r: ("head" if r % 2 else  # noqa: E731
+                         "person" if base[r // 2] in PERSON_RELATIONS else base[r // 2])
+    kinds = sorted({kind_of(r) for r in range(nrel)})
+    has = {kd: np.zeros(n, dtype=bool) for kd in kinds}
+    full = both(canon)
+    for r in range(nrel):
+        has[kind_of(r)][full[full[:, 1] == r, 2]] = True
+    out = []
+    for rule, widen, unknown in (("observed range", None, False), (f"widened ({WIDEN_OVERLAP:g})", WIDEN_OVERLAP, False),
+                                 (f"widened ({WIDEN_OVERLAP:g}) + unmentioned entities (default)", WIDEN_OVERLAP, True)):
+        rr = RelationRanges(kept, num_entities=n, num_relations=nrel, inverse=[j ^ 1 for j in range(nrel)],
+                            widen=widen, unknown=unknown)
+        inside = allowed = other = 0.0
+        for r in range(nrel):
+            t = held[held[:, 1] == r, 2]
+            if not len(t):
+                continue
+            mask, right = rr.allowed(r), has[kind_of(r)]
+            inside += float(mask[t].sum())
+            allowed += len(t) * float(mask.mean())
+            other += len(t) * float((mask & ~right).sum() / max(int((~right).sum()), 1))
+        m = max(len(held), 1)
+        out.append({"rule": rule, "inside": inside / m, "allowed": allowed / m, "other_kind": other / m,
+                    "triples": len(canon), "dropped": k})
+    return out
 
 
 def check_revision(rev: str) -> str:
@@ -368,11 +629,11 @@ def _load_revision(rev: str) -> Any:
     return mod
 
 
-def baseline_linker(mod: Any, rev: str, names: Sequence[str]) -> Any:
-    """``mod.EntityLinker(names=..., threshold=0.0)`` of the ``--baseline-rev`` module; a revision whose linker
-    takes other arguments is a one-line :class:`UserError`, not a TypeError out of that revision's code."""
+def baseline_linker(mod: Any, rev: str, names: Sequence[str], *, threshold: float = 0.0) -> Any:
+    """``mod.EntityLinker(names=..., threshold=threshold)`` of the ``--baseline-rev`` module; a revision whose
+    linker takes other arguments is a one-line :class:`UserError`, not a TypeError out of that revision's code."""
     try:
-        return mod.EntityLinker(names=names, threshold=0.0)
+        return mod.EntityLinker(names=names, threshold=threshold)
     except TypeError as exc:
         raise UserError(f"--baseline-rev {rev!r}: its EntityLinker cannot be built as this tool builds it ({exc})") from None
 
@@ -383,7 +644,8 @@ def _fmt(x: float) -> str:
 
 
 def write_report(path: Path, *, config: "Config", data: LinkingSet, results: dict[str, dict[str, Any]],
-                 chosen: dict[str, float] | None, plot: Path | None) -> None:
+                 chosen: dict[str, float] | None, plot: Path | None,
+                 coverage: Sequence[dict[str, Any]] = ()) -> None:
     ex = data.examples
     kinds = Counter(e.kind for e in ex)
     lines = [
@@ -402,6 +664,12 @@ def write_report(path: Path, *, config: "Config", data: LinkingSet, results: dic
         f"({sum(e.target is not None for e in ex):,} positives, {sum(e.target is None for e in ex):,} negatives). "
         "A link is correct when it picks the labelled entity; "
         "precision = correct / links, recall = correct / positives.",
+        "",
+        f"Every string carries the relation its question asked ({sum(e.relation is not None for e in ex):,} of "
+        f"{len(ex):,}); the table's KG is kb.txt's triples over the table ({len(data.triples):,} with the inverses, "
+        f"{len(data.relations)} relations). `new` is called with the relation and respects its range "
+        "(`RelationRanges` of the table's KG); `new, no relation` is the same linker called without it; "
+        "an `old` linker is called without it.",
         "",
         "| kind | strings | label |",
         "|---|---:|---|",
@@ -426,19 +694,26 @@ def write_report(path: Path, *, config: "Config", data: LinkingSet, results: dic
         lines.append(f"| {name} | {r['threshold']:g} | {c['links']} | {c['correct']} | {_fmt(c['precision'])} | "
                      f"{_fmt(c['recall'])} | {r['seconds']:.1f} |")
     lines += ["", "## Per kind (at each linker's threshold)", "",
-              "Positives: recall (correct links / strings); wrong links in brackets. Negatives: false links / strings.",
-              "", "| kind | " + " | ".join(results) + " |", "|---|" + "---:|" * len(results)]
-    for kind in POSITIVE_KINDS + NEGATIVE_KINDS:
-        if not kinds[kind]:
-            continue
-        cells = []
-        for r in results.values():
-            c = counts(ex, r["outcomes"], r["threshold"], kinds=[kind])
-            if kind in POSITIVE_KINDS:
-                cells.append(f"{_fmt(c['recall'])} ({c['links'] - c['correct']})")
-            else:
-                cells.append(f"{c['links']} / {kinds[kind]}")
-        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+              "Each cell: precision / recall (links). Precision = correct links / links (`-` without links), "
+              "recall = correct links / positives (`-` for a negative kind: every link of it is wrong).",
+              "", "| kind | label | strings | " + " | ".join(results) + " |", "|---|---|---:|" + "---:|" * len(results)]
+    tables = [per_kind(ex, r["outcomes"], r["threshold"]) for r in results.values()]
+    for kind, first in tables[0].items():
+        cells = [f"{_fmt(t[kind]['precision']) if t[kind]['links'] else '-'} / "
+                 f"{_fmt(t[kind]['recall']) if t[kind]['positives'] else '-'} ({t[kind]['links']})" for t in tables]
+        label = "positive" if first["positives"] else "negative"
+        lines.append(f"| {kind} | {label} | {first['strings']} | " + " | ".join(cells) + " |")
+    if coverage:
+        lines += ["", "## Relation ranges on held-out edges", "",
+                  f"What the range rule would cost in answers: kb.txt's triples, {coverage[0]['dropped']:,} of "
+                  f"{coverage[0]['triples']:,} (half, seed {config.seed}) held out as LGOT's protocol drops them; "
+                  "the ranges read from the rest. *Inside*: held-out answers (tail of a held-out triple, both "
+                  "directions) in the allowed set of their relation; *allowed*: the allowed share of all entities "
+                  "(mean over held-out triples); *other kind admitted*: the share of the entities of another kind "
+                  "(film / person / tag / genre / ...) the allowed set takes in.", "",
+                  "| rule | inside | allowed | other kind admitted |", "|---|---:|---:|---:|"]
+        lines += [f"| {c['rule']} | {_fmt(c['inside'])} | {_fmt(c['allowed'])} | {c['other_kind']:.4f} |"
+                  for c in coverage]
     lines += ["", "## Methods of the links (new linker, chosen threshold)", ""]
     new = next(iter(results.values()))
     meth = Counter(o.method for o in new["outcomes"]
@@ -464,7 +739,7 @@ def write_plot(path: Path, results: dict[str, dict[str, Any]], chosen: dict[str,
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for (name, r), color in zip(results.items(), ("C0", "C1", "C2")):
+    for (name, r), color in zip(results.items(), ("C0", "C1", "C2", "C3")):
         ts = [row["threshold"] for row in r["sweep"]]
         ax.plot(ts, [row["precision"] for row in r["sweep"]], color=color, label=f"{name}: precision")
         ax.plot(ts, [row["recall"] for row in r["sweep"]], color=color, linestyle="--", label=f"{name}: recall")
@@ -573,36 +848,64 @@ def parse_args(argv: Sequence[str] | None) -> Config:
 def run(config: Config) -> dict[str, Any]:
     """Build the set, measure the linkers, write the report and plot; returns the chosen row."""
     old = _load_revision(config.baseline_rev) if config.baseline_rev else None  # a bad revision fails first
-    names, persons, years = load_kb_names(config.kb)
+    names, persons, years, triples = load_kb(config.kb)
     if config.max_names is not None and config.max_names < len(names):
         keep = np.random.default_rng([config.seed, 1]).permutation(len(names))[: config.max_names]
         names = [names[i] for i in sorted(keep)]
-    data = build_set(names, persons, years, seed=config.seed, per_kind=config.per_kind, held_out=config.held_out)
+        kept = set(names)
+        triples = [t for t in triples if t[0] in kept and t[2] in kept]
+    data = build_set(names, persons, years, seed=config.seed, per_kind=config.per_kind, held_out=config.held_out,
+                     triples=triples)
+    ranges = data.ranges()
+    rel_ids = {r: k for k, r in enumerate(data.relations)}
     results: dict[str, dict[str, Any]] = {}
 
-    def measure(label: str, make: Callable[[], Any], threshold: float) -> None:
+    def measure(label: str, make: Callable[[float], Any], threshold: float | None, ranged: bool = False) -> None:
+        """The sweep from one run at threshold 0, then (``threshold`` given) the exact outcomes at it."""
         t0 = time.perf_counter()
-        linker = make()
-        outcomes = evaluate(linker, data.examples, desc=label)
-        results[label] = {"outcomes": outcomes, "threshold": threshold, "seconds": time.perf_counter() - t0,
-                          "sweep": sweep(data.examples, outcomes)}
+        rel = rel_ids if ranged else None
+        outcomes = evaluate(make(0.0), data.examples, desc=label, relations=rel)
+        results[label] = {"outcomes": outcomes, "threshold": 0.0, "seconds": time.perf_counter() - t0,
+                          "sweep": sweep(data.examples, outcomes), "make": make, "relations": rel}
+        if threshold is not None:
+            settle(label, threshold)
 
-    measure("new", lambda: EntityLinker(names=data.names, threshold=0.0), DEFAULT_THRESHOLD)
+    def settle(label: str, threshold: float) -> None:
+        """Outcomes at ``threshold`` exactly: the rules after the fuzzy step (written-out acronyms,
+        embedding) only run on a string the fuzzy step rejected, which at threshold 0 it never does; so
+        every string the run at 0 did not link at or above ``threshold`` is linked again."""
+        r = results[label]
+        t0 = time.perf_counter()
+        redo = [k for k, o in enumerate(r["outcomes"])
+                if o.name is None or (o.method == "fuzzy" and o.score < threshold)]
+        again = evaluate(r["make"](threshold), [data.examples[k] for k in redo], desc=f"{label} at {threshold:g}",
+                         relations=r["relations"])
+        outcomes = list(r["outcomes"])
+        for k, o in zip(redo, again):
+            outcomes[k] = o
+        r.update(outcomes=outcomes, threshold=threshold, seconds=r["seconds"] + time.perf_counter() - t0)
+
+    measure("new", lambda th: EntityLinker(names=data.names, threshold=th, ranges=ranges), None, True)
     chosen = choose_threshold(results["new"]["sweep"], min_precision=config.min_precision)
-    if chosen is not None:
-        results["new"]["threshold"] = chosen["threshold"]
+    settle("new", DEFAULT_THRESHOLD if chosen is None else chosen["threshold"])
+    measure("new, no relation", lambda th: EntityLinker(names=data.names, threshold=th), DEFAULT_THRESHOLD)
     if old is not None:
-        measure(f"old ({config.baseline_rev})", lambda: baseline_linker(old, config.baseline_rev, data.names),
+        measure(f"old ({config.baseline_rev})",
+                lambda th: baseline_linker(old, config.baseline_rev, data.names, threshold=th),
                 float(old.DEFAULT_THRESHOLD))
     if config.embedding:
         th = results["new"]["threshold"]
-        measure(f"new + {config.embedding}",
-                lambda: EntityLinker(names=data.names, threshold=th, embedding=config.embedding), th)
+        t0 = time.perf_counter()
+        outcomes = evaluate(EntityLinker(names=data.names, threshold=th, embedding=config.embedding, ranges=ranges),
+                            data.examples, desc=f"new + {config.embedding}", relations=rel_ids)
+        results[f"new + {config.embedding}"] = {"outcomes": outcomes, "threshold": th, "seconds": time.perf_counter()
+                                                - t0, "sweep": sweep(data.examples, outcomes)}
+    coverage = range_coverage(names, triples, seed=config.seed)
     out = Path(config.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     plot = out.with_suffix(".png")
     write_plot(plot, results, chosen)
-    write_report(out, config=config, data=data, results=results, chosen=chosen, plot=plot)
+    write_report(out, config=config, data=data, results=results, chosen=chosen, plot=plot, coverage=coverage)
     for name, r in results.items():
         c = counts(data.examples, r["outcomes"], r["threshold"])
         print(f"{name}: threshold {r['threshold']:g}: precision {c['precision']:.3f}, recall {c['recall']:.3f} "

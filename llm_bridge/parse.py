@@ -13,10 +13,23 @@
 5. a bare comma/semicolon list on the first line with content (after an
    ``Answer:``-style prefix).
 
+**Bounded on any reply** (up to the client's 1 MiB cap and beyond): every rule runs in time linear in
+the reply's length and never recurses per nesting level.  JSON is found by one scan of the brackets
+(:func:`iter_json_values`: the values ``json.JSONDecoder.raw_decode`` would find trying every ``[`` and
+``{`` in order, each position parsed about once; a value nested deeper than
+:data:`~kgreason.files.MAX_JSON_DEPTH` levels is not JSON here), the quoted-list rule remembers where
+each item ends, and the regular expressions never try a run of spaces from each of its characters.
+
+At most the first 1,000 items of a list are read (``dropped`` says how many were not), and a refusal
+is looked for in the first 1,000 characters of the first sentence.
+
 Refusals mean *no answer*, never an entity: a reply that is empty, ``[]``, or
-says it does not know (``I don't know``, ``I'm not sure``, ``cannot answer``,
+says in words that it does not know (``I don't know``, ``I'm not sure``, ``cannot answer``,
 ``as an AI``, ``unknown``, ``none``, ``N/A``, ...) gives an empty list with
-``refused=True``, and such phrases are dropped when they appear as list items.
+``refused=True``, and such phrases are dropped when they appear as list items.  A reply
+with nothing that reads as a name and no refusal in words (``[[[[...``, a first line of
+only punctuation, a 1 MB "item") is *unusable* (:attr:`ParsedReply.unusable`): the
+LGOT hook keeps such a row KG-only with a warning.
 
 Confidence (LGOT §3.2): with ``n`` samples of the same prompt,
 ``p(e) = (number of samples that name e) / n`` (:func:`sample_confidence`;
@@ -32,17 +45,24 @@ has begun), ``"mean"`` = the geometric mean of the span's token probabilities
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import math
+import os
 import re
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from kgreason.files import _JSON_STRING, MAX_JSON_DEPTH
 from llm_bridge.linking import normalize
 
 __all__ = [
     "ParsedReply",
     "extract_entities",
+    "scan_json",
+    "iter_json_values",
     "is_refusal",
     "parse_yes_no",
     "Confidence",
@@ -54,10 +74,21 @@ __all__ = [
 #: How :func:`logprob_confidence` turns an entity's token log-probabilities into p(e).
 LOGPROB_MODES = ("first", "mean")
 
-_FENCE = re.compile(r"```[ \t]*[\w+-]*[ \t]*\r?\n?(.*?)```", re.DOTALL)
+# Each run before the body is matched once ((?=(X))\N: an atomic group Python 3.10 can write):
+# "```" followed by 100 K spaces and no closing fence took minutes when every split of the spaces
+# between the two [ \t]* was tried against the rest of the reply.
+_FENCE = re.compile(r"```(?=([ \t]*))\1(?=([\w+-]*))\2(?=([ \t]*))\3\r?\n?(?P<body>.*?)```", re.DOTALL)
 _ITEM_KEYS = ("name", "entity", "answer", "label", "title", "value", "text")
 _LIST_KEYS = ("answers", "answer", "entities", "entity", "results", "result", "names", "items", "list")
-_BULLET = re.compile(r"^\s*(?:\(?\d{1,3}[.):]|[-*\u2022\u2023\u25e6\u2043\u2219])\s+(.+?)\s*$")
+# The item is the rest of the line without its trailing spaces (see _bullet_item): a lazy item before
+# "\s*$" retried the trailing run from each of its characters (quadratic on a line of spaces).
+_BULLET = re.compile(r"^\s*(?:\(?\d{1,3}[.):]|[-*\u2022\u2023\u25e6\u2043\u2219])(\s+)(.*)$")
+# "Paris - the capital" / "**Paris**: capital": the name ends before a dash or a colon explanation.  A match
+# starts only where a run of spaces starts ((?<!\s)), so a long run is not retried from each of its spaces.
+_EXPLANATION = re.compile(r"(?<!\s)\s+[\u2013\u2014-]\s+|\*\*(?!\*)\s*:|:\s+(?=\S)")
+# The comma-list separators; a match never starts inside a run of spaces (only where one starts, or at a
+# non-space: after a match that ended at the run's end), which gives the same splits in linear time.
+_SEPARATOR = re.compile(r"(?:(?<!\s)|(?!\s))(?:\s*[,;]\s*|\s+(?:and|or)\s+)")
 _PREFIX = re.compile(r"^\s*(?:(?:the\s+)?(?:final\s+|correct\s+|possible\s+)?(?:answers?|entities|results?|response)"
                      r"(?:\s*[:\-]|\s+(?:is|are|would\s+be|include)\b\s*:?)|here\s+(?:is|are)\b[^:\n]*:)\s*",
                      re.IGNORECASE)
@@ -75,6 +106,8 @@ _NON_ENTITY = {"", "none", "null", "nil", "unknown", "n a", "na", "not applicabl
                "no entity", "no entities", "not known", "unclear", "undefined", "answer", "answers", "etc", "and so on",
                "entity", "entities", "first answer", "second answer", "none of the above", "no idea", "n"}
 _MAX_ITEM_CHARS = 200  # longer "items" are prose, not names
+_MAX_ITEMS = 1000  # items of one reply read (a prompt asks for a few names; each costs a normalisation)
+_MAX_REFUSAL_CHARS = 1000  # of the first sentence, where a refusal is looked for
 
 
 @dataclass(frozen=True)
@@ -84,13 +117,21 @@ class ParsedReply:
     ``refused``: the reply gives no answer (empty, ``[]``, or a refusal);
     ``how``: which rule read it (``json``, ``json-object``, ``quoted-list``,
     ``lines``, ``comma-list``, ``empty``, ``refusal``); ``dropped``: list items
-    that were not entities (refusal phrases, placeholders, prose).
+    that were not entities (refusal phrases, placeholders, prose); ``unusable``: see the property.
     """
 
     entities: list[str]
     refused: bool
     how: str
     dropped: list[str] = field(default_factory=list)
+
+    @property
+    def unusable(self) -> bool:
+        """No entity, and not because the model said it does not know: what the reply holds could not be
+        read as names (``[[[[...``, a 1 MB line, objects without a name); a refusal or an empty list is
+        an answer (nothing), not an unusable reply."""
+        return not self.entities and self.how not in ("refusal", "empty") and \
+            any(d.strip() and not _says_no(d[:_MAX_REFUSAL_CHARS]) for d in self.dropped)
 
 
 def is_refusal(text: str) -> bool:
@@ -99,41 +140,200 @@ def is_refusal(text: str) -> bool:
     return norm in _NON_ENTITY or bool(_REFUSAL.search(norm))
 
 
+def _says_no(text: str) -> bool:
+    """A refusal in words (``is_refusal`` also holds for text without a letter or digit, e.g. ``[[[[``)."""
+    norm = normalize(text, strip_articles=False)
+    return bool(norm) and (norm in _NON_ENTITY or bool(_REFUSAL.search(norm)))
+
+
 def _item_string(item: Any) -> str | None:
+    while isinstance(item, Mapping):  # a loop, not a recursion: {"a": {"a": ...}} may be deep
+        for k in _ITEM_KEYS:
+            for key in (k, k.capitalize(), k.upper()):
+                if isinstance(item.get(key), (str, int, float)) and not isinstance(item.get(key), bool):
+                    return str(item[key])
+        if len(item) != 1:
+            return None
+        item = next(iter(item.values()))
     if isinstance(item, str):
         return item
     if isinstance(item, bool) or item is None:
         return None
     if isinstance(item, (int, float)):
         return str(item) if math.isfinite(item) else None
-    if isinstance(item, Mapping):
-        for k in _ITEM_KEYS:
-            for key in (k, k.capitalize(), k.upper()):
-                if isinstance(item.get(key), (str, int, float)) and not isinstance(item.get(key), bool):
-                    return str(item[key])
-        if len(item) == 1:
-            return _item_string(next(iter(item.values())))
     return None
 
 
 def _flatten(items: Iterable[Any]) -> list[Any]:
+    """The non-list items of nested lists, in order (iterative: no recursion per level)."""
     out: list[Any] = []
-    for it in items:
-        if isinstance(it, list):
-            out.extend(_flatten(it))
-        else:
+    stack = [iter(items)]
+    while stack:
+        for it in stack[-1]:
+            if isinstance(it, list):
+                stack.append(iter(it))
+                break
             out.append(it)
+        else:
+            stack.pop()
     return out
+
+
+# ------------------------------------------------------------------------------------ JSON in prose
+_PROSE_OPEN = re.compile(r"[\[{]")
+_STR = r'"[^"\\]*(?:\\.[^"\\]*)*"'  # a closed JSON string, "unrolled" (linear even when it fails)
+# Inside brackets: a quote (a string that never closes), or a stretch of openers with anything but closers
+# between them (closed strings included), or such a stretch of closers: "[[[[", "[x[x[x" or '{"a":{"a":'
+# is one step of the scan, not one per bracket.
+_JSON_STRETCH = re.compile(rf'"|[\[{{](?:[^"\]}}]+|{_STR})*|[\]}}](?:[^"\[{{]+|{_STR})*', re.DOTALL)
+_STRETCH_OPENER = re.compile(rf"{_STR}|([\[{{])", re.DOTALL)
+_STRETCH_CLOSER = re.compile(rf"{_STR}|([\]}}])", re.DOTALL)
+_EXPECTED = str.maketrans("[{", "]}")
+
+
+def _bracket_positions(pattern: re.Pattern[str], stretch: str, at: int, tokens: Sequence[str],
+                       wanted: Sequence[int]) -> list[int]:
+    """Positions (``at`` = the stretch's start) of the brackets number ``wanted`` (ascending, 0-based,
+    strings not counted) of a stretch whose tokens (``pattern.findall``: ``""`` for a string) are ``tokens``.
+    Only the tokens from the first wanted one on are visited in Python (a run of a million brackets
+    needs the positions of a hundred of them)."""
+    if not wanted:
+        return []
+    if '"' in stretch:  # token numbers of the wanted brackets
+        where, count = [], 0
+        want = iter(wanted)
+        nxt = next(want)
+        for k, t in enumerate(tokens):
+            if t:
+                if count == nxt:
+                    where.append(k)
+                    nxt = next(want, -1)
+                    if nxt < 0:
+                        break
+                count += 1
+    else:
+        where = list(wanted)
+    first = where[0]
+    matches = itertools.islice(pattern.finditer(stretch), first, where[-1] + 1)
+    keep = set(where)
+    return [at + m.start() for k, m in enumerate(matches, first) if k in keep]
+
+
+def scan_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> tuple[list[tuple[int, int]], list[int]]:
+    """Where JSON values may be in ``text``: ``(closed, open_at_end)``, one linear pass, no recursion.
+
+    ``closed``: ``(start, end)`` of every ``[``/``{`` whose bracket closes at ``end`` (sorted by start),
+    ``open_at_end``: the positions of those still open when the text ends (outermost first), in both
+    cases only values nested at most ``max_depth`` levels.  Outside brackets the text is prose (quotes
+    there mean nothing); inside, a ``"`` starts a JSON string (to its closing quote, or to the end of
+    the text), so ``[`` and ``]`` in strings do not count, as for a JSON parser starting at the bracket.
+    A closing bracket of the wrong kind ends every open value (none of them is JSON).
+    """
+    closed: list[tuple[int, int]] = []
+    expect: list[str] = []  # the closing bracket each open level needs, outermost first
+    depth_cap = max(1, max_depth)
+    # (level, start) of the innermost open values; one pushed past max_depth drops the outermost (it nests deeper)
+    live: deque[tuple[int, int]] = deque(maxlen=depth_cap)
+    pos = 0
+    while True:
+        if not expect:
+            m = _PROSE_OPEN.search(text, pos)
+            if m is None:
+                break
+            pos = m.start()
+        m = _JSON_STRETCH.search(text, pos)
+        if m is None:
+            break
+        i, stretch = m.start(), m.group()
+        if stretch == '"':
+            pos = _JSON_STRING.match(text, i).end()  # type: ignore[union-attr]  # always matches at a quote
+            continue
+        pos = m.end()
+        if stretch[0] in "[{":
+            tokens = _STRETCH_OPENER.findall(stretch)
+            opened = "".join(tokens)
+            level = len(expect)
+            expect.extend(opened.translate(_EXPECTED))
+            k = min(len(opened), depth_cap)  # only the innermost max_depth can be live
+            starts = [i] if len(opened) == 1 else \
+                _bracket_positions(_STRETCH_OPENER, stretch, i, tokens, range(len(opened) - k, len(opened)))
+            live.extend(zip(range(level + len(opened) - k + 1, level + len(opened) + 1), starts))
+            continue
+        tokens = _STRETCH_CLOSER.findall(stretch)
+        top = len(expect)
+        got = "".join(tokens)[:top]  # past depth 0 the rest is prose (where quotes mean nothing): scanned again
+        want = "".join(reversed(expect[top - len(got):]))
+        ok = len(got) if got == want else len(os.path.commonprefix([got, want]))
+        del expect[top - ok:]
+        closing = min(len(live), ok)  # live is empty or the levels up to the top: these close
+        stop = ok if ok < len(got) else ok - 1 if not expect else -1  # the closer after which prose resumes
+        wanted = sorted({*range(closing), *([stop] if stop >= 0 else [])})
+        ends = {0: i} if wanted == [0] else \
+            dict(zip(wanted, _bracket_positions(_STRETCH_CLOSER, stretch, i, tokens, wanted)))
+        while live and live[-1][0] > top - ok:
+            level, start = live.pop()
+            closed.append((start, ends[top - level]))
+        if ok < len(got):  # a closing bracket of the wrong kind: no open value is JSON
+            expect.clear()
+            live.clear()
+        if stop >= 0:
+            pos = ends[stop] + 1
+    closed.sort()
+    return closed, [start for _, start in live]
+
+
+def _roots(text: str, closed: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Any]]:
+    """``(start, value)`` of the values ``raw_decode`` reads at the ``closed`` spans, in order, skipping
+    those inside a value already read; each character is parsed about once.
+
+    When the value at ``s`` fails at ``e``, a value starting between ``s`` and ``e`` was parsed on the way
+    (the same characters, the same tokens): it is JSON iff it ends before ``e``, so those that do not are
+    skipped unparsed.
+    """
+    dec = json.JSONDecoder()
+    failed_at = -1
+    after = 0
+    for start, end in closed:
+        if start < after or start < failed_at <= end:
+            continue
+        try:
+            value, length = dec.raw_decode(text[start:end + 1])
+        except json.JSONDecodeError as exc:
+            failed_at = start + exc.pos
+            continue
+        yield start, value
+        after = start + length
+
+
+def _nested_values(value: Any) -> Iterator[Any]:
+    """The lists and objects inside ``value`` in the order their brackets appear (iterative)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        kids = v if isinstance(v, list) else list(v.values()) if isinstance(v, dict) else []
+        for k in reversed(kids):
+            if isinstance(k, (list, dict)):
+                stack.append(k)
+        if v is not value:
+            yield v
+
+
+def iter_json_values(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Iterator[Any]:
+    """The JSON lists and objects in ``text``, as ``raw_decode`` tried at every ``[``/``{`` in order finds them
+    (a value, then the lists and objects inside it, then the next value after it); linear time in ``len(text)``.
+
+    Unlike that loop, brackets inside the strings of a JSON value are not tried on their own, and a value
+    nested deeper than ``max_depth`` is not JSON (``json`` would recurse once per level).
+    """
+    closed, _ = scan_json(text, max_depth=max_depth)
+    for _, value in _roots(text, closed):
+        yield value
+        yield from _nested_values(value)
 
 
 def _json_candidates(text: str) -> tuple[list[Any] | None, str]:
     """The first JSON list (or object holding one) in ``text``: (items, rule) or (None, "")."""
-    decoder = json.JSONDecoder()
-    for m in re.finditer(r"[\[{]", text):
-        try:
-            value, _ = decoder.raw_decode(text, m.start())
-        except json.JSONDecodeError:
-            continue
+    for value in iter_json_values(text):
         if isinstance(value, list):
             return _flatten(value), "json"
         if isinstance(value, dict):
@@ -153,60 +353,107 @@ def _json_candidates(text: str) -> tuple[list[Any] | None, str]:
     return None, ""
 
 
+# ---------------------------------------------------------------------------------- quoted lists
+_SPACES = re.compile(r"\s*")
+_LIST_START = re.compile(r"\[\s*(['\"\]])")
+
+
+class _QuotedLists:
+    """The quoted-list rule over one text, linear: where each item ends is found by bisection in the
+    positions of the closing quotes, and whether a list goes on to its ``]`` from an item is decided
+    once per item position (lists tried from different ``[`` share their tails)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.n = len(text)
+        # Unescaped quotes (after an even run of backslashes, matched from the run's start), and those of
+        # them that are followed by "," or "]" (where a single-quoted item may close).
+        self.quotes = {q: [m.end() - 1 for m in re.finditer(rf"(?<!\\)(?:\\\\)*{q}", text)] for q in "'\""}
+        self.closing = {q: [m.end() - 1 for m in re.finditer(rf"(?<!\\)(?:\\\\)*{q}(?=\s*[,\]])", text)]
+                        for q in "'\""}
+        self.memo: dict[int, int] = {}  # item start -> position of the list's "]" (or -1: not a list)
+
+    def skip_ws(self, p: int) -> int:
+        return _SPACES.match(self.text, p).end()  # type: ignore[union-attr]
+
+    def item_end(self, p: int) -> int:
+        """Where the item opened by the quote at ``p`` closes, or -1: a ``'`` closes at the next unescaped
+        ``'`` followed by ``,`` or ``]`` (apostrophes stay in the item); a ``"`` at the next unescaped
+        ``"``, which must be followed by ``,`` or ``]``."""
+        q = self.text[p]
+        if q == "'":
+            ends = self.closing[q]
+            k = bisect.bisect_right(ends, p)
+            return ends[k] if k < len(ends) else -1
+        quotes = self.quotes[q]
+        k = bisect.bisect_right(quotes, p)
+        if k == len(quotes):
+            return -1
+        end = quotes[k]
+        after = self.skip_ws(end + 1)
+        return end if after < self.n and self.text[after] in ",]" else -1
+
+    def list_end(self, p: int) -> int:
+        """The ``]`` of the list whose item opens at ``p`` (a quote), or -1."""
+        chain = []
+        result = -1
+        while True:
+            if p in self.memo:
+                result = self.memo[p]
+                break
+            chain.append(p)
+            end = self.item_end(p)
+            if end < 0:
+                break
+            after = self.skip_ws(end + 1)  # a "," or "]" (item_end checked)
+            if self.text[after] == "]":
+                result = after
+                break
+            p = self.skip_ws(after + 1)
+            if p >= self.n or self.text[p] not in "'\"":
+                break
+        for c in chain:
+            self.memo[c] = result
+        return result
+
+    def items(self, p: int) -> list[str]:
+        """The items of the list whose first item opens at ``p`` (known to end with ``]``)."""
+        out = []
+        text = self.text
+        while True:
+            end = self.item_end(p)
+            out.append(re.sub(r"\\(.)", r"\1", text[p + 1:end], flags=re.DOTALL))
+            after = self.skip_ws(end + 1)
+            if text[after] == "]":
+                return out
+            p = self.skip_ws(after + 1)
+
+    def first(self) -> list[str] | None:
+        # Only a "[" followed by a quote or "]" can start such a list (the others are skipped at C speed),
+        # and only one whose first item closes is followed further (a cheap test first: most fail it).
+        closing_single, double, closing_double = self.closing["'"], self.quotes['"'], set(self.closing['"'])
+        for m in _LIST_START.finditer(self.text):
+            p = m.start(1)
+            q = self.text[p]
+            if q == "]":
+                return []
+            if q == "'":
+                if not closing_single or closing_single[-1] <= p:
+                    continue
+            else:
+                k = bisect.bisect_right(double, p)
+                if k == len(double) or double[k] not in closing_double:
+                    continue
+            if self.list_end(p) >= 0:
+                return self.items(p)
+        return None
+
+
 def _quoted_list(text: str) -> list[str] | None:
     """Items of the first ``[...]`` whose items are single- or double-quoted strings (mixed quotes allowed)."""
-    for start in (m.start() for m in re.finditer(r"\[", text)):
-        pos, items = start + 1, []
-        n = len(text)
-
-        def skip_ws(p: int) -> int:
-            while p < n and text[p].isspace():
-                p += 1
-            return p
-
-        pos = skip_ws(pos)
-        ok = False
-        while pos < n:
-            q = text[pos]
-            if q == "]" and not items:
-                ok = True
-                pos += 1
-                break
-            if q not in "'\"":
-                break
-            end = pos + 1
-            buf = []
-            closed = False
-            while end < n:
-                c = text[end]
-                if c == "\\" and end + 1 < n:
-                    buf.append(text[end + 1])
-                    end += 2
-                    continue
-                if c == q:
-                    after = skip_ws(end + 1)
-                    # A quote closes the item only when followed by "," or "]": apostrophes survive.
-                    if after < n and text[after] in ",]":
-                        closed = True
-                        break
-                    if q == '"':
-                        break  # a stray double quote: not a list of this kind
-                buf.append(c)
-                end += 1
-            if not closed:
-                break
-            items.append("".join(buf))
-            pos = skip_ws(end + 1)
-            if pos >= n:
-                break
-            if text[pos] == "]":
-                ok = True
-                pos += 1
-                break
-            pos = skip_ws(pos + 1)  # past the comma
-        if ok:
-            return items
-    return None
+    if "[" not in text:
+        return None
+    return _QuotedLists(text).first()
 
 
 def _clean_item(s: str) -> str:
@@ -219,14 +466,26 @@ def _clean_item(s: str) -> str:
     return s
 
 
+def _bullet_item(line: str) -> str | None:
+    """The item of a numbered or bulleted line, or None: what ``\\s+(.+?)\\s*$`` after the marker captured
+    (the rest of the line without trailing spaces; on a line of only spaces its last one)."""
+    m = _BULLET.match(line)
+    if m is None:
+        return None
+    rest = m.group(2).rstrip()
+    if rest:
+        return rest
+    spaces = m.group(1) + m.group(2)
+    return spaces[-1] if len(spaces) >= 2 else None
+
+
 def _bullet_lines(text: str) -> list[str] | None:
     items = []
     for line in text.splitlines():
-        m = _BULLET.match(line)
-        if m:
-            item = m.group(1)
+        item = _bullet_item(line)
+        if item is not None:
             # "Paris - the capital" / "**Paris**: capital": keep the name before a dash or colon explanation
-            item = re.split(r"\s+[\u2013\u2014-]\s+|\*\*\s*:|:\s+(?=\S)", item, maxsplit=1)[0]
+            item = _EXPLANATION.split(item, maxsplit=1)[0]
             items.append(item)
     return items or None
 
@@ -237,7 +496,7 @@ def _comma_list(text: str) -> list[str] | None:
         if not line:
             continue
         line = re.sub(r"[.!]\s+\S.*$", "", line)  # a second sentence is prose
-        parts = re.split(r"\s*[,;]\s*|\s+and\s+|\s+or\s+", line.rstrip("."))
+        parts = _SEPARATOR.split(line.rstrip("."))
         return [p for p in parts if p.strip()]
     return None
 
@@ -252,7 +511,7 @@ def extract_entities(text: str | None, *, limit: int | None = None) -> ParsedRep
         return ParsedReply([], True, "empty")
     text = str(text)
     fence = _FENCE.search(text)
-    body = fence.group(1) if fence else text
+    body = fence.group("body") if fence else text
     items, how = _json_candidates(body)
     if items is None and fence:
         items, how = _json_candidates(text)
@@ -263,7 +522,8 @@ def extract_entities(text: str | None, *, limit: int | None = None) -> ParsedRep
     if items is None:
         first = next((ln for ln in body.splitlines() if ln.strip()), "")
         first = re.split(r"(?<=[.!?])\s+", first.strip(), maxsplit=1)[0]  # the first sentence decides
-        if is_refusal(first) and not any(_BULLET.match(ln) for ln in body.splitlines()):
+        # A refusal says so in its first words: a 1 MB "sentence" is not normalised whole to find out.
+        if _says_no(first[:_MAX_REFUSAL_CHARS]) and not any(_bullet_item(ln) is not None for ln in body.splitlines()):
             return ParsedReply([], True, "refusal")
         b = _bullet_lines(body)
         if b is not None:
@@ -274,14 +534,20 @@ def extract_entities(text: str | None, *, limit: int | None = None) -> ParsedRep
     out: list[str] = []
     dropped: list[str] = []
     seen: set[str] = set()
+    if len(items) > _MAX_ITEMS:
+        dropped.append(f"... {len(items) - _MAX_ITEMS} more items not read (at most {_MAX_ITEMS} are)")
+        items = items[:_MAX_ITEMS]
     for raw in items:
         s = _item_string(raw)
         if s is None:
             dropped.append(json.dumps(raw, ensure_ascii=False, default=str))
             continue
         s = _clean_item(s)
+        if len(s) > _MAX_ITEM_CHARS:  # checked first: normalising a 1 MB "item" only to drop it is wasted
+            dropped.append(s)
+            continue
         key = normalize(s)
-        if not key or len(s) > _MAX_ITEM_CHARS or is_refusal(s):
+        if not key or is_refusal(s):
             dropped.append(s)
             continue
         if key in seen:

@@ -275,3 +275,96 @@ def test_a_full_disk_during_a_run_is_one_line_from_the_cli(llm_artifact, tmp_pat
     lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip() and not line.startswith("llm:")]
     assert lines == [f"error: {tmp_path / 'c.sqlite'}: no space left on the device (ENOSPC); free space there or "
                      "write the output elsewhere"]
+
+
+# ------------------------------------------------------------------ damage (issue 32): verified on load
+_DAMAGE = {
+    "garbage": '{"texts": ["Ent',
+    "not-an-object": '"just a string"',
+    "wrong-schema": '{"texts": "Entity_001", "logprobs": [], "finish_reasons": []}',
+    "nan-tokens": ('{"texts": ["x"], "logprobs": [null], "finish_reasons": ["stop"], "prompt_tokens": NaN, '
+                   '"completion_tokens": 1, "model": "m", "n_requested": 1}'),
+    "nan-logprob": ('{"texts": ["x"], "logprobs": [[["x", NaN]]], "finish_reasons": ["stop"], "prompt_tokens": 1, '
+                    '"completion_tokens": 1, "model": "m", "n_requested": 1}'),
+    "infinite-latency": ('{"texts": ["x"], "logprobs": [null], "finish_reasons": ["stop"], "prompt_tokens": 1, '
+                         '"completion_tokens": 1, "model": "m", "n_requested": 1, "latency_s": Infinity}'),
+    "deep": "[" * 200_000,
+}
+
+
+def _damage_rows(path: Path, texts: list[str]) -> None:
+    conn = sqlite3.connect(path)
+    keys = [k for (k,) in conn.execute("SELECT key FROM responses ORDER BY created")]
+    for key, text in zip(keys, texts):
+        conn.execute("UPDATE responses SET response = ? WHERE key = ?", (text, key))
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("kind", sorted(_DAMAGE))
+def test_a_damaged_entry_is_asked_again_with_one_warning(llm_artifact, tmp_path, caplog, kind):
+    path = tmp_path / "c.sqlite"
+    batch = _prompts(3)
+    live = _fill(llm_artifact, path, batch)
+    _damage_rows(path, [_DAMAGE[kind], _DAMAGE[kind]])  # two of the three entries
+    with simulator(llm_artifact, seed=4) as srv, LLMClient(_cfg(srv.base_url, path)) as client:
+        again = client.complete_many_sync(batch)
+        assert [r.texts for r in again] == [r.texts for r in live]
+        assert srv.stats["requests"] == 2 and client.stats.cache_hits == 1
+        assert client.cache is not None and client.cache.damaged == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "damaged" in r.getMessage()]
+    assert len(warnings) == 1 and str(path) in warnings[0] and "asked again" in warnings[0]
+    with ResponseCache(path) as c:  # the fresh responses replaced the damaged entries
+        assert c.damaged == 0 and len(c) == 3
+
+
+def test_a_damaged_entry_without_a_server_is_a_failed_row_not_a_crash(llm_artifact, tmp_path):
+    path = tmp_path / "c.sqlite"
+    batch = _prompts(2)
+    _fill(llm_artifact, path, batch)
+    _damage_rows(path, [_DAMAGE["nan-tokens"]])
+    with LLMClient(_cfg("http://127.0.0.1:9/v1", path)) as client:  # nothing listens there
+        got = client.complete_many_sync(batch)
+    assert not got[0].ok and got[1].ok and got[1].cached
+    assert client.stats.cache_hits == 1
+
+
+def _big_cache(path: Path) -> None:
+    with ResponseCache(path) as c:
+        for i in range(60):
+            c.put(f"k{i}", {"text": f"{i} " + "x" * 4000})
+    assert path.stat().st_size > 200_000
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_corrupt_cache_file_of_ours_is_moved_aside_and_rebuilt(tmp_path, caplog, damage):
+    path = tmp_path / "c.sqlite"
+    _big_cache(path)
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 3])
+    else:
+        path.write_bytes(data[:100] + os.urandom(len(data) - 100))  # header (and our marker) kept
+    with ResponseCache(path) as c:
+        got = [c.get(f"k{i}") for i in range(60)]  # no exception
+        assert all(g is None or g["text"].startswith(f"{i} ") for i, g in enumerate(got))
+        assert c.put("new", {"v": 1}) and c.get("new") == {"v": 1}
+    aside = [p.name for p in tmp_path.iterdir() if ".damaged-" in p.name]
+    assert len(aside) == 1 and aside[0].startswith("c.sqlite.damaged-")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "was damaged" in warnings[0] and aside[0] in warnings[0]
+    with ResponseCache(path) as c:
+        assert c.get("new") == {"v": 1} and len(c) == 1
+
+
+def test_a_corrupt_read_only_cache_is_bypassed_with_one_warning(tmp_path, caplog):
+    path = tmp_path / "c.sqlite"
+    _big_cache(path)
+    data = path.read_bytes()
+    path.write_bytes(data[:100] + os.urandom(len(data) - 100))
+    before = _sha(path)
+    with ResponseCache(path, readonly=True) as c:
+        assert c.bypassed and c.get("k1") is None and c.put("k", {"v": 1}) is False and len(c) == 0
+    assert _sha(path) == before and _siblings(path) == ["c.sqlite"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "not used in this run" in warnings[0]

@@ -743,3 +743,72 @@ def test_a_row_with_nothing_to_nest_is_skipped_and_counted():
     notes = res.trace.root.notes["llm"]
     assert "no sub-question to nest" in notes["skipped"] and hook.stats.skipped == 1
     assert len(client.batches) == 2 and hook.stats.nested == 0 and res.answers == []  # the two inner hops
+
+
+# ------------------------------------------------------------------ unusable replies (issue 32)
+@pytest.mark.parametrize("mode", ["lgot", "llm-only"])
+def test_an_unusable_reply_degrades_the_row_to_kg_only_with_a_warning(mode):
+    """``[[[[...`` (1 KB) was a RecursionError out of the hook; now the row keeps its KG value."""
+    script = dict(SCRIPT)
+    script[("r", ("C",))] = ["[" * 1000, "[" * 1000 + "x", '{"a":' * 300, "[" * 1000]
+    queries = ["(p r A)", "(p r C)"]
+    res, _, hook = run(queries, script=script, settings=LGOTSettings(relation_questions="fallback", mode=mode))
+    assert scores(res[1]) == scores(kg_only(queries)[1])
+    notes = res[1].trace.root.notes
+    assert notes["warning"] == "LLM reply unusable (no sample could be read as entity names); this row is KG-only"
+    assert notes["llm"]["unusable"]["samples"] == 4 and notes["llm"]["unusable"]["first"] == "[" * 120
+    assert hook.stats.unusable_rows == 1 and hook.stats.failed_rows == 0
+    if mode == "lgot":
+        assert "D" in scores(res[0])  # the other row still merged
+
+
+def test_a_reply_with_some_usable_samples_is_used():
+    script = dict(SCRIPT)
+    script[("r", ("A",))] = ["[" * 1000, '["B"]', "I don't know", '["B"]']
+    (res,), _, hook = run(["(p r A)"], script=script)
+    assert "warning" not in res.trace.root.notes and hook.stats.unusable_rows == 0
+    assert res.trace.root.notes["llm"]["answers"] == [{"text": "B", "p": 0.5, "count": 2, "n": 4}]
+
+
+def test_a_parser_exception_degrades_the_row(monkeypatch):
+    import llm_bridge.lgot as lgot
+
+    def broken(text, limit=None):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(lgot, "extract_entities", broken)
+    (res,), _, hook = run(["(p r A)"])
+    assert scores(res) == scores(kg_only(["(p r A)"])[0])
+    assert res.trace.root.notes["warning"] == \
+        "LLM reply unusable (RecursionError while reading it); this row is KG-only"
+    assert hook.stats.unusable_rows == 1
+
+
+def test_cli_an_unusable_cached_reply_replays_without_the_server(llm_artifact, tmp_path, monkeypatch, capsys):
+    """issue 32 (a): the 1 KB ``[[[[`` reply was cached, so every replay ended in the same traceback."""
+    from _llm_server import chat_reply, scripted_server
+    from engine.answer import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    art = Artifact.load(llm_artifact)
+    query = _queries(art, 1)[1]  # (p likes X) with an observed edge: the KG has answers
+    expr = f"(p likes {query.arg.entity})"
+    kg = Executor(art).answer([parse(expr)], k=5)[0]
+    assert kg.answers
+    with scripted_server(lambda body, headers: (200, chat_reply("[" * 1000), None)) as srv:
+        argv = ["--artifact", str(llm_artifact), "--expr", expr, "--top-k", "5", "--json", "--llm",
+                "--llm-base-url", srv.base_url, "--llm-model", "m", "--llm-cache", str(tmp_path / "c.sqlite"),
+                "--llm-max-retries", "0", "--llm-timeout", "5", "--llm-relation-questions", "fallback"]
+        assert main(argv) == 0
+        first = capsys.readouterr()
+        assert srv.requests > 0
+    assert main(argv) == 0  # the server is gone: the unusable reply replays from the cache, the same way
+    second = capsys.readouterr()
+    assert second.out == first.out
+    out = json.loads(first.out)
+    assert [(a["entity"], a["score"]) for a in out["answers"]] == [(a.entity, a.score) for a in kg.answers]
+    warnings = [n["notes"].get("warning", "") for n in out["trace"]["nodes"] if "notes" in n]
+    assert "LLM reply unusable (no sample could be read as entity names); this row is KG-only" in warnings
+    assert '"requests": 0' in second.err and "Traceback" not in first.err + second.err

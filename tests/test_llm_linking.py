@@ -9,7 +9,7 @@ from rapidfuzz import fuzz
 
 from kgreason.errors import UserError
 from llm_bridge.linking import (DEFAULT_THRESHOLD, FUZZY_CANDIDATES, EntityLinker, acronyms, aligned_score,
-                                load_names_file, loose_key, normalize)
+                                load_names_file, loose_form, loose_key, normalize)
 
 NAMES = ["Zoe Saldana", "The Beatles", "Paris (/m/05qtj)", "Paris (/m/0abc)", "Robert Zemeckis", "Tom Hanks",
          "Ender's Game", "AT&T", "São Paulo", "/m/027rn", "Forrest_Gump", "Cast Away (film)"]
@@ -170,9 +170,17 @@ def test_names_file_errors(tmp_path):
 
 # ------------------------------------------------------------------------ issue 21's real-LLM forms
 @pytest.mark.parametrize("key,loose", [("intel corporation", "intel"), ("apple inc", "apple"), ("acme co ltd", "acme"),
-                                       ("spider man", "spiderman"), ("co", "co"), ("/m/0abc", "/m/0abc")])
+                                       ("spider man", "spider man"), ("co", "co"), ("/m/0abc", "/m/0abc")])
 def test_loose_key(key, loose):
     assert loose_key(key) == loose
+
+
+@pytest.mark.parametrize("text,loose", [("Spider-Man", "spiderman"), ("Spiderman", "spiderman"), ("E.T.", "et"),
+                                        ("Walt Disney Studios, Inc.", "walt disney studios"),
+                                        ("The Dead Pool", "dead pool"), ("Deadpool", "deadpool"),
+                                        ("m.0abc", "/m/0abc"), ("AT&T Corp.", "at and t")])
+def test_loose_form_joins_words_only_across_punctuation(text, loose):
+    assert loose_form(text) == loose
 
 
 def test_acronyms():
@@ -378,6 +386,92 @@ def test_linking_set_is_deterministic_and_labelled_right(tmp_path):
                for e in a.examples if e.kind == "ambiguous_bare")
 
 
+def test_linking_set_with_relations_and_wrong_kind_strings(tmp_path):
+    from dataclasses import replace
+
+    from llm_bridge import linkeval
+
+    kb = _write_kb(tmp_path / "kb.txt")
+    with kb.open("a", encoding="utf-8") as f:  # an all-capitals title, for person_acronym
+        f.write("KLMT|directed_by|Kamon Lotes\nKLMT|release_year|1999\n")
+    names, persons, years, triples = linkeval.load_kb(kb)
+    assert (names, persons, years) == linkeval.load_kb_names(kb)
+    a = linkeval.build_set(names, persons, years, seed=1, per_kind=20, triples=triples)  # seed 1 keeps KLMT
+    assert a == linkeval.build_set(names, persons, years, seed=1, per_kind=20, triples=triples)
+    # the strings built without triples are unchanged (own random streams), now with a relation
+    plain = linkeval.build_set(names, persons, years, seed=1, per_kind=20)
+    assert [replace(e, relation=None) for e in a.examples if e.kind not in linkeval.WRONG_KIND_KINDS] == plain.examples
+    assert a.relations == ["release_year", "release_year^-1", "directed_by", "directed_by^-1", "starred_actors",
+                           "starred_actors^-1", "has_tags", "has_tags^-1"]
+    ranges, ids = a.ranges(), {n: i for i, n in enumerate(a.names)}
+    rel = {r: k for k, r in enumerate(a.relations)}
+    tails = {(int(r), int(t)) for _, r, t in a.triples}
+    kinds = {e.kind for e in a.examples}
+    assert {"other_kind_typo", "placeholder", "person_acronym", "partial_name", "joined_words"} <= kinds
+    keys = {normalize(n) for n in names} | {normalize(n) for n in a.names}
+    for e in a.examples:
+        if e.target is not None and e.relation is not None:  # a positive is asked where its entity is reached
+            assert (rel[e.relation], ids[e.target]) in tails, e
+        if e.kind in linkeval.WRONG_KIND_KINDS:
+            assert e.target is None and e.relation in rel and normalize(e.text) not in keys, e
+        if e.kind == "other_kind_typo":  # near a name the relation does not reach
+            assert not ranges.allowed(rel[e.relation])[ids[e.source]], e
+        if e.kind == "person_acronym":
+            assert e.source == "KLMT" and e.relation in linkeval.PERSON_RELATIONS
+            assert "klmt" in acronyms(normalize(e.text))
+        if e.kind == "joined_words":
+            assert " " not in e.text and normalize(e.text) == normalize(e.source).replace(" ", "")
+    assert sum(e.relation is not None for e in a.examples) >= 0.95 * len(a.examples)
+
+
+def test_per_kind_precision_and_recall():
+    from llm_bridge.linkeval import Example, Outcome, counts, per_kind
+
+    ex = [Example("a", "A", "typo", "A"), Example("b", "B", "typo", "B"), Example("b2", "B", "typo", "B"),
+          Example("c", None, "placeholder", "c"), Example("d", None, "placeholder", "d"),
+          Example("e", "E", "case", "E"), Example("f", None, "held_out", "f")]
+    out = [Outcome("A", "fuzzy", 95.0), Outcome("X", "fuzzy", 90.0), Outcome(None, None, 40.0),
+           Outcome("Y", "alias", 100.0), Outcome("Z", "fuzzy", 60.0), Outcome("e", "exact", 100.0),
+           Outcome(None, None, 0.0)]
+    got = per_kind(ex, out, 80.0)
+    assert list(got) == ["case", "typo", "held_out", "placeholder"]  # report order: positives, then negatives
+    assert got["typo"] == {"strings": 3, "links": 2, "correct": 1, "positives": 3, "precision": 0.5, "recall": 1 / 3}
+    assert got["case"] == {"strings": 1, "links": 1, "correct": 1, "positives": 1, "precision": 1.0, "recall": 1.0}
+    # a negative kind: every link wrong; the fuzzy link below the threshold does not count
+    assert got["placeholder"] == {"strings": 2, "links": 1, "correct": 0, "positives": 0, "precision": 0.0,
+                                  "recall": 0.0}
+    assert got["held_out"]["links"] == 0 and got["held_out"]["precision"] == 1.0
+    assert sum(g["links"] for g in got.values()) == counts(ex, out, 80.0)["links"]
+
+
+def test_evaluate_passes_each_strings_relation():
+    from llm_bridge.linkeval import Example, evaluate
+
+    calls = []
+
+    class Linker:
+        def link(self, text, **kw):
+            calls.append((text, kw))
+            return EntityLinker(names=["Tom Hanks"]).link(text)
+
+    ex = [Example("Tom Hanks", "Tom Hanks", "case", "Tom Hanks", "starred_actors"), Example("x", None, "held_out", "x")]
+    evaluate(Linker(), ex, relations={"starred_actors": 4})
+    evaluate(Linker(), ex)
+    assert calls == [("Tom Hanks", {"relation": 4}), ("x", {}), ("Tom Hanks", {}), ("x", {})]
+
+
+def test_range_coverage_rules_are_ordered(tmp_path):
+    from llm_bridge import linkeval
+
+    names, _, _, triples = linkeval.load_kb(_write_kb(tmp_path / "kb.txt"))
+    rows = linkeval.range_coverage(names, triples, seed=0)
+    assert [r["rule"] for r in rows][0] == "observed range" and rows[0]["other_kind"] == 0.0
+    assert rows[0]["dropped"] == round(0.5 * rows[0]["triples"])
+    for lo, hi in zip(rows, rows[1:]):  # each rule allows a superset of the one before
+        assert lo["inside"] <= hi["inside"] and lo["allowed"] <= hi["allowed"]
+    assert rows[-1]["inside"] > rows[0]["inside"]
+
+
 def test_counts_sweep_and_threshold_choice():
     from llm_bridge.linkeval import Example, Outcome, choose_threshold, counts, sweep
 
@@ -402,6 +496,8 @@ def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
     assert linkeval.main(["--kb", str(kb), "--out", str(out), "--per-kind", "10", "--seed", "1"]) == 0
     text = out.read_text(encoding="utf-8")
     assert "| threshold |" in text and "**(chosen)**" in text and out.with_suffix(".png").stat().st_size > 1000
+    assert "| other_kind_typo | negative |" in text and "## Relation ranges on held-out edges" in text
+    assert "| new, no relation |" in text
     assert "precision" in capsys.readouterr().out
     small = tmp_path / "small.md"
     assert linkeval.main(["--kb", str(kb), "--out", str(small), "--per-kind", "5", "--max-names", "120"]) == 0
