@@ -19,7 +19,14 @@ TORCH_LIBRARY_FRAGMENT(kgreason, m) {
   //       admissible lower bound of the remaining cost to the targets (A*);
   //   max_hops: -1 unbounded, else shortest path among paths with <= max_hops edges;
   //   return_predecessors: fill the predecessor outputs;
-  //   heap: priority queue, 0 radix heap (A* falls back to 4), 2 binary heap, 4 4-ary heap.
+  //   heap: search strategy. Dijkstra with a priority queue: 0 radix heap (A*
+  //       falls back to 4), 2 binary heap, 4 4-ary heap; 3 batched label-correcting
+  //       sweeps, 16 sources at a time, for every unbounded search (hop-bounded ones
+  //       use the radix heap; targets and heuristic are then only upper bounds on the
+  //       work: every distance is computed exactly); 1 auto: sweeps where Dijkstra
+  //       could not stop early (unbounded, no targets, no heuristic, >= 8 sources),
+  //       else as 0. Distances are identical whatever the strategy; predecessors may
+  //       break ties between equal-cost paths differently (csrc/cpu/dijkstra_cpu.cpp).
   //
   // Returns (dist (S, N) float32 [inf unreachable],
   //          pred_entity, pred_relation int32: (S, N) unbounded, (S, H+1, N)

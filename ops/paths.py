@@ -18,6 +18,12 @@ Semantics (``engine.paths`` builds the graph from triples and adds names):
 * ``heuristic``: A*, a lower bound ``h(v)`` of the remaining cost from ``v`` to
   the nearest target (admissible; consistency is not required: improved nodes
   are re-opened).  Meant for use with ``targets``.
+* Distances are float32 sums of the relation costs along the path, identical
+  (bit for bit) whatever the ``heap`` strategy.  Among equal-cost paths,
+  Dijkstra reports the first one settled; the batched sweeps (``heap="auto"``
+  without targets, ``"sweep"``) report, for each entity, the predecessor with the
+  smallest distance among those whose edge attains it (lowest entity id, then
+  relation id, on ties); both are real paths of the reported cost.
 
 Backends as for every op (:mod:`ops._backend`): ``"cpp"`` (the CPU kernel,
 sources searched in parallel) or ``"reference"`` (:mod:`ops.paths_reference`,
@@ -37,9 +43,15 @@ from ._backend import resolve_backend
 
 __all__ = ["dijkstra", "ShortestPathTensors", "check_relation_costs", "HEAPS"]
 
-#: Priority queues of the cpp kernel (name -> the op's ``heap`` code).  The radix
-#: heap needs monotone keys, so A* searches (with a heuristic) use the 4-ary heap.
-HEAPS = {"radix": 0, "binary": 2, "4-ary": 4}
+#: Search strategies of the cpp kernel (name -> the op's ``heap`` code).
+#: ``"auto"`` (default): batched label-correcting sweeps (16 sources at a time,
+#: no heap) for unbounded searches without targets or heuristic and >= 8 sources,
+#: else Dijkstra with the radix heap.  ``"sweep"``: the sweeps for every unbounded
+#: search (hop-bounded ones use the radix heap).  ``"radix"`` / ``"binary"`` /
+#: ``"4-ary"``: Dijkstra with that priority queue; the radix heap needs monotone
+#: keys, so A* searches (with a heuristic) use the 4-ary heap.  Distances are
+#: identical whichever is used (csrc/cpu/dijkstra_cpu.cpp says why).
+HEAPS = {"auto": 1, "sweep": 3, "radix": 0, "binary": 2, "4-ary": 4}
 
 
 class ShortestPathTensors(NamedTuple):
@@ -139,7 +151,7 @@ def dijkstra(
     heuristic: torch.Tensor | None = None,
     max_hops: int | None = None,
     return_predecessors: bool = True,
-    heap: str = "radix",
+    heap: str = "auto",
     backend: str | None = None,
     validate: bool = True,
 ) -> ShortestPathTensors:
@@ -153,8 +165,9 @@ def dijkstra(
         heuristic: None, (N,) shared or (S, N) per source float32, non-negative admissible bound.
         max_hops: None or ``H >= 0``.
         return_predecessors: also return the predecessor tensors.
-        heap: the cpp kernel's priority queue: ``"radix"`` (default), ``"binary"`` or ``"4-ary"``
-            (ignored by the reference); results are identical, only speed differs.
+        heap: the cpp kernel's strategy (:data:`HEAPS`): ``"auto"`` (default), ``"sweep"``,
+            ``"radix"``, ``"binary"`` or ``"4-ary"`` (ignored by the reference); distances are
+            identical, only speed (and the tie-breaking between equal-cost paths) differs.
         backend: ``"cpp"``, ``"reference"`` or None (module default, see :func:`ops.set_backend`).
         validate: check the graph's values (offsets, id ranges: one O(E) pass); shapes,
             dtypes and every other argument are always checked.

@@ -173,7 +173,7 @@ def shortest_paths(
     heuristic=None,
     return_predecessors: bool = True,
     backend: str | None = None,
-    heap: str = "radix",
+    heap: str = "auto",
 ) -> ShortestPaths:
     """Shortest paths from every source (semantics: :mod:`ops.paths`).
 
@@ -187,8 +187,11 @@ def shortest_paths(
         return_predecessors: also return the predecessor arrays.
         backend: ``"cpp"`` (the compiled op), ``"reference"`` (pure-Python heapq) or None
             (the ops default: ``cpp`` when the extension is built).
-        heap: the cpp backend's priority queue: ``"radix"`` (default; monotone keys, so A*
-            searches fall back to ``"4-ary"``), ``"binary"`` or ``"4-ary"``.
+        heap: the cpp backend's strategy (:data:`ops.HEAPS`): ``"auto"`` (default: batched
+            sweeps over 16 sources at a time for searches without targets, heuristic or
+            ``max_hops``, else Dijkstra with the radix heap), ``"sweep"``, or Dijkstra with
+            ``"radix"``, ``"binary"`` or ``"4-ary"`` (A* searches use ``"4-ary"`` for
+            ``"radix"``).  Distances are identical; tie-breaking: :mod:`ops.paths`.
     """
     costs = check_relation_costs(relation_costs, graph.num_relations, graph.relation_names)
     indptr, tails, rels = graph.torch_csr()
