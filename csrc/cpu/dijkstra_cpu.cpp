@@ -184,11 +184,15 @@ struct PackedEdge {
   float weight;
 };
 
-struct Adjacency {
+// A compressed adjacency: entity v's edges are edges[indptr[v] .. indptr[v + 1]), rel[i] edge i's relation.
+template <class Edge>
+struct Csr {
   std::vector<int64_t> indptr;
-  std::vector<PackedEdge> edges;
+  std::vector<Edge> edges;
   std::vector<int32_t> rel;
 };
+
+using Adjacency = Csr<PackedEdge>;
 
 // Collapse runs of equal tails to the cheapest edge and drop unusable (inf) edges.
 Adjacency collapse(const int64_t* indptr, const int32_t* tails, const int32_t* rels, const float* costs,
@@ -437,11 +441,7 @@ struct InEdge {
 
 // In-edges of every entity (the collapsed adjacency transposed), sorted by head:
 // the sweeps pull along them.
-struct InAdjacency {
-  std::vector<int64_t> indptr;
-  std::vector<InEdge> edges;
-  std::vector<int32_t> rel;
-};
+using InAdjacency = Csr<InEdge>;
 
 InAdjacency transpose(const Adjacency& adj, int64_t n) {
   InAdjacency in;
