@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 from kgreason.cli import ArgumentParser as _Parser  # one-line UserError, user text escaped
 from kgreason.errors import UserError, cli_main
-from kgreason.files import json_object
+from kgreason.files import json_object, read_lines
 from kgreason.text import json_line, printable  # questions, KG names, LLM text: escaped where printed
 
 __all__ = ["AskConfig", "CHUNK", "parse_args", "read_questions", "run", "main"]
@@ -190,18 +190,14 @@ def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:
     """``(where, question, gold answers or None)`` per non-blank line: plain text, or (a line starting
     with ``{``) a JSON object ``{"question": str, "answers": [str, ...]}``; a file may mix both.
 
-    A file of JSON lines only is read by :func:`kgreason.files.read_json_objects` (the ``--exemplars``
-    reader); in a mixed file each ``{`` line is parsed alone by the same :func:`kgreason.files.json_object`.
-    Either way a malformed line, however deeply nested, is one ``UserError`` naming ``FILE:LINE``.
+    Each ``{`` line is parsed by :func:`kgreason.files.json_object`, as the ``--exemplars`` reader
+    (:func:`kgreason.files.read_json_objects`) parses its lines: a malformed line, however deeply nested,
+    is one ``UserError`` naming ``FILE:LINE``.
     """
-    from kgreason.files import read_json_objects, read_lines
-
     lines = [(ln, line) for ln, line in read_lines(path, what="--questions") if line.strip()]
     if not lines:
         raise UserError(f"--questions: {path} has no questions")
     shape = '{"question": ..., "answers": [...]}'
-    if all(line.lstrip().startswith("{") for _, line in lines):
-        return [_question(where, obj) for where, obj in read_json_objects(path, what="--questions", shape=shape)]
     out = []
     for ln, line in lines:
         where = f"{path}:{ln}"

@@ -58,7 +58,8 @@ from .train import (HUGE_FROM, MAX_LR, PRESET_OVERRIDES, TRAINING_LOOPS, TrainCo
                     check_optimizer, check_train_values, check_trainable, default_train_config, size_class,
                     train_complex)
 
-__all__ = ["BuildConfig", "build_artifact", "summarize", "main", "remove_killed_builds", "StagingLock", "LOCK_SUFFIX", "MAX_LR", "MIN_MATRIX_GB", "MAX_MATRIX_GB",
+__all__ = ["BuildConfig", "build_artifact", "summarize", "main", "remove_killed_builds", "StagingLock", "LOCK_SUFFIX",
+           "MAX_LR", "MIN_MATRIX_GB", "MAX_MATRIX_GB",
            "DEFAULT_MAX_CALIBRATE_MINUTES", "calibrate_minutes", "available_memory_bytes", "estimate_build_memory",
            "EAGER_PEAK_FACTOR", "CALIBRATE_GFLOPS", "TRAIN_FLAGS", "flat_defaults"]
 
