@@ -226,7 +226,8 @@ def _linker(artifact):
         return None
     from llm_bridge.linking import EntityLinker
 
-    linker = EntityLinker.from_artifact(artifact)
+    # Topic mentions are linked with no relation (link(text)), so relation ranges would be built for nothing.
+    linker = EntityLinker.from_artifact(artifact, ranges=False)
 
     def link(text: str):
         return linker.link(text).entity
