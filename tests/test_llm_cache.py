@@ -325,7 +325,10 @@ def test_a_damaged_entry_without_a_server_is_a_failed_row_not_a_crash(llm_artifa
     _damage_rows(path, [_DAMAGE["nan-tokens"]])
     with LLMClient(_cfg("http://127.0.0.1:9/v1", path)) as client:  # nothing listens there
         got = client.complete_many_sync(batch)
-    assert not got[0].ok and got[1].ok and got[1].cached
+    # The two replies are stored concurrently, so "the first row by created" may be either prompt.
+    failed = [r for r in got if not r.ok]
+    hits = [r for r in got if r.ok]
+    assert len(failed) == 1 and len(hits) == 1 and hits[0].cached
     assert client.stats.cache_hits == 1
 
 
