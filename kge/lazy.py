@@ -46,9 +46,19 @@ __all__ = ["LazyMatrices", "RowCache", "LazyStats", "check_row_cache_gb", "DEFAU
 DEFAULT_ROW_CACHE_GB = 1.0
 #: Values of ``--matrices`` (``meta.json["matrices"]`` holds "eager" or "lazy").
 MATRIX_MODES = ("eager", "lazy", "auto")
-#: Bytes a cached row costs besides its entries (two numpy headers, a tuple, the dict slot), measured
-#: with sys.getsizeof on CPython 3.11; counted so that a cache of many short rows stays in budget.
-_ROW_OVERHEAD = 400
+#: Bytes a cached row costs besides its entries: its head, its row pointer and its last-use tick
+#: (8 bytes each) in the relation's row set, and the same pointer once more in the prepared stack.
+_ROW_OVERHEAD = 32
+#: Bytes a cached entry costs: column + value (8 bytes) in the row set, and again in the prepared
+#: stack's transpose (the stack's own column/value arrays are the row set's, shared).
+_ENTRY_BYTES = 16
+#: After an eviction the cache holds at most this share of its budget: evicting a little below the
+#: budget makes the (sort of every cached row's tick) eviction pass rare instead of once per insert.
+_EVICT_TO = 0.9
+#: A relation's newly computed rows wait in a pending set until it holds this share of the rows
+#: already merged (or the main set is empty): merging rewrites the whole set, so merging on every
+#: miss would cost O(set) per 1p query; merging at a fixed ratio makes it O(1) amortized per entry.
+_MERGE_RATIO = 0.25
 
 
 def check_row_cache_gb(value: Any, option: str = "--row-cache-gb") -> float:
@@ -62,51 +72,220 @@ def check_row_cache_gb(value: Any, option: str = "--row-cache-gb") -> float:
     return v
 
 
-class RowCache:
-    """LRU cache of calibrated rows by flattened key ``r*N + h``, bounded in bytes.
+def take_rows(indptr: np.ndarray, cols: np.ndarray, vals: np.ndarray,
+              idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ``idx`` of a CSR ``(indptr, cols, vals)``, in that order: ``(indptr int64, cols, vals)``.
 
-    Values are ``(cols int32, vals float32)`` numpy arrays.  :meth:`put` evicts
-    least recently used rows until the total is within ``max_bytes``, which may
-    evict everything, the row just added included.
+    One vectorised gather (O(rows + entries), no Python loop per row): a lazy projection
+    gathers thousands of rows per call.
+    """
+    idx = np.asarray(idx, dtype=np.int64)
+    starts = indptr[idx]
+    lens = indptr[idx + 1] - starts
+    out_ptr = np.zeros(len(idx) + 1, dtype=np.int64)
+    np.cumsum(lens, out=out_ptr[1:])
+    total = int(out_ptr[-1])
+    if total == 0:
+        return out_ptr, cols[:0].copy(), vals[:0].copy()
+    # entry k of output row j sits at starts[j] + (k - out_ptr[j]) in the input
+    src = np.repeat(starts - out_ptr[:-1], lens) + np.arange(total, dtype=np.int64)
+    return out_ptr, cols[src], vals[src]
+
+
+class _RowSet:
+    """Cached rows of one relation ``M_r``: heads ascending with their rows as CSR pieces.
+
+    ``ticks[k]`` is the request that last used row ``k`` (LRU eviction); ``stacks`` holds the
+    set prepared as a one-relation ``ops.StackedMatrices`` per device (built on first use,
+    dropped when the set changes): a warm projection reads it as it is.
+    """
+
+    __slots__ = ("heads", "indptr", "cols", "vals", "ticks", "stacks")
+
+    def __init__(self, heads: np.ndarray, indptr: np.ndarray, cols: np.ndarray, vals: np.ndarray,
+                 ticks: np.ndarray) -> None:
+        self.heads, self.indptr, self.cols, self.vals, self.ticks = heads, indptr, cols, vals, ticks
+        self.stacks: dict[str, Any] = {}
+
+    @classmethod
+    def empty(cls) -> "_RowSet":
+        return cls(np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32),
+                   np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    @property
+    def nbytes(self) -> int:
+        return _ENTRY_BYTES * len(self.cols) + _ROW_OVERHEAD * len(self.heads)
+
+    def find(self, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(pos, found)`` of sorted unique ``heads``: ``self.heads[pos[found]] == heads[found]``."""
+        pos = np.searchsorted(self.heads, heads)
+        found = np.zeros(len(heads), dtype=bool)
+        inside = pos < len(self.heads)
+        found[inside] = self.heads[pos[inside]] == heads[inside]
+        return pos, found
+
+    def subset(self, pos: np.ndarray) -> "_RowSet":
+        ptr, cols, vals = take_rows(self.indptr, self.cols, self.vals, pos)
+        return _RowSet(self.heads[pos], ptr, cols, vals, self.ticks[pos])
+
+    @staticmethod
+    def merge(a: "_RowSet", b: "_RowSet") -> "_RowSet":
+        """The rows of ``a`` and ``b`` (disjoint heads) in one set, heads ascending."""
+        if not len(a):
+            return b
+        if not len(b):
+            return a
+        heads = np.concatenate([a.heads, b.heads])
+        order = np.argsort(heads, kind="stable")
+        indptr = np.concatenate([a.indptr[:-1], b.indptr + len(a.cols)])
+        ptr, cols, vals = take_rows(indptr, np.concatenate([a.cols, b.cols]), np.concatenate([a.vals, b.vals]), order)
+        return _RowSet(heads[order], ptr, cols, vals, np.concatenate([a.ticks, b.ticks])[order])
+
+    def stack(self, n: int, device: Any) -> Any:
+        """The set as a one-relation ``ops.StackedMatrices`` (N, N) on ``device`` (rows of other heads empty)."""
+        key = str(device)
+        hit = self.stacks.get(key)
+        if hit is None:
+            hit = self.stacks[key] = compact_stack(n, [self.heads], self.indptr, self.cols, self.vals, device)
+        return hit
+
+
+def compact_stack(n: int, heads: list[np.ndarray], indptr: np.ndarray, cols: np.ndarray, vals: np.ndarray,
+                  device: Any) -> Any:
+    """An ``ops.StackedMatrices`` of ``len(heads)`` relations (``(len(heads)*N, N)``) on ``device``.
+
+    Relation ``k`` holds the rows ``heads[k]`` (ascending), whose entries are the CSR pieces
+    ``(indptr, cols, vals)`` in order (all of relation 0's rows, then relation 1's, ...);
+    every other row is empty.  Built with one vectorised pass and the stack's transpose.
+    """
+    import torch
+
+    import ops
+
+    r = len(heads)
+    counts = np.zeros(r * n, dtype=np.int64)
+    if r:
+        local = np.concatenate([k * n + h for k, h in enumerate(heads)])
+        counts[local] = np.diff(indptr)
+    crow = np.zeros(r * n + 1, dtype=np.int64)
+    np.cumsum(counts, out=crow[1:])
+    return ops.prepare_matrices((torch.from_numpy(crow), torch.from_numpy(cols), torch.from_numpy(vals)),
+                                num_entities=n, device=device, name="lazy rows")
+
+
+class RowCache:
+    """Calibrated rows by relation, bounded in bytes, least recently used rows evicted first.
+
+    Per relation, one merged :class:`_RowSet` (heads ascending; prepared once as the
+    stack a projection reads) and one pending set of rows computed since the last merge
+    (see :data:`_MERGE_RATIO`).  A row costs ``16 x entries + 32`` bytes (:meth:`row_bytes`:
+    the entries twice, as rows and in the prepared transpose).  Every lookup is vectorised
+    over the heads asked (``np.searchsorted``), so a request of thousands of rows costs no
+    Python loop per row.  When an insert takes the total past ``max_bytes``, the rows of the
+    oldest requests go until at most 90% of the budget is used, which may evict everything,
+    the rows just added included: callers take what they need out of the cache first.
     """
 
     def __init__(self, *, max_bytes: int) -> None:
         if max_bytes <= 0:
             raise UserError(f"row cache budget must be > 0 bytes, got {max_bytes}")
         self.max_bytes = int(max_bytes)
-        self._rows: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._main: dict[int, _RowSet] = {}
+        self._pending: dict[int, _RowSet] = {}
         self.bytes = 0
         self.evictions = 0
+        self._tick = 0
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return sum(len(s) for s in self._main.values()) + sum(len(s) for s in self._pending.values())
 
-    def __contains__(self, key: int) -> bool:
-        return key in self._rows
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        r, h = key
+        heads = np.array([h], dtype=np.int64)
+        return any(s.find(heads)[1][0] for s in (self._main.get(r), self._pending.get(r)) if s is not None)
 
     @staticmethod
     def row_bytes(cols: np.ndarray, vals: np.ndarray) -> int:
-        return int(cols.nbytes + vals.nbytes + _ROW_OVERHEAD)
+        """Bytes one cached row of ``len(cols)`` entries is counted as."""
+        return _ENTRY_BYTES * len(cols) + _ROW_OVERHEAD
 
-    def get(self, key: int) -> tuple[np.ndarray, np.ndarray] | None:
-        hit = self._rows.get(key)
-        if hit is not None:
-            self._rows.move_to_end(key)
-        return hit
+    def next_tick(self) -> int:
+        self._tick += 1
+        return self._tick
 
-    def put(self, key: int, cols: np.ndarray, vals: np.ndarray) -> None:
-        old = self._rows.pop(key, None)
-        if old is not None:
-            self.bytes -= self.row_bytes(*old)
-        self._rows[key] = (cols, vals)
-        self.bytes += self.row_bytes(cols, vals)
-        while self.bytes > self.max_bytes and self._rows:
-            _, (c, v) = self._rows.popitem(last=False)
-            self.bytes -= self.row_bytes(c, v)
-            self.evictions += 1
+    def main(self, r: int) -> _RowSet | None:
+        return self._main.get(r)
+
+    def lookup(self, r: int, heads: np.ndarray, tick: int) -> tuple[_RowSet, np.ndarray]:
+        """The cached rows of sorted unique ``heads`` of relation ``r``: ``(rows, missing heads)``.
+
+        ``rows`` holds the found heads in order (a subset of the cache's sets: copies); their
+        tick becomes ``tick``.
+        """
+        parts, missing = [], heads
+        for s in (self._main.get(r), self._pending.get(r)):
+            if s is None or not len(missing):
+                continue
+            pos, found = s.find(missing)
+            if found.any():
+                s.ticks[pos[found]] = tick
+                parts.append(s.subset(pos[found]))
+            missing = missing[~found]
+        rows = _RowSet.empty()
+        for p in parts:
+            rows = _RowSet.merge(rows, p)
+        return rows, missing
+
+    def touch(self, r: int, tick: int) -> None:
+        """Every row of relation ``r``'s merged set was used by request ``tick``."""
+        s = self._main.get(r)
+        if s is not None:
+            s.ticks.fill(tick)
+
+    def insert(self, r: int, rows: _RowSet) -> None:
+        """Add fresh rows of relation ``r`` (heads not cached), then evict if over budget."""
+        if not len(rows):
+            return
+        pend = _RowSet.merge(self._pending.get(r, _RowSet.empty()), rows)
+        self.bytes += rows.nbytes
+        main = self._main.get(r)
+        if main is None or len(pend.cols) >= _MERGE_RATIO * len(main.cols):
+            self._main[r] = pend if main is None else _RowSet.merge(main, pend)
+            self._pending.pop(r, None)
+        else:
+            self._pending[r] = pend
+        if self.bytes > self.max_bytes:
+            self._evict()
+
+    def _evict(self) -> None:
+        sets = [(d, r, s) for d in (self._main, self._pending) for r, s in d.items()]
+        ticks = np.concatenate([s.ticks for _, _, s in sets])
+        sizes = np.concatenate([_ENTRY_BYTES * np.diff(s.indptr) + _ROW_OVERHEAD for _, _, s in sets])
+        order = np.argsort(ticks, kind="stable")  # oldest first
+        kept_bytes = np.cumsum(sizes[order][::-1])[::-1]  # bytes left if order[i:] stay
+        target = _EVICT_TO * self.max_bytes
+        first_kept = int(np.searchsorted(-kept_bytes, -target, side="left"))  # first i with kept_bytes[i] <= target
+        drop = np.zeros(len(ticks), dtype=bool)
+        drop[order[:first_kept]] = True
+        lo = 0
+        for d, r, s in sets:
+            gone = drop[lo : lo + len(s)]
+            lo += len(s)
+            if not gone.any():
+                continue
+            self.evictions += int(gone.sum())
+            if gone.all():
+                del d[r]
+            else:
+                d[r] = s.subset(np.flatnonzero(~gone))
+        self.bytes = sum(s.nbytes for d in (self._main, self._pending) for s in d.values())
 
     def clear(self) -> None:
-        self._rows.clear()
+        self._main.clear()
+        self._pending.clear()
         self.bytes = 0
 
 
@@ -208,48 +387,118 @@ class LazyMatrices:
         """
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         self._check_keys(keys)
-        st = self.stats
-        st.requests += 1
-        st.rows_requested += len(keys)
-        got: list[tuple[np.ndarray, np.ndarray] | None] = [self.cache.get(int(k)) for k in keys.tolist()]
-        missing_pos = [i for i, g in enumerate(got) if g is None]
-        st.cache_hits += len(keys) - len(missing_pos)
-        if missing_pos:
-            miss_keys = np.unique(keys[missing_pos])  # a key asked twice is computed once
-            fresh = self._compute(miss_keys)
-            for i in missing_pos:
-                got[i] = fresh[int(keys[i])]
-            # Into the cache only after every needed row is in hand: eviction cannot lose one.
-            for k in miss_keys.tolist():
-                self.cache.put(k, *fresh[k])
-        lens = np.fromiter((len(g[0]) for g in got), dtype=np.int64, count=len(got))  # type: ignore[index]
-        indptr = np.zeros(len(keys) + 1, dtype=np.int64)
-        np.cumsum(lens, out=indptr[1:])
-        if len(got):
-            cols = np.concatenate([g[0] for g in got])  # type: ignore[index]
-            vals = np.concatenate([g[1] for g in got])  # type: ignore[index]
-        else:
-            cols, vals = np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32)
-        return indptr, cols, vals
+        n = self.num_entities
+        uniq, inv = np.unique(keys, return_inverse=True)
+        groups = [g for g in np.split(uniq, np.flatnonzero(np.diff(uniq // n)) + 1) if len(g)]
+        sets = self._row_sets([(int(g[0] // n), g % n) for g in groups], warm=False)
+        self.stats.rows_requested += len(keys) - len(uniq)  # _row_sets counted the distinct keys
+        ptrs, cols, vals, off = [np.zeros(1, np.int64)], [], [], 0
+        for rows, _ in sets:
+            assert rows is not None
+            ptrs.append(rows.indptr[1:] + off)
+            cols.append(rows.cols)
+            vals.append(rows.vals)
+            off += len(rows.cols)
+        indptr = np.concatenate(ptrs)
+        all_cols = np.concatenate(cols) if cols else np.zeros(0, np.int32)
+        all_vals = np.concatenate(vals) if vals else np.zeros(0, np.float32)
+        return take_rows(indptr, all_cols, all_vals, inv.reshape(-1))
 
-    def _compute(self, keys: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Calibrated rows ``keys`` (sorted, unique) by chunked matmuls: key -> (cols, vals)."""
+    def stacks(self, wanted: Sequence[tuple[int, np.ndarray]], device: Any) -> list[Any]:
+        """Per ``(r, heads)`` of ``wanted``, a one-relation ``ops.StackedMatrices`` (N, N) on ``device`` holding
+        (at least) the rows ``heads`` (sorted, unique entity ids) of ``M_r``.
+
+        Rows of other heads are empty or other cached rows of ``M_r`` (a projection multiplies
+        them by a zero input).  Warm path: when the relation's merged cached set holds every
+        head, its prepared stack is returned as it is (no copy, no transpose).  Otherwise the
+        missing rows of all of ``wanted`` are computed in one chunked pass, cached, and the
+        rows gathered into a compact stack (or, when the new rows were merged into the
+        relation's set, that set's stack).
+        """
+        n = self.num_entities
+        out = []
+        for (r, heads), (rows, how) in zip(wanted, self._row_sets(wanted, warm=True)):
+            main = self.cache.main(int(r)) if how == "computed" else None
+            if how == "warm":  # the relation's merged set (held here even if an insert evicted it since)
+                out.append(rows.stack(n, device))
+            elif main is not None and main.find(heads)[1].all():  # the new rows were merged into it
+                out.append(main.stack(n, device))
+            else:
+                out.append(compact_stack(n, [rows.heads], rows.indptr, rows.cols, rows.vals, device))
+        return out
+
+    def _row_sets(self, wanted: Sequence[tuple[int, np.ndarray]], *, warm: bool) -> list[tuple[_RowSet, str]]:
+        """Per ``(r, heads)``: ``(rows, how)``: the rows ``heads`` (sorted, unique) of ``M_r`` as one
+        :class:`_RowSet` (exactly those rows, heads ascending) and ``how`` = ``"cached"`` or ``"computed"``
+        (some computed now); with ``warm``, ``(set, "warm")`` where the relation's merged cached set holds
+        every head: that set itself, with its other rows.
+
+        Every missing row of ``wanted`` is computed in one chunked pass, then cached; rows are
+        handed out before the insert, so an eviction it triggers cannot take a needed row.
+        """
+        st, cache = self.stats, self.cache
+        tick = cache.next_tick()
+        st.requests += 1
+        found: list[tuple[_RowSet, str]] = []
+        missing: list[np.ndarray] = []
+        for r, heads in wanted:
+            st.rows_requested += len(heads)
+            main = cache.main(int(r)) if warm else None
+            if main is not None:
+                pos, hit = main.find(heads)
+                if hit.all():
+                    main.ticks[pos] = tick
+                    st.cache_hits += len(heads)
+                    found.append((main, "warm"))
+                    missing.append(heads[:0])
+                    continue
+            rows, miss = cache.lookup(int(r), heads, tick)
+            st.cache_hits += len(heads) - len(miss)
+            found.append((rows, "cached"))
+            missing.append(miss)
+        n = self.num_entities
+        keys = np.concatenate([int(r) * n + m for (r, _), m in zip(wanted, missing)]) if wanted else np.zeros(0, np.int64)
+        if not len(keys):
+            return found
+        indptr, cols, vals = self._compute(keys)
+        out: list[tuple[_RowSet, str]] = []
+        fresh_sets = []
+        lo = 0
+        for (r, _), (rows, how), miss in zip(wanted, found, missing):
+            if not len(miss):
+                out.append((rows, how))
+                continue
+            a, b = int(indptr[lo]), int(indptr[lo + len(miss)])
+            # copies: views would keep the whole pass's arrays alive in the cache
+            fresh = _RowSet(miss.copy(), indptr[lo : lo + len(miss) + 1] - a, cols[a:b].copy(), vals[a:b].copy(),
+                            np.full(len(miss), tick, dtype=np.int64))
+            lo += len(miss)
+            fresh_sets.append((int(r), fresh))
+            out.append((_RowSet.merge(rows, fresh), "computed"))
+        for r, fresh in fresh_sets:
+            cache.insert(r, fresh)
+        return out
+
+    def _compute(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Calibrated rows ``keys`` (in order) by chunked matmuls, as CSR pieces ``(indptr, cols, vals)``."""
         t0 = time.perf_counter()
-        out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         step = self._calib.chunk_rows
+        nnz, cols, vals = [], [], []
         for a in range(0, len(keys), step):
-            part = keys[a : a + step]
-            row_nnz, cols, vals = self._calib.compute(part)
-            bounds = np.zeros(len(part) + 1, dtype=np.int64)
-            np.cumsum(row_nnz, out=bounds[1:])
-            for j, k in enumerate(part.tolist()):
-                lo, hi = int(bounds[j]), int(bounds[j + 1])
-                # copies: a view would keep the whole chunk's arrays alive in the cache
-                out[k] = (cols[lo:hi].copy(), vals[lo:hi].copy())
+            row_nnz, c, v = self._calib.compute(keys[a : a + step])
+            nnz.append(np.asarray(row_nnz, dtype=np.int64))
+            cols.append(c)
+            vals.append(v)
             self.stats.passes += 1
+        indptr = np.zeros(len(keys) + 1, dtype=np.int64)
+        if nnz:
+            np.cumsum(np.concatenate(nnz), out=indptr[1:])
         self.stats.rows_computed += len(keys)
         self.stats.seconds += time.perf_counter() - t0
-        return out
+        if len(cols) == 1:  # one chunk: its arrays as they are (the calibrator returns fresh ones)
+            return indptr, cols[0], vals[0]
+        return (indptr, np.concatenate(cols) if cols else np.zeros(0, np.int32),
+                np.concatenate(vals) if vals else np.zeros(0, np.float32))
 
     def row(self, r: int, h: int) -> tuple[np.ndarray, np.ndarray]:
         """``M_r[h, :]`` as ``(cols int32, vals float32)`` (through the cache)."""

@@ -18,8 +18,9 @@ executor makes one ``ops.project`` call per block and nothing else, so:
   one block covering the whole batch.  This is the only prepared copy of the KG:
   per-relation matrices (:meth:`EagerRows.relation`) are views of it.
 * :class:`LazyRows`: a lazy artifact's on-demand rows (:class:`kge.lazy.LazyMatrices`):
-  per block, a compact stack of only the rows the block's active heads need,
-  computed (or taken from the row cache) when the block is drawn.
+  one block per relation of the batch, its stack the relation's cached rows as prepared
+  once (warm) or a compact stack of the rows the block's active heads need, computed
+  (or taken from the row cache) when the block is drawn.
 * anything future (rows sharded across hosts or devices, memory-mapped rows, ...):
   implement :meth:`RelationRows.blocks` and :meth:`RelationRows.weight` (and, when
   the whole stack is at hand, :meth:`RelationRows.full_stack`); the executor needs
@@ -47,9 +48,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["RelationRows", "RowBlock", "EagerRows", "LazyRows", "active_pairs", "csr_tensor"]
 
-#: Most rows (distinct relations x N) of the compact stack one lazy block holds: 2^24 int64 row
-#: pointers are 128 MiB; more distinct relations are split into several blocks.
-LAZY_STACK_ROWS = 1 << 24
 #: Most (batch row, active entity) pairs one lazy block turns into calibrated rows at once.  Without a
 #: bound, a batch of 300 FB15k-237 2p queries at threshold 2e-4 asked for ~1M rows in one call, and their
 #: entries plus the stack built from them were OOM-killed at 23 GB on a 24 GB machine; batch rows beyond
@@ -218,15 +216,16 @@ class LazyRows(RelationRows):
         device: where rows are computed and the compact stacks live (default ``"cpu"``).
         max_pairs: most (batch row, active head) pairs per block (default :data:`LAZY_MAX_PAIRS`;
             a single row with more is a block of its own).
-        stack_rows: most stack rows (distinct relations x N) per block (default :data:`LAZY_STACK_ROWS`).
 
-    A block holds, for the distinct relations of its batch rows (renumbered 0..R'-1 in ascending
-    id order), exactly the rows of their active heads; rows of inactive heads are empty, which
-    changes no score and no argmax (they meet a zero input).
+    A block covers the batch rows of one relation (ascending relation id) and its stack is
+    that relation's: when the row cache's merged set of the relation holds every active head,
+    the set itself, prepared once (warm: no gather, no transpose per call); otherwise a compact
+    stack of exactly the rows of the active heads.  Rows of inactive heads are empty or other
+    cached rows of the relation, which changes no score and no argmax (they meet a zero input).
     """
 
     def __init__(self, *, matrices: "LazyMatrices", device: "str | torch.device" = "cpu",
-                 max_pairs: int | None = None, stack_rows: int | None = None) -> None:
+                 max_pairs: int | None = None) -> None:
         import torch
 
         self.device = torch.device(device)
@@ -234,7 +233,7 @@ class LazyRows(RelationRows):
         self.num_entities = self.matrices.num_entities
         self.num_relations = self.matrices.num_relations
         self.max_pairs = max_pairs
-        self.stack_rows = stack_rows
+        self._zero_rel: "torch.Tensor | None" = None
 
     def blocks(self, x: Any, relations: Sequence[int] | np.ndarray) -> Iterator[RowBlock]:
         b_np, h_np = active_pairs(x)
@@ -257,30 +256,35 @@ class LazyRows(RelationRows):
 
     def _blocks(self, rows: np.ndarray, rels: np.ndarray, b_np: np.ndarray, h_np: np.ndarray, *,
                 whole: bool) -> Iterator[RowBlock]:
-        """Blocks for batch rows ``rows`` (relations ``rels``; active pairs ``(b_np, h_np)`` with ``b_np``
-        local to ``rows``), in groups of distinct relations whose stack has at most ``stack_rows`` rows."""
+        """One block per distinct relation of batch rows ``rows`` (relations ``rels``; active pairs
+        ``(b_np, h_np)`` with ``b_np`` local to ``rows``), its stack a one-relation stack of
+        :meth:`kge.lazy.LazyMatrices.stacks` (warm: the relation's cached set as prepared once)."""
         import torch
 
-        import ops
-
         n = self.num_entities
-        uniq = np.unique(rels)
-        per_group = max(1, (LAZY_STACK_ROWS if self.stack_rows is None else self.stack_rows) // n)
-        for g0 in range(0, len(uniq), per_group):
-            group = uniq[g0 : g0 + per_group]
-            in_group = np.isin(rels, group)
-            sel = in_group[b_np]
-            keys = np.unique(rels[b_np[sel]] * n + h_np[sel])  # sorted by (relation, head)
-            key_rel = keys // n
-            bounds = np.searchsorted(key_rel, group, side="left"), np.searchsorted(key_rel, group, side="right")
-            heads = [keys[lo:hi] % n for lo, hi in zip(*bounds)]
-            crow, col, val = self.matrices.stacked(group.tolist(), heads)
-            stack = ops.prepare_matrices((torch.from_numpy(crow), torch.from_numpy(col), torch.from_numpy(val)),
-                                        num_entities=n, device=self.device, name="lazy rows")
-            local = torch.from_numpy(np.searchsorted(group, rels[in_group])).to(self.device)
-            covered = rows[in_group]
-            all_rows = whole and len(covered) == len(rows)
-            yield RowBlock(stack, local, None if all_rows else torch.from_numpy(covered).to(self.device))
+        uniq, inv = np.unique(rels, return_inverse=True)
+        inv = inv.reshape(-1)
+        keys = np.unique(inv[b_np].astype(np.int64) * n + h_np)  # sorted by (local relation, head)
+        bounds = np.searchsorted(keys // n, np.arange(len(uniq) + 1), side="left")
+        wanted = [(int(r), keys[bounds[k] : bounds[k + 1]] % n) for k, r in enumerate(uniq.tolist())]
+        stacks = self.matrices.stacks(wanted, self.device)
+        if len(uniq) == 1 and whole:
+            yield RowBlock(stacks[0], self._zeros(len(rows)), None)
+            return
+        order = np.argsort(inv, kind="stable")
+        cuts = np.searchsorted(inv[order], np.arange(len(uniq) + 1), side="left")
+        for k, stack in enumerate(stacks):
+            covered = rows[order[cuts[k] : cuts[k + 1]]]
+            yield RowBlock(stack, self._zeros(len(covered)), torch.from_numpy(covered).to(self.device))
+
+    def _zeros(self, b: int) -> "torch.Tensor":
+        """(b,) int64 zeros on the device: every row of a block goes through its one relation."""
+        import torch
+
+        z = self._zero_rel
+        if z is None or z.numel() < b:
+            z = self._zero_rel = torch.zeros(max(b, 64), dtype=torch.int64, device=self.device)
+        return z[:b]
 
     def weight(self, r: int, i: int, j: int) -> float:
         cols, vals = self.matrices.row(r, i)

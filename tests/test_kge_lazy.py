@@ -20,7 +20,7 @@ from engine.lang.structures import NEGATION_MODES, STRUCTURES
 from kge import Artifact
 from kge.build import BuildConfig, main as build_main, summarize
 from kge.calibrate import calibrate, calibrated_rows_reference
-from kge.lazy import LazyMatrices, RowCache
+from kge.lazy import LazyMatrices, RowCache, take_rows
 from kgreason.errors import UserError
 
 TNORMS = ("product", "godel")
@@ -192,15 +192,41 @@ def test_cache_eviction_under_tiny_budget_same_answers(seed, budget_gb):
         assert lz.cache.evictions == 0 and lz.stats.cache_hits > 0
 
 
+def _one_row(h: int, width: int, tick: int):
+    from kge.lazy import _RowSet
+
+    return _RowSet(np.array([h], np.int64), np.array([0, width], np.int64), np.arange(width, dtype=np.int32),
+                   np.full(width, 0.5, np.float32), np.array([tick], np.int64))
+
+
 def test_row_cache_is_lru_by_bytes():
-    c = RowCache(max_bytes=3 * RowCache.row_bytes(np.zeros(2, np.int32), np.zeros(2, np.float32)))
-    for k in range(3):
-        c.put(k, np.zeros(2, np.int32), np.zeros(2, np.float32))
-    assert c.get(0) is not None  # 0 is now the most recent: 1 goes first
-    c.put(3, np.zeros(2, np.int32), np.zeros(2, np.float32))
-    assert 1 not in c and all(k in c for k in (0, 2, 3)) and c.evictions == 1
-    c.put(4, np.zeros(1000, np.int32), np.zeros(1000, np.float32))  # bigger than the budget: evicts all, itself too
+    one = RowCache.row_bytes(np.zeros(2, np.int32), np.zeros(2, np.float32))
+    c = RowCache(max_bytes=3 * one)
+    for h in range(3):
+        c.insert(0 if h < 2 else 1, _one_row(h, 2, c.next_tick()))
+    assert len(c) == 3 and c.bytes == 3 * one and c.evictions == 0
+    rows, missing = c.lookup(0, np.array([0], np.int64), c.next_tick())  # head 0 is now the most recent
+    assert list(rows.heads) == [0] and len(missing) == 0
+    c.insert(1, _one_row(3, 2, c.next_tick()))  # over budget: down to 90% of it, least recent first (1, then 2)
+    assert (0, 0) in c and (1, 3) in c and (0, 1) not in c and (1, 2) not in c
+    assert c.evictions == 2 and c.bytes == 2 * one <= c.max_bytes
+    c.insert(2, _one_row(0, 1000, c.next_tick()))  # bigger than the budget: evicts all, itself too
     assert len(c) == 0 and c.bytes == 0
+
+
+def test_take_rows_matches_a_python_gather(seed):
+    rng = np.random.default_rng(seed)
+    for rows in (0, 1, 7, 50):
+        lens = rng.integers(0, 5, rows)
+        indptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        cols = rng.integers(0, 100, int(indptr[-1])).astype(np.int32)
+        vals = rng.random(int(indptr[-1]), dtype=np.float32)
+        idx = rng.integers(0, max(rows, 1), 12) if rows else np.zeros(0, np.int64)
+        ptr, c, v = take_rows(indptr, cols, vals, idx)
+        want = [(cols[indptr[i]:indptr[i + 1]], vals[indptr[i]:indptr[i + 1]]) for i in idx]
+        assert ptr[0] == 0 and len(ptr) == len(idx) + 1 and c.dtype == np.int32 and v.dtype == np.float32
+        for k, (wc, wv) in enumerate(want):
+            assert np.array_equal(c[ptr[k]:ptr[k + 1]], wc) and np.array_equal(v[ptr[k]:ptr[k + 1]], wv)
 
 
 # ------------------------------------------------------------------------------ frontier
