@@ -80,6 +80,22 @@ def test_round_trip_in_the_order_asked_with_duplicates_and_empty_rows(tmp_path):
     check_rows(open_store(tmp_path / "s"), ask, [True, False, True, True, True, True, False, True])
 
 
+@pytest.mark.parametrize("gather", ["csr_row_index", "public scipy indexing"])
+def test_rows_from_many_segments_come_in_the_order_asked(tmp_path, monkeypatch, gather):
+    if gather != "csr_row_index":
+        monkeypatch.setattr(rowstore, "_csr_row_index", None)
+    store = open_store(tmp_path / "s")
+    rng = np.random.default_rng(1)
+    batches = np.array_split(rng.permutation(R * N)[:900], 6)
+    for b in batches:
+        append(store, b)
+    assert len(segments(tmp_path / "s")) == 6
+    ask = rng.choice(R * N, 3000)  # from every segment, interleaved, some twice, some not stored
+    found = check_rows(open_store(tmp_path / "s"), ask)
+    assert 0 < found.sum() < len(ask)
+    check_rows(store, np.sort(batches[2]), np.ones(len(batches[2]), dtype=bool))  # one segment only
+
+
 def test_empty_lookups_and_appends(tmp_path):
     store = open_store(tmp_path / "s")
     found, indptr, cols, vals = store.lookup(np.zeros(0, dtype=np.int64))
