@@ -95,11 +95,13 @@ _HEADER_CRC_AT = _HEADER.size - 8  # the header CRC covers the bytes before it
 
 
 def row_fingerprint(entity: np.ndarray, relation: np.ndarray, observed: np.ndarray, *, threshold: float,
-                    delta: float) -> str:
+                    delta: float, variant: str = "") -> str:
     """sha256 (hex) of everything a calibrated row depends on: the arrays as the calibration reads them
-    (complex64 embeddings, int64 ``(h, r, t)`` edges), their shapes, ``threshold``, ``delta`` and
-    :data:`ROWS_VERSION`.  ~30 ms for FB15k-237 at rank 192."""
-    h = hashlib.sha256(f"kgreason rows v{ROWS_VERSION}\n".encode())
+    (complex64 embeddings, int64 ``(h, r, t)`` edges), their shapes, ``threshold``, ``delta``,
+    :data:`ROWS_VERSION`, and ``variant``: anything else the rows must match (e.g. ``"cuda"`` to keep rows
+    computed on a GPU, whose GEMM sums differ from the CPU's in the last bits, apart from CPU rows).
+    ~40 ms for FB15k-237 at rank 192."""
+    h = hashlib.sha256(f"kgreason rows v{ROWS_VERSION}\nvariant {variant!r}\n".encode())
     for name, arr, dtype in (("entity", entity, np.complex64), ("relation", relation, np.complex64),
                              ("observed", observed, np.int64)):
         a = np.ascontiguousarray(arr, dtype=dtype)

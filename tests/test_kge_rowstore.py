@@ -166,8 +166,9 @@ def test_fingerprint_covers_what_rows_depend_on(monkeypatch, tmp_path):
               row_fingerprint(e, r[::-1], obs, threshold=2e-4, delta=0.0),
               row_fingerprint(e, r, np.array([[0, 1, 3]]), threshold=2e-4, delta=0.0),
               row_fingerprint(e, r, obs, threshold=3e-4, delta=0.0),
-              row_fingerprint(e, r, obs, threshold=2e-4, delta=0.1)}
-    assert len(others) == 5 and base not in others
+              row_fingerprint(e, r, obs, threshold=2e-4, delta=0.1),
+              row_fingerprint(e, r, obs, threshold=2e-4, delta=0.0, variant="cuda")}
+    assert len(others) == 6 and base not in others
     monkeypatch.setenv("KGREASON_HOME", str(tmp_path))
     assert default_store_folder(base) == tmp_path / "rows" / base
 
