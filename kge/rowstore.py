@@ -187,11 +187,12 @@ def _crc(*parts: np.ndarray | bytes) -> int:
     return crc
 
 
-def _int_array(value: Any, what: str) -> np.ndarray:
+def _int_array(value: Any, what: str, *, widen: bool = True) -> np.ndarray:
+    """``value`` as a 1-D integer array (int64 with ``widen``, else its own integer type); else a ValueError."""
     a = np.asarray(value)
     if a.ndim != 1 or not (a.dtype.kind in "iu" or (a.dtype.kind in "fb" and a.size == 0)):
         raise ValueError(f"row store: {what} must be a 1-D integer array, got {a.dtype} of shape {a.shape}")
-    return a.astype(np.int64, copy=False)
+    return a if not widen and a.dtype.kind in "iu" else a.astype(np.int64, copy=False)
 
 
 class RowStore:
@@ -512,11 +513,14 @@ class RowStore:
             take = first[new]
             if not len(take):
                 return 0
-            lens = (indptr[1:] - indptr[:-1])[take]
-            bounds = np.zeros(len(take) + 1, dtype=np.int64)
-            np.cumsum(lens, out=bounds[1:])
-            src = _ragged(indptr[take], lens)
-            keys, cols, vals = keys[take], cols[src], vals[src]
+            if len(take) == len(keys) and bool(np.all(take == np.arange(len(keys)))):
+                bounds = indptr  # already new, unique and ascending (e.g. np.unique'd misses): no copy
+            else:
+                lens = (indptr[1:] - indptr[:-1])[take]
+                bounds = np.zeros(len(take) + 1, dtype=np.int64)
+                np.cumsum(lens, out=bounds[1:])
+                src = _ragged(indptr[take], lens)
+                keys, cols, vals = keys[take], cols[src], vals[src]
             written = 0
             # Segments of at most segment_bytes: cut where the running size passes each multiple.
             row_end_bytes = 16 * np.arange(1, len(keys) + 1) + 8 * bounds[1:]
@@ -531,7 +535,8 @@ class RowStore:
             return written
 
     def _check_rows(self, keys: Any, indptr: Any, cols: Any, vals: Any) -> tuple[np.ndarray, ...]:
-        keys, indptr, cols = _int_array(keys, "keys"), _int_array(indptr, "indptr"), _int_array(cols, "cols")
+        keys, indptr = _int_array(keys, "keys"), _int_array(indptr, "indptr")
+        cols = _int_array(cols, "cols", widen=False)  # int32 columns are neither copied nor converted
         vals = np.asarray(vals)
         if vals.ndim != 1 or vals.dtype != np.float32:
             raise ValueError(f"row store: vals must be a 1-D float32 array, got {vals.dtype} of shape {vals.shape}")
@@ -552,7 +557,7 @@ class RowStore:
             ascending[row_starts[(row_starts > 0) & (row_starts < len(cols))] - 1] = True  # across rows: free
             if not ascending.all():
                 raise ValueError("row store: columns must be strictly ascending within each row")
-            if not (np.all(np.isfinite(vals)) and float(vals.min()) >= 0.0 and float(vals.max()) <= 1.0):
+            if not (float(vals.min()) >= 0.0 and float(vals.max()) <= 1.0):  # false for NaN and infinities too
                 raise ValueError("row store: values must be finite and in [0, 1]")
         return keys, indptr, cols.astype(np.int32, copy=False), vals
 
