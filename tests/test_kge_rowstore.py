@@ -201,6 +201,41 @@ def test_a_reader_picks_up_segments_written_after_it_opened(tmp_path):
     check_rows(reader, [1, 2, 3], [True, True, True])
 
 
+def test_segments_another_process_evicts_are_served_or_missed_never_wrong(tmp_path):
+    reader = open_store(tmp_path / "s", refresh_s=0.0)
+    writer = open_store(tmp_path / "s", max_bytes=4000)
+    append(writer, range(100, 130))
+    check_rows(reader, range(100, 130), np.ones(30, dtype=bool))
+    for a in range(200, 600, 30):  # the budget holds ~2 batches: the reader's segments are removed under it
+        append(writer, range(a, a + 30))
+    found = check_rows(reader, range(100, 600))
+    assert not found[:100].any() and found[-10:].all()
+
+
+def test_threads_share_one_store(tmp_path):
+    import threading
+
+    store = open_store(tmp_path / "s", refresh_s=0.0)
+    errors = []
+
+    def work(seed):
+        try:
+            rng = np.random.default_rng(seed)
+            for _ in range(20):
+                append(store, rng.choice(R * N, 40, replace=False))
+                check_rows(store, rng.choice(R * N, 100))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors
+    check_rows(open_store(tmp_path / "s"), np.arange(R * N))
+
+
 def _append_in_batches(folder, keys, batch):
     store = open_store(folder)
     for a in range(0, len(keys), batch):
