@@ -142,6 +142,10 @@ class _Damaged(Exception):
     """A segment that must not be served (why in the message)."""
 
 
+class _Foreign(Exception):
+    """A segment of another format version (a newer kgreason sharing the folder): left alone, not served."""
+
+
 def _ragged(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Indices ``starts[i] + j`` for ``j < lens[i]``, concatenated over ``i`` (int64, no Python loop).
 
@@ -411,6 +415,11 @@ class RowStore:
             return None
         try:
             return self._parse(name, mm)
+        except _Foreign as exc:
+            del mm
+            self._ignored.add(name)
+            log.debug("row store %s: segment %s ignored (%s)", self.folder, name, exc)
+            return None
         except _Damaged as exc:
             del mm
             self._damage(name, str(exc))
@@ -422,10 +431,10 @@ class RowStore:
         magic, version, hsize, n, r, k, nnz, digest, index_crc, entries_crc, head_crc = _HEADER.unpack(head)
         if magic != _MAGIC:
             raise _Damaged("not a row-store segment (wrong magic bytes)")
-        if zlib.crc32(head[:_HEADER_CRC_AT]) != head_crc:
+        if version != _VERSION:  # the magic and the version open every version's header; the rest may differ
+            raise _Foreign(f"segment format version {version}, this kgreason reads {_VERSION}")
+        if zlib.crc32(head[:_HEADER_CRC_AT]) != head_crc or hsize != _HEADER.size:
             raise _Damaged("its header does not match its checksum")
-        if version != _VERSION or hsize != _HEADER.size:
-            raise _Damaged(f"segment format version {version}, this kgreason reads {_VERSION}")
         if digest != self._digest:
             raise _Damaged(f"written for other rows (fingerprint {digest.hex()[:12]}…, "
                            f"this store's {self.fingerprint[:12]}…)")

@@ -414,6 +414,18 @@ def test_a_segment_of_other_rows_is_never_served(tmp_path, caplog):
     assert not seg.exists()
 
 
+def test_a_segment_of_another_format_version_is_left_alone(tmp_path, caplog):
+    folder, seg = _written(tmp_path)
+    data = bytearray(seg.read_bytes())
+    data[8:12] = (rowstore._VERSION + 1).to_bytes(4, "little")  # what a newer kgreason might write
+    seg.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="kge.rowstore"):
+        store = open_store(folder)
+        check_rows(store, range(60), np.zeros(60, dtype=bool))
+    assert not caplog.records and seg.exists() and not _moved_aside(folder, seg)
+    assert append(store, range(60)) == 60  # this version's copy of the rows beside it
+
+
 def test_a_readonly_store_ignores_damage_and_writes_nothing(tmp_path, caplog):
     folder, seg = _written(tmp_path)
     _flip(seg, seg.stat().st_size - 5)
