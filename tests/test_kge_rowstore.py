@@ -236,6 +236,36 @@ def test_threads_share_one_store(tmp_path):
     check_rows(open_store(tmp_path / "s"), np.arange(R * N))
 
 
+def test_appends_written_in_the_background(tmp_path):
+    store = open_store(tmp_path / "s")
+    keys = np.arange(40, 400, dtype=np.int64)
+    indptr, cols, vals = rows_of(keys)
+    assert store.append(keys, indptr, cols, vals, wait=False) == len(keys)
+    keys[:] = 0  # the caller's arrays are its own again once append returns
+    cols[:] = 0
+    with pytest.raises(ValueError, match="columns must be strictly ascending"):
+        store.append(np.array([8]), np.array([0, 8]), np.zeros(8, np.int32), np.zeros(8, np.float32), wait=False)
+    store.flush()
+    check_rows(store, np.arange(40, 400), np.ones(360, dtype=bool))
+    assert store.append(np.arange(500, 600), *rows_of(np.arange(500, 600)), wait=False) == 100
+    store.close()  # writes what is queued first
+    check_rows(open_store(tmp_path / "s"), np.arange(500, 600), np.ones(100, dtype=bool))
+
+
+def test_rows_queued_in_the_background_are_written_before_the_process_exits(tmp_path):
+    code = f"""
+import numpy as np, sys
+sys.path.insert(0, {str(ROOT / 'tests')!r})
+from test_kge_rowstore import open_store, rows_of
+keys = np.arange({R * N})
+print(open_store({str(tmp_path / 's')!r}).append(keys, *rows_of(keys), wait=False))
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0 and p.stdout.split() == [str(R * N)], p.stderr
+    check_rows(open_store(tmp_path / "s"), np.arange(R * N), np.ones(R * N, dtype=bool))
+
+
 def _append_in_batches(folder, keys, batch):
     store = open_store(folder)
     for a in range(0, len(keys), batch):
