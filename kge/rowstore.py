@@ -29,13 +29,19 @@ A :class:`RowStore` is one folder of immutable *segment* files, each holding som
   the index serves one copy.
 * **Bounded.** Segments (and damaged files moved aside) never take more than ``max_bytes``: under the lock,
   an append first removes damaged files, then the oldest segments (first in, first out), until the new
-  segment fits; a batch is written in segments of at most ``min(64 MiB, max_bytes / 4)``; a single row
-  larger than that is not stored.  A temporary being written (one segment per live writer) is not counted.
+  segment fits; a batch is written in segments of at most ``min(64 MiB, max_bytes / 4)`` (a longer row
+  gets a segment of its own); a segment larger than ``max_bytes`` is not stored.  A temporary being
+  written (one segment per live writer) is not counted.
 * **Vectorised.** :meth:`RowStore.lookup` of thousands of keys is a ``searchsorted`` on the merged key
-  index and one ragged gather per segment touched: O(keys + entries) numpy work, no Python loop per row.
+  index and whole-row copies in C++ (scipy's ``csr_row_index``), one call per segment touched (plus one to
+  restore the order asked when several were): O(keys + entries), no Python loop per row.
+* **Off the query path if wanted.** ``append(..., wait=False)`` checks the rows in the caller and writes
+  them in a background thread of the store.
 
 A folder or segment that cannot be written (read-only, disk full) costs only the recomputation: one
-warning, and the store is read-only for the rest of the process.
+warning, and the store is read-only for the rest of the process.  Segments of another format version
+(a newer kgreason's) are left alone and not served.  kgreason never changes a segment in place; one
+truncated by hand while a process has it mapped would end that process with SIGBUS, as any mapped file.
 
 Segment layout (little endian): a 96-byte header (:data:`_HEADER`: magic, version, header size,
 N, R, rows k, entries nnz, the fingerprint's 32 bytes, index CRC, entries CRC, header CRC), then
