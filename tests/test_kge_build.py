@@ -398,3 +398,78 @@ def test_a_sigkilled_build_is_cleaned_up_by_the_next(tmp_path):
     build_artifact(cfg, progress=False)
     assert Artifact.load(out).num_entities == 14
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nations"]
+
+
+# ------------------------------------------------------------------ python -m kge.materialize: lazy -> eager
+ARTIFACT_FILES = ("matrices.npz", "embeddings.npz", "entities.tsv", "relations.tsv", "observed.tsv", "missing.tsv")
+
+
+@pytest.mark.parametrize("threshold", [None, "0.001"], ids=["qto", "explicit"])
+def test_materialize_writes_the_eager_build_byte_for_byte(umls_artifact, tmp_path, threshold):
+    """lazy build -> kge.materialize == eager build of the same embeddings at the same threshold: every file
+    but meta.json byte for byte, and the lazy artifact's answers."""
+    import shlex
+
+    import torch
+
+    from engine.exec.executor import Executor
+    from engine.lang.structures import STRUCTURES
+    from kge.artifact import rebuild_command
+    from kge.materialize import main as materialize_main
+
+    def build(out, *extra):
+        return main(["--kg", "umls", "--out", str(out), "--drop-edges", "0.5", "--seed", "3",
+                     "--embeddings", str(umls_artifact), "--quiet", *extra,
+                     *(["--threshold", threshold] if threshold else [])])
+
+    lazy, conv, direct = tmp_path / "lazy", tmp_path / "conv", tmp_path / "direct"
+    assert build(lazy, "--matrices", "lazy") == 0
+    assert materialize_main(["--artifact", str(lazy), "--out", str(conv), "--quiet"]) == 0
+    assert build(direct, "--matrices", "eager") == 0
+    for name in ARTIFACT_FILES:
+        assert (conv / name).read_bytes() == (direct / name).read_bytes(), name
+    a_lazy, a_conv, a_direct = Artifact.load(lazy), Artifact.load(conv), Artifact.load(direct)
+    assert a_lazy.is_lazy and not a_conv.is_lazy and a_conv.meta["files"] == a_direct.meta["files"]
+    assert a_conv.meta["calibration"]["threshold"] == a_direct.meta["calibration"]["threshold"] \
+        == a_lazy.matrices.threshold == float(threshold or 2e-4)  # kept, never raised
+    rng = np.random.default_rng(0)
+    queries = [st.build(rng.integers(0, 135, st.num_anchors).tolist(), rng.integers(0, 92, st.num_relations).tolist())
+               for st in STRUCTURES.values() for _ in range(2)]
+    y_lazy, y_conv = Executor(a_lazy).scores(queries), Executor(a_conv).scores(queries)
+    assert float((y_lazy - y_conv).abs().max()) <= 1e-6 and float(y_conv.max()) > 0
+    assert torch.equal(Executor(a_direct).scores(queries), y_conv)
+    # meta.json: an eager artifact whose rebuild command builds it eagerly at that threshold
+    meta = a_conv.meta
+    assert meta["matrices"] == "eager" and meta["calibration"]["matrices_choice"]["forced_by"] == "python -m kge.materialize"
+    assert meta["materialized_from"]["artifact"] == str(lazy) and meta["materialized_from"]["files"] == a_lazy.meta["files"]
+    cfg, _ = __import__("kge.build", fromlist=["parse_args"]).parse_args(shlex.split(rebuild_command(conv, meta))[3:])
+    assert cfg.matrices == "eager" and cfg.threshold == float(threshold or 2e-4) and cfg.out == str(conv)
+
+
+def test_materialize_refusals_are_one_line(umls_artifact, tmp_path, capsys):
+    from kge.materialize import main as materialize_main
+
+    lazy, out = tmp_path / "lazy", tmp_path / "eager"
+    assert main(_reuse(umls_artifact, tmp_path, "--matrices", "lazy", "--quiet")) == 0
+    (tmp_path / "o").rename(lazy)
+
+    def refused(argv, start, contains=""):
+        assert materialize_main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(start) and contains in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+    # over the budget: the size needed and the flag, nothing written (the threshold is never raised)
+    refused(["--artifact", str(lazy), "--out", str(out), "--max-matrix-gb", str(2.0**-10)],
+            f"error: --artifact {lazy}: the eager matrices would hold ~",
+            " entries (12.8 MiB) at its threshold 0.0002, over --max-matrix-gb 0.000976562; pass --max-matrix-gb 0.014 "
+            "or more (the threshold is kept, never raised)")
+    assert not out.exists()
+    refused(["--artifact", str(umls_artifact), "--out", str(out)],
+            f"error: --artifact {umls_artifact}: already eager (its matrices.npz holds every row); nothing to materialize")
+    refused(["--artifact", str(lazy), "--out", str(lazy)], "error: --out ")
+    refused(["--artifact", str(lazy), "--out", str(out), "--max-matrix-gb", "0"], "error: --max-matrix-gb must be in [")
+    refused(["--artifact", str(tmp_path / "nope"), "--out", str(out)], "error: ")
+    assert materialize_main(["--artifact", str(lazy), "--out", str(out), "--quiet"]) == 0
+    refused(["--artifact", str(lazy), "--out", str(out)], "error: --out ", "already holds an artifact; pass --overwrite")
+    assert materialize_main(["--artifact", str(lazy), "--out", str(out), "--quiet", "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eager", "lazy"]  # no staging folder or lock file left
