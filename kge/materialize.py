@@ -109,9 +109,10 @@ def materialize_artifact(config: MaterializeConfig, *, progress: bool = True) ->
             matrices, stats = calibrate(ent, rel, lazy.observed, threshold=threshold, delta=delta,
                                         chunk_rows=config.chunk_rows, device=device, progress=progress,
                                         max_nnz=int(budget / 8), adapt_threshold=False)
-        except UserError as exc:
+        except UserError as exc:  # the sampled estimate missed: calibrate's count, without its advice
+            found = str(exc).split("; raise the threshold")[0]
             raise UserError(f"{where}: the eager matrices outgrow --max-matrix-gb {config.max_matrix_gb:g} "
-                            f"({exc}); pass a larger --max-matrix-gb (the threshold is kept)") from None
+                            f"({found}); pass a larger --max-matrix-gb (the threshold is kept)") from None
         seconds = time.perf_counter() - t0
         meta = _eager_meta(lazy, config, device, stats, seconds,
                            {"sampled_rows": est.sampled_rows, "max_matrix_gb": config.max_matrix_gb,
@@ -158,7 +159,10 @@ def _eager_meta(lazy: Artifact, config: MaterializeConfig, device: str, stats, s
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[MaterializeConfig, bool]:
-    p = ArgumentParser(prog="python -m kge.materialize", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m kge.materialize", description=__doc__.split("\n\n")[0],
+                       epilog="example: python -m kge.materialize --artifact artifacts/FB15k-237 --out "
+                              "artifacts/FB15k-237-eager --max-matrix-gb 40 (every file but meta.json as "
+                              "kge.build --embeddings LAZY --matrices eager at the same threshold writes)")
     p.add_argument("--artifact", required=True, help="the lazy artifact folder (left as it is)")
     p.add_argument("--out", required=True, help="the eager artifact folder to write (missing parent folders are created)")
     p.add_argument("--max-matrix-gb", type=float, default=1.25,

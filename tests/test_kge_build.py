@@ -446,7 +446,7 @@ def test_materialize_writes_the_eager_build_byte_for_byte(umls_artifact, tmp_pat
     assert cfg.matrices == "eager" and cfg.threshold == float(threshold or 2e-4) and cfg.out == str(conv)
 
 
-def test_materialize_refusals_are_one_line(umls_artifact, tmp_path, capsys):
+def test_materialize_refusals_are_one_line(umls_artifact, tmp_path, capsys, monkeypatch):
     from kge.materialize import main as materialize_main
 
     lazy, out = tmp_path / "lazy", tmp_path / "eager"
@@ -464,6 +464,17 @@ def test_materialize_refusals_are_one_line(umls_artifact, tmp_path, capsys):
             " entries (12.8 MiB) at its threshold 0.0002, over --max-matrix-gb 0.000976562; pass --max-matrix-gb 0.014 "
             "or more (the threshold is kept, never raised)")
     assert not out.exists()
+    # an estimate that missed (injected): the calibration itself stops at the budget, same kind of line
+    import kge.calibrate
+
+    real = kge.calibrate.estimate_nnz
+    with monkeypatch.context() as m:
+        m.setattr(kge.calibrate, "estimate_nnz", lambda *a, **k: dataclasses.replace(real(*a, **k), observed=0,
+                                                                                    sample_w=np.zeros(0), sample_p=np.zeros(0)))
+        refused(["--artifact", str(lazy), "--out", str(out), "--max-matrix-gb", str(2.0**-10), "--quiet"],
+                f"error: --artifact {lazy}: the eager matrices outgrow --max-matrix-gb 0.000976562 (calibration at "
+                "threshold 0.0002 keeps ", " > limit 131,072)); pass a larger --max-matrix-gb (the threshold is kept)")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["lazy"]
     refused(["--artifact", str(umls_artifact), "--out", str(out)],
             f"error: --artifact {umls_artifact}: already eager (its matrices.npz holds every row); nothing to materialize")
     refused(["--artifact", str(lazy), "--out", str(lazy)], "error: --out ")
