@@ -148,8 +148,8 @@ def measure_calibrate_gflops(entity: np.ndarray, relation: np.ndarray, observed:
     chunk of sampled rows, best of up to three timed calls after a warm-up (whose first call also loads the
     compiled ops), the timed calls stopping after ``seconds``.
 
-    A chunk is what the eager build computes per call (``default_chunk_rows``), cut to
-    :data:`MEASURE_FLOPS`; when the warm-up took over a quarter of ``seconds``, fewer rows again (at
+    A chunk is what the eager build computes per call (``default_chunk_rows``), on a CPU cut to
+    :data:`MEASURE_FLOPS` (CUDA: not measured here, no GPU); when the warm-up took over a quarter of ``seconds``, fewer rows again (at
     least 16, the padded minimum).  Returns ``gflops``,
     ``rows`` (per call), ``runs`` and ``seconds`` (all calls, the warm-up included).
     """
@@ -159,8 +159,10 @@ def measure_calibrate_gflops(entity: np.ndarray, relation: np.ndarray, observed:
     calib = RowCalibrator(entity, relation, observed, threshold=threshold, delta=delta, device=device)
     total = calib.total_rows
     rng = np.random.default_rng(seed)
-    # one build chunk, at most MEASURE_FLOPS (FB15k-237 at rank 192: 359 of its 1,156 rows)
-    rows = min(calib.chunk_rows, total, max(_MIN_GEMM_ROWS, int(MEASURE_FLOPS / calib.matmul_flops(1))))
+    # one build chunk, on a CPU at most MEASURE_FLOPS (FB15k-237 at rank 192: 359 of its 1,156 rows); a GPU's
+    # chunk (~1 GB of scores) takes milliseconds and fewer rows would time the launch overheads
+    cap = total if calib.device.startswith("cuda") else max(_MIN_GEMM_ROWS, int(MEASURE_FLOPS / calib.matmul_flops(1)))
+    rows = min(calib.chunk_rows, total, cap)
 
     def sample(k: int) -> np.ndarray:
         return np.sort(rng.choice(total, size=k, replace=False)).astype(np.int64)
