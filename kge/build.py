@@ -17,8 +17,8 @@ they would not fit ``--max-matrix-gb`` or the memory, or computing them, at the
 rate measured on this KG, would take longer than the rows ``--expected-queries``
 lazy queries compute plus ``--max-calibrate-minutes`` (lazy; :mod:`kge.autorule`);
 the log says which and why in one line.  ``python -m kge.materialize`` turns a
-lazy artifact into the eager one later.  A build whose estimated peak memory exceeds MemAvailable is refused before
-training (``--no-memory-check`` overrides).  A seeded build bounded by epochs is
+lazy artifact into the eager one later.  A build whose estimated peak memory
+exceeds MemAvailable is refused before training (``--no-memory-check`` overrides).  A seeded build bounded by epochs is
 bit-reproducible at any thread count (docs/artifacts.md, "Reproducibility").
 
 Library::
