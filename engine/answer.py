@@ -55,6 +55,7 @@ class AnswerConfig:
     trace_values: bool = False
     frontier_k: int | None = None
     row_cache_gb: float | None = None
+    row_store_gb: float | None = None
     llm: object = None  # llm_bridge.cli.LLMOptions with --llm, else None (KG only)
     verify: bool = True  # False: --skip-artifact-checksums (finite values and shapes are checked anyway)
 
@@ -87,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep the K best entities of every projection's input (as CQD-beam; default: all, exact)")
     p.add_argument("--row-cache-gb", type=float, default=None, metavar="G",
                    help="lazy artifacts: calibrated-row cache budget in GiB (default: as built)")
+    p.add_argument("--row-store-gb", type=float, default=None, metavar="G",
+                   help="lazy artifacts: disk budget of the rows persisted for later runs, in GiB under "
+                        "$KGREASON_HOME/rows (default 4; 0: off)")
     p.add_argument("--json", action="store_true", help="print one JSON object per query (JSON lines)")
     p.add_argument("--trace-values", action="store_true",
                    help="keep every node's values in the trace (--json: each node's top 10 entities)")
@@ -119,6 +123,10 @@ def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
         from kge.lazy import check_row_cache_gb
 
         check_row_cache_gb(ns.row_cache_gb, "--row-cache-gb")
+    if ns.row_store_gb is not None:
+        from kge.lazy import check_row_store_gb
+
+        check_row_store_gb(ns.row_store_gb, "--row-store-gb")
     if getattr(ns, "llm_cache", None):  # the LLM's response cache is written: never into the artifact
         from kgreason.files import check_not_input
 
@@ -128,7 +136,7 @@ def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
         relations=tuple(ns.relations) if ns.relations else None, expr=ns.expr, queries=ns.queries,
         top_k=ns.top_k, explain=ns.explain, tnorm=ns.tnorm, neg_scale=ns.neg_scale, negation=ns.negation,
         device=ns.device, seed=ns.seed, json=ns.json, trace_values=ns.trace_values,
-        frontier_k=ns.frontier_k, row_cache_gb=ns.row_cache_gb, llm=options_from_args(ns, top_k=ns.top_k),
+        frontier_k=ns.frontier_k, row_cache_gb=ns.row_cache_gb, row_store_gb=ns.row_store_gb, llm=options_from_args(ns, top_k=ns.top_k),
         verify=not ns.skip_artifact_checksums,
     )
 
@@ -161,10 +169,11 @@ def run(cfg: AnswerConfig, out=None, *, hooks: Sequence = ()) -> int:
     from engine.lang.structures import get_structure
 
     artifact = cfg.artifact
-    if artifact is not None and cfg.row_cache_gb is not None:
+    if artifact is not None and (cfg.row_cache_gb is not None or cfg.row_store_gb is not None):
         from kge.artifact import Artifact
 
-        artifact = Artifact.load(artifact, verify=cfg.verify, load_embeddings=False, row_cache_gb=cfg.row_cache_gb)
+        artifact = Artifact.load(artifact, verify=cfg.verify, load_embeddings=False, row_cache_gb=cfg.row_cache_gb,
+                                 row_store_gb=cfg.row_store_gb)
     engine = Engine.load(artifact, verify=cfg.verify, negation=cfg.negation, tnorm=cfg.tnorm, neg_scale=cfg.neg_scale,
                          device=cfg.device, hooks=hooks, frontier_k=cfg.frontier_k)
     art = engine.artifact

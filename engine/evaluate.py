@@ -40,6 +40,7 @@ class EvaluateArgs:
     progress: bool
     frontier_k: int | None = None
     row_cache_gb: float | None = None
+    row_store_gb: float | None = None
     verify: bool = True  # False: --skip-artifact-checksums
 
 
@@ -70,6 +71,9 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
                    help="keep the K best entities of every projection's input (as CQD-beam; default: all, exact)")
     p.add_argument("--row-cache-gb", type=float, default=None, metavar="G",
                    help="lazy artifacts: calibrated-row cache budget in GiB (default: as built)")
+    p.add_argument("--row-store-gb", type=float, default=None, metavar="G",
+                   help="lazy artifacts: disk budget of the rows persisted for later runs, in GiB under "
+                        "$KGREASON_HOME/rows (default 4; 0: off)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_checksum_argument(p)
     a = p.parse_args(argv)
@@ -90,6 +94,10 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
         from kge.lazy import check_row_cache_gb
 
         check_row_cache_gb(a.row_cache_gb, "--row-cache-gb")
+    if a.row_store_gb is not None:
+        from kge.lazy import check_row_store_gb
+
+        check_row_store_gb(a.row_store_gb, "--row-store-gb")
     if a.neg_scale <= 0:
         raise UserError(f"--neg-scale must be > 0, got {a.neg_scale}")
     if a.json is not None:
@@ -100,7 +108,7 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
         a.artifact, a.queries, a.betae_queries, a.betae_folder,
         tuple(dict.fromkeys(a.structures)) if a.structures else None,
         a.negation, a.tnorm, a.neg_scale, a.batch_size, a.limit, a.ties, a.json, a.device, not a.no_progress,
-        a.frontier_k, a.row_cache_gb, not a.skip_artifact_checksums,
+        a.frontier_k, a.row_cache_gb, verify=not a.skip_artifact_checksums, row_store_gb=a.row_store_gb,
     )
 
 
@@ -118,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if s not in known:
             raise unknown_name("query structure", s, known, "--structures")
     t0 = time.perf_counter()
-    artifact = Artifact.load(args.artifact, verify=args.verify, load_embeddings=False, row_cache_gb=args.row_cache_gb)
+    artifact = Artifact.load(args.artifact, verify=args.verify, load_embeddings=False, row_cache_gb=args.row_cache_gb,
+                             row_store_gb=args.row_store_gb)
     info: dict = {}
     if args.queries is not None:
         queries = load_jsonl_queries(args.queries, artifact, structures=args.structures)

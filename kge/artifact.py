@@ -501,7 +501,7 @@ class Artifact:
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, verify: bool = True, load_embeddings: bool = True,
-             row_cache_gb: float | None = None) -> "Artifact":
+             row_cache_gb: float | None = None, row_store_gb: float | None = None) -> "Artifact":
         """Read an artifact folder; with ``verify`` every file's sha256 is checked against meta.json.
 
         This is the one loading path of every tool.  The format version is always
@@ -513,13 +513,17 @@ class Artifact:
         ``load_embeddings=False``).  Every problem is a one-line :class:`UserError`
         naming the file and the rebuild command (:func:`rebuild_command`).  A lazy artifact always loads its embeddings (they
         are its matrices), whatever ``load_embeddings`` says; ``row_cache_gb``
-        overrides the row-cache budget its build recorded (default 1 GiB).
+        overrides the row-cache budget its build recorded (default 1 GiB), ``row_store_gb``
+        the disk budget of its persisted rows (:mod:`kge.rowstore`; default
+        :data:`kge.lazy.DEFAULT_ROW_STORE_GB`, 0 = off).
         """
-        from .lazy import check_row_cache_gb
+        from .lazy import check_row_cache_gb, check_row_store_gb
 
         path = Path(path)
         if row_cache_gb is not None:
             check_row_cache_gb(row_cache_gb, "row_cache_gb")
+        if row_store_gb is not None:
+            check_row_store_gb(row_store_gb, "row_store_gb")
         meta = read_meta(path, verify=verify)
         lazy = _matrices_kind(path, meta) == "lazy"
         try:
@@ -555,7 +559,7 @@ class Artifact:
             _check_triples(path / name, meta, arr, n, r)
         try:
             if lazy:
-                matrices = _lazy_matrices(path, meta, embeddings, observed, n, r, row_cache_gb)
+                matrices = _lazy_matrices(path, meta, embeddings, observed, n, r, row_cache_gb, row_store_gb)
             return cls(
                 entities=entities,
                 relations=relations,
@@ -704,9 +708,9 @@ def read_embeddings(path: str | os.PathLike, *, verify: bool = True, meta: Any =
 
 
 def _lazy_matrices(path: Path, meta: dict[str, Any], embeddings: dict[str, np.ndarray] | None, observed: np.ndarray,
-                   n: int, r: int, row_cache_gb: float | None) -> "LazyMatrices":
+                   n: int, r: int, row_cache_gb: float | None, row_store_gb: float | None) -> "LazyMatrices":
     """The :class:`~kge.lazy.LazyMatrices` a lazy artifact's meta.json and embeddings describe."""
-    from .lazy import DEFAULT_ROW_CACHE_GB, LazyMatrices, check_row_cache_gb
+    from .lazy import DEFAULT_ROW_CACHE_GB, DEFAULT_ROW_STORE_GB, LazyMatrices, check_row_cache_gb
 
     rebuild = _rebuild(path, meta)
     if embeddings is None or "entity" not in embeddings or "relation" not in embeddings:
@@ -729,4 +733,5 @@ def _lazy_matrices(path: Path, meta: dict[str, Any], embeddings: dict[str, np.nd
         recorded = calib.get("row_cache_gb", DEFAULT_ROW_CACHE_GB)
         row_cache_gb = check_row_cache_gb(recorded, f"{path / 'meta.json'}: calibration.row_cache_gb")
     return LazyMatrices(entity=ent, relation=rel, observed=observed, threshold=float(threshold), delta=float(delta),
-                        row_cache_gb=row_cache_gb)
+                        row_cache_gb=row_cache_gb,
+                        row_store_gb=DEFAULT_ROW_STORE_GB if row_store_gb is None else row_store_gb)

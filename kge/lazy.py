@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -40,10 +39,13 @@ from kgreason.errors import UserError
 
 from .calibrate import DEFAULT_DELTA, DEFAULT_THRESHOLD, RowCalibrator
 
-__all__ = ["LazyMatrices", "RowCache", "LazyStats", "check_row_cache_gb", "DEFAULT_ROW_CACHE_GB", "MATRIX_MODES"]
+__all__ = ["LazyMatrices", "RowCache", "LazyStats", "check_row_cache_gb", "check_row_store_gb", "take_rows",
+           "DEFAULT_ROW_CACHE_GB", "DEFAULT_ROW_STORE_GB", "MATRIX_MODES"]
 
 #: Default byte budget of the row cache, in GiB.
 DEFAULT_ROW_CACHE_GB = 1.0
+#: Default disk budget of the persisted row store (:mod:`kge.rowstore`), in GiB; 0 turns it off.
+DEFAULT_ROW_STORE_GB = 4.0
 #: Values of ``--matrices`` (``meta.json["matrices"]`` holds "eager" or "lazy").
 MATRIX_MODES = ("eager", "lazy", "auto")
 #: Bytes a cached row costs besides its entries: its head, its row pointer and its last-use tick
@@ -69,6 +71,18 @@ def check_row_cache_gb(value: Any, option: str = "--row-cache-gb") -> float:
         raise UserError(f"{option} must be a number of GiB > 0, got {value!r}") from None
     if isinstance(value, bool) or not (math.isfinite(v) and v > 0):
         raise UserError(f"{option} must be a finite number of GiB > 0, got {value}")
+    return v
+
+
+def check_row_store_gb(value: Any, option: str = "--row-store-gb") -> float:
+    """``value`` as a disk budget in GiB (a finite number >= 0; 0 = no persisted rows); else a one-line
+    :class:`UserError` naming ``option``."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{option} must be a number of GiB >= 0 (0: off), got {value!r}") from None
+    if isinstance(value, bool) or not (math.isfinite(v) and v >= 0):
+        raise UserError(f"{option} must be a finite number of GiB >= 0 (0: off), got {value}")
     return v
 
 
@@ -225,7 +239,7 @@ class RowCache:
         ``rows`` holds the found heads in order (a subset of the cache's sets: copies); their
         tick becomes ``tick``.
         """
-        parts, missing = [], heads
+        parts, missing, hit_pending = [], heads, False
         for s in (self._main.get(r), self._pending.get(r)):
             if s is None or not len(missing):
                 continue
@@ -233,7 +247,11 @@ class RowCache:
             if found.any():
                 s.ticks[pos[found]] = tick
                 parts.append(s.subset(pos[found]))
+                hit_pending = s is self._pending.get(r)
             missing = missing[~found]
+        if hit_pending:
+            # pending rows asked again: merge them now, so that the next request is warm
+            self._main[r] = _RowSet.merge(self._main.get(r, _RowSet.empty()), self._pending.pop(r))
         rows = _RowSet.empty()
         for p in parts:
             rows = _RowSet.merge(rows, p)
@@ -291,12 +309,14 @@ class RowCache:
 
 @dataclass
 class LazyStats:
-    """Counters of a :class:`LazyMatrices` (shared by its device twins): rows served from the cache,
-    rows computed (and the matmul passes and seconds that took), rows evicted."""
+    """Counters of a :class:`LazyMatrices` (shared by its device twins): rows served from the cache, read
+    from the persisted store, computed (and the matmul passes and seconds that took)."""
 
     requests: int = 0
     rows_requested: int = 0
     cache_hits: int = 0
+    #: rows read from the persisted row store (:mod:`kge.rowstore`) instead of computed
+    disk_hits: int = 0
     rows_computed: int = 0
     passes: int = 0
     seconds: float = 0.0
@@ -322,13 +342,14 @@ class LazyMatrices:
     def __init__(self, *, entity: np.ndarray, relation: np.ndarray, observed: np.ndarray,
                  threshold: float = DEFAULT_THRESHOLD, delta: float = DEFAULT_DELTA,
                  row_cache_gb: float = DEFAULT_ROW_CACHE_GB, device: str = "cpu",
-                 chunk_rows: int | None = None) -> None:
+                 chunk_rows: int | None = None, row_store_gb: float = DEFAULT_ROW_STORE_GB) -> None:
         entity = np.asarray(entity)
         relation = np.asarray(relation)
         if entity.ndim != 2 or relation.ndim != 2 or entity.shape[1] != relation.shape[1]:
             raise UserError(f"lazy matrices: embeddings of shape {entity.shape}/{relation.shape} do not fit "
                             "(expected entity (N, d) and relation (R, d))")
         self.row_cache_gb = check_row_cache_gb(row_cache_gb)
+        self.row_store_gb = check_row_store_gb(row_store_gb, "row_store_gb")
         self.entity = entity
         self.relation = relation
         self.observed = np.asarray(observed, dtype=np.int64).reshape(-1, 3)
@@ -340,6 +361,8 @@ class LazyMatrices:
         self.device = self._calib.device
         self.cache = RowCache(max_bytes=max(1, int(self.row_cache_gb * (1 << 30))))
         self.stats = LazyStats()
+        #: the persisted row store per device kind, opened on the first miss (shared by device twins)
+        self._stores: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ shape
     @property
@@ -460,7 +483,7 @@ class LazyMatrices:
         keys = np.concatenate([int(r) * n + m for (r, _), m in zip(wanted, missing)]) if wanted else np.zeros(0, np.int64)
         if not len(keys):
             return found
-        indptr, cols, vals = self._compute(keys)
+        indptr, cols, vals = self._fetch(keys)
         out: list[tuple[_RowSet, str]] = []
         fresh_sets = []
         lo = 0
@@ -478,6 +501,45 @@ class LazyMatrices:
         for r, fresh in fresh_sets:
             cache.insert(r, fresh)
         return out
+
+    def _store(self) -> Any:
+        """The persisted row store of this device kind (opened on first use), or ``None`` when off."""
+        if self.row_store_gb <= 0:
+            return None
+        import torch
+
+        kind = torch.device(self.device).type
+        if kind not in self._stores:
+            from .rowstore import RowStore, default_store_folder, row_fingerprint
+
+            # GPU GEMMs sum in another order than the CPU's: their rows are kept apart
+            fp = row_fingerprint(self.entity, self.relation, self.observed, threshold=self.threshold, delta=self.delta,
+                                 variant="" if kind == "cpu" else kind)
+            self._stores[kind] = RowStore.open(default_store_folder(fp), fingerprint=fp,
+                                               num_entities=self.num_entities, num_relations=self.num_relations,
+                                               max_bytes=int(self.row_store_gb * (1 << 30)))
+        return self._stores[kind]
+
+    def _fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows ``keys`` (distinct; in order) as CSR pieces: read from the persisted store where it holds them,
+        computed (and handed to the store, written in the background) otherwise."""
+        store = self._store()
+        if store is None:
+            return self._compute(keys)
+        found, ptr, cols, vals = store.lookup(keys)
+        hits = int(found.sum())
+        self.stats.disk_hits += hits
+        if hits == len(keys):
+            return ptr, cols, vals
+        miss = keys[~found]
+        cptr, ccols, cvals = self._compute(miss)
+        store.append(miss, cptr, ccols, cvals, wait=False)
+        if not hits:
+            return cptr, ccols, cvals
+        # stored rows first, then computed ones: put them back in the order of keys
+        both_ptr = np.concatenate([ptr[:-1], cptr + ptr[-1]])
+        order = np.argsort(np.concatenate([np.flatnonzero(found), np.flatnonzero(~found)]), kind="stable")
+        return take_rows(both_ptr, np.concatenate([cols, ccols]), np.concatenate([vals, cvals]), order)
 
     def _compute(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Calibrated rows ``keys`` (in order) by chunked matmuls, as CSR pieces ``(indptr, cols, vals)``."""

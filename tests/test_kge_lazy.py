@@ -384,3 +384,106 @@ def test_lazy_equals_eager_on_device(device, seed):
                         matrices=LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3))
     ex = Executor(cpu_lazy, device=device)
     assert ex.rows.matrices.device.startswith(device) and ex.rows.matrices.cache is cpu_lazy.matrices.cache
+
+
+# ------------------------------------------------------------------------------ persisted rows
+_SECOND_PROCESS = """
+import json, sys
+import numpy as np
+from kge.lazy import LazyMatrices
+d = np.load(sys.argv[1])
+m = LazyMatrices(entity=d["ent"], relation=d["rel"], observed=d["obs"], threshold=2e-3, row_store_gb=1.0)
+ptr, cols, vals = m.rows(d["keys"])
+np.savez(sys.argv[2], ptr=ptr, cols=cols, vals=vals)
+print(json.dumps(m.stats.as_dict()))
+"""
+
+
+def test_a_second_process_reads_the_persisted_rows(tmp_path, seed, monkeypatch):
+    """Rows computed by one process are read, not computed, by the next (same bits); 0 GiB writes nothing."""
+    import subprocess
+    import sys
+
+    from kgreason.files import user_cache_dir
+
+    monkeypatch.setenv("KGREASON_HOME", str(tmp_path / "home"))  # no rows of other tests' embeddings
+
+    rng = np.random.default_rng(seed)
+    n, r = 30, 3
+    ent, rel = random_embeddings(rng, n, r)
+    obs = random_observed(rng, n, r, 60)
+    keys = rng.choice(n * r, 25, replace=False)
+    off = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0)
+    off.rows(keys)
+    assert not (user_cache_dir() / "rows").exists()  # 0: off, no folder
+    first = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=1.0)
+    want = first.rows(keys)
+    assert first.stats.rows_computed == 25 and first.stats.disk_hits == 0
+    first._store().flush()  # the background writes, as the interpreter's exit would
+    np.savez(tmp_path / "in.npz", ent=ent, rel=rel, obs=obs, keys=keys)
+    out = subprocess.run([sys.executable, "-c", _SECOND_PROCESS, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+                         capture_output=True, text=True, timeout=120, check=True)
+    stats = json.loads(out.stdout)
+    assert stats["rows_computed"] == 0 and stats["disk_hits"] == 25
+    got = np.load(tmp_path / "out.npz")
+    for a, b in zip(want, (got["ptr"], got["cols"], got["vals"])):
+        assert np.array_equal(a, b)
+    # a third object: part from disk, part computed, in the order asked
+    more = np.concatenate([keys[::2], np.setdiff1d(np.arange(n * r), keys)[:7]])[::-1]
+    third = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=1.0)
+    ptr, cols, vals = third.rows(more)
+    assert third.stats.disk_hits == len(keys[::2]) and third.stats.rows_computed == 7
+    ref = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0).rows(more)
+    for a, b in zip(ref, (ptr, cols, vals)):
+        assert np.array_equal(a, b)
+    # other rows (another threshold) never read these
+    other = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=3e-3, row_store_gb=1.0)
+    other.rows(keys)
+    assert other.stats.disk_hits == 0 and other.stats.rows_computed == 25
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), True, "x"])
+def test_bad_row_store_budgets(bad, tmp_path, capsys):
+    from engine.evaluate import main as evaluate_main
+
+    ent, rel = random_embeddings(np.random.default_rng(0), 5, 1)
+    with pytest.raises(UserError, match="^row_store_gb must be"):
+        LazyMatrices(entity=ent, relation=rel, observed=np.zeros((0, 3), np.int64), row_store_gb=bad)
+    with pytest.raises(UserError, match="^row_store_gb must be"):
+        Artifact.load(tmp_path / "nowhere", row_store_gb=bad)
+    if not isinstance(bad, (bool, str)):
+        assert evaluate_main(["--artifact", str(tmp_path), "--queries", str(tmp_path / "q.jsonl"),
+                              "--row-store-gb", str(bad)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --row-store-gb must be") and "\n" not in err
+
+
+# ------------------------------------------------------------------------------ per-relation row sets
+@pytest.mark.parametrize("budget_gb", [1e-12, 3e-6, 1.0])
+def test_stacks_hold_the_eager_rows_over_random_requests(seed, budget_gb):
+    """Random request sequences (repeats, overlaps, several relations, tiny to ample budgets): every stack
+    holds exactly the eager row of every head asked; a warm repeat is the prepared set itself."""
+    rng = np.random.default_rng(seed)
+    n, r = int(rng.integers(15, 40)), int(rng.integers(1, 4))
+    ent, rel = random_embeddings(rng, n, r)
+    obs = random_observed(rng, n, r, 3 * n)
+    eager, _ = calibrate(ent, rel, obs, threshold=2e-3, delta=1e-4, progress=False)
+    m = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_cache_gb=budget_gb, row_store_gb=0)
+    for _ in range(12):
+        wanted = [(int(rr), np.unique(rng.integers(0, n, int(rng.integers(0, n))))) for rr in
+                  np.unique(rng.integers(0, r, int(rng.integers(1, r + 1))))]
+        for (rr, heads), st in zip(wanted, m.stacks(wanted, "cpu")):
+            assert st.num_relations == 1 and st.n == n
+            for h in heads.tolist():
+                lo, hi = int(st.crow[h]), int(st.crow[h + 1])
+                g = rr * n + h
+                assert st.col[lo:hi].tolist() == eager.indices[eager.indptr[g]:eager.indptr[g + 1]].tolist()
+                assert np.array_equal(st.val[lo:hi].numpy(), eager.data[eager.indptr[g]:eager.indptr[g + 1]])
+        assert m.cache.bytes <= m.cache.max_bytes
+    if budget_gb == 1.0:
+        heads = np.arange(n)
+        m.stacks([(0, heads)], "cpu")  # computes what is missing (the new rows may wait in the pending set)
+        computed = m.stats.rows_computed
+        first = m.stacks([(0, heads)], "cpu")[0]  # asked again: pending rows are merged, the set prepared
+        assert m.stacks([(0, heads)], "cpu")[0] is first and m.stacks([(0, heads[::3])], "cpu")[0] is first
+        assert m.stats.rows_computed == computed
