@@ -15,6 +15,7 @@ import torch
 
 import ops
 from _ops_helpers import BACKENDS, dense_negation_factor, dense_project, random_batch, random_matrix, require_backend
+from kgreason.constants import QTO_NEG_SCALE
 from kgreason.errors import UserError
 from ops.sparse_rows import SparseRows
 
@@ -31,7 +32,7 @@ def _stack(r: int, n: int, density: float, gen: torch.Generator, *, ptr_dtype=to
     return ops.prepare_matrices(parts, num_entities=n), ds
 
 
-def _brute(x: torch.Tensor, ds: list[torch.Tensor], rel: torch.Tensor, negate: bool, s: float = 3.0):
+def _brute(x: torch.Tensor, ds: list[torch.Tensor], rel: torch.Tensor, negate: bool, s: float = QTO_NEG_SCALE):
     b, n = x.shape
     y = torch.zeros(b, n)
     a = torch.full((b, n), -1, dtype=torch.int32)
@@ -71,7 +72,7 @@ def test_project_matches_brute_force(seed, backend, n, r, b, ptr_dtype, col_dtyp
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n,b", [(37, 16), (45, 3)])
-@pytest.mark.parametrize("neg_scale", [3.0, 1.0, 0.7, 0.0])
+@pytest.mark.parametrize("neg_scale", [QTO_NEG_SCALE, 1.0, 0.7, 0.0])
 def test_negation_factor_at_the_clamp(seed, backend, n, b, neg_scale):
     """The negated pull's factor pass (whole vectors, then a scalar tail: the relation's entry count is not a
     multiple of the vector width) gives the brute force's 1 - min(1, s v) bits, with values on both sides of

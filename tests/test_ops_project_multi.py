@@ -13,6 +13,7 @@ import ops
 from _ops_helpers import (
     BACKENDS, dense_negation_factor, dense_project, lane_grid, random_batch, random_matrix, require_backend,
 )
+from kgreason.constants import QTO_NEG_SCALE
 from ops.project_multi import SWEEP, StackedMatrices, prepare_stacked, project_multi, project_multi_strategies
 
 # torch warns once per process that sparse CSR tensors are "beta" when a test builds one; only a note
@@ -26,7 +27,7 @@ pytestmark = [
 CPP = ops.has_kernel("project_multi", "cpu")
 needs_cpp = pytest.mark.skipif(not CPP, reason="compiled extension ops._C (with project_multi) not built")
 STRATS = ["push", "pull", "auto"]
-NEG_SCALE = 3.0
+NEG_SCALE = QTO_NEG_SCALE
 # (pointer dtype, column dtype): the artifact's stack is int64 / int32
 INDEX_DTYPES = [(torch.int32, torch.int32), (torch.int64, torch.int32), (torch.int64, torch.int64),
                 (torch.int32, torch.int64)]

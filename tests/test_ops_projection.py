@@ -8,6 +8,7 @@ import ops
 from _ops_helpers import (
     BACKENDS, dense_negation_factor, dense_project, lane_grid, random_batch, random_matrix, require_backend,
 )
+from kgreason.constants import QTO_NEG_SCALE
 
 CPP = ops.extension_available()
 needs_cpp = pytest.mark.skipif(not CPP, reason="compiled extension ops._C not built")
@@ -135,7 +136,7 @@ def test_project_negated_matches_dense_formula(device, seed, backend, index_dtyp
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("neg_scale", [3.0, 1.0])
+@pytest.mark.parametrize("neg_scale", [QTO_NEG_SCALE, 1.0])
 def test_project_negated_ties_and_full_support(device, seed, backend, neg_scale):
     """Ties, a column whose support is every row, and columns holding the 40 largest X entries
     (more than the kernels' 32-entry top list, forcing their full-row fallback)."""
@@ -144,7 +145,7 @@ def test_project_negated_ties_and_full_support(device, seed, backend, neg_scale)
     n, b = 100, 6
     _, d = random_matrix(n, 0.1, gen, ties=True)
     d[:, 3] = 0.25  # full support
-    d[:40, 5] = 1.0  # 40 rows, factor 0 with neg_scale 3
+    d[:40, 5] = 1.0  # 40 rows, factor 0 with neg_scale >= 1
     d[:40, 6] = 0.1
     x = random_batch(b, n, "dense", gen, ties=True)
     x[:, :40] = 0.9 + 0.002 * torch.arange(40)  # the 40 largest entries: entities 0..39
