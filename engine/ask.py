@@ -165,14 +165,12 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
     if ns.max_hops > 6:
         raise UserError(f"--max-hops must be <= 6 (relation sequences grow exponentially), got {ns.max_hops}")
     kwargs = json_object(ns.encoder_kwargs, "--encoder-kwargs")
+    from llm_bridge.config import config_from_args, refuse_llm_flags
+
     llm = None
     if ns.llm:
-        from llm_bridge.config import config_from_args
-
         llm = config_from_args(ns)
     else:  # the rule of every --llm CLI: an LLM flag without --llm is refused (--no-llm-cache too)
-        from llm_bridge.config import refuse_llm_flags
-
         refuse_llm_flags(ns, also=[("--no-llm-reasoner", not ns.reasoner)])
     return AskConfig(artifact=ns.artifact, question=ns.question, questions=ns.questions, k=ns.k, mode=ns.mode,
                      max_hops=ns.max_hops, answers=ns.answers, candidate_relations=ns.candidate_relations,

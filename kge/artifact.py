@@ -89,7 +89,7 @@ def rebuild_command(path: str | os.PathLike, meta: Any) -> str:
     if isinstance(config, dict) and isinstance(config.get("kg"), str):
         args[1] = config["kg"]
         try:
-            from .build import flat_defaults
+            from .build_config import flat_defaults
 
             defaults = flat_defaults()
         except Exception:  # noqa: BLE001 - a broken build module must not hide the load error being reported
