@@ -8,8 +8,6 @@ deprecated aliases; and bad input naming the argument.
 """
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -177,9 +175,7 @@ def test_positional_order_of_the_former_single_relation_call():
     gen = torch.Generator().manual_seed(3)
     m, d = random_matrix(12, 0.3, gen)
     x = random_batch(5, 12, "dense", gen)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        p = ops.prepare(m)
+    p = ops.prepare_matrices(m)
     y, a = ops.project(x, p, return_argmax=True, strategy="pull", validate=False)
     want_y, want_a = dense_project(x, d)
     assert torch.equal(y, want_y) and torch.equal(a, want_a)
@@ -215,6 +211,14 @@ def test_deprecated_aliases_warn_and_agree():
     with pytest.deprecated_call():
         sp = project_multi_sparse(SparseRows.from_dense(x), rel, stack)
     assert torch.equal(sp.to_dense(), ops.project(x, stack, rel))
+    with pytest.deprecated_call(), pytest.raises(UserError, match="SparseRows"):
+        project_multi_sparse(x, rel, stack)  # the alias took SparseRows only (ops.project takes both)
+    from ops.project_multi import reference_project_multi
+
+    with pytest.deprecated_call():
+        ref = reference_project_multi(x, rel, stack, negated=True, return_argmax=True)
+    assert all(torch.equal(g, w) for g, w in zip(ref, ops.reference.project_stacked(x, rel, stack, negated=True,
+                                                                                    return_argmax=True)))
 
 
 def test_has_kernel_answers_for_the_former_op_names():
