@@ -13,10 +13,12 @@ files; anything else is refused before the build starts (:mod:`kgreason.files`),
 so a build never deletes a file it did not write.
 
 ``--matrices auto`` (the default) stores the calibrated matrices (eager) unless
-computing them is estimated to take over ``--max-calibrate-minutes`` or they
-would not fit ``--max-matrix-gb`` or the memory (lazy); the log says which and
-why.  A build whose estimated peak memory exceeds MemAvailable is refused before
-training (``--no-memory-check`` overrides).  A seeded build bounded by epochs is
+they would not fit ``--max-matrix-gb`` or the memory, or computing them, at the
+rate measured on this KG, would take longer than the rows ``--expected-queries``
+lazy queries compute plus ``--max-calibrate-minutes`` (lazy; :mod:`kge.autorule`);
+the log says which and why in one line.  ``python -m kge.materialize`` turns a
+lazy artifact into the eager one later.  A build whose estimated peak memory
+exceeds MemAvailable is refused before training (``--no-memory-check`` overrides).  A seeded build bounded by epochs is
 bit-reproducible at any thread count (docs/artifacts.md, "Reproducibility").
 
 Library::
@@ -46,7 +48,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from .artifact import Artifact
-from .calibrate import DEFAULT_DELTA, DEFAULT_THRESHOLD, calibrate, estimate_nnz
+from .autorule import DEFAULT_EXPECTED_QUERIES, EAGER_PEAK_FACTOR, AutoInputs, decide, measure_calibrate_gflops
+from .autorule import fmt_bytes as _fmt_bytes
+from .calibrate import DEFAULT_DELTA, DEFAULT_THRESHOLD, NnzEstimate, calibrate, estimate_nnz
 from kgreason.cli import ArgumentParser
 from kgreason.errors import UserError, cli_main
 from kgreason.files import OutputFolder, open_output
@@ -58,22 +62,14 @@ from .train import (HUGE_FROM, MAX_LR, PRESET_OVERRIDES, TRAINING_LOOPS, TrainCo
 
 __all__ = ["BuildConfig", "build_artifact", "summarize", "main", "remove_killed_builds", "StagingLock", "LOCK_SUFFIX",
            "MAX_LR", "MIN_MATRIX_GB", "MAX_MATRIX_GB",
-           "DEFAULT_MAX_CALIBRATE_MINUTES", "calibrate_minutes", "available_memory_bytes", "estimate_build_memory",
-           "EAGER_PEAK_FACTOR", "CALIBRATE_GFLOPS", "TRAIN_FLAGS", "flat_defaults"]
+           "DEFAULT_MAX_CALIBRATE_MINUTES", "DEFAULT_EXPECTED_QUERIES", "available_memory_bytes",
+           "estimate_build_memory", "EAGER_PEAK_FACTOR", "TRAIN_FLAGS", "flat_defaults"]
 
 # BuildConfig and the defaults of its flags live in kge.build_config (below kge.artifact, which prints the
 # rebuild command from them); kge.build is where users import them.
 from .build_config import (DEFAULT_MAX_CALIBRATE_MINUTES, MAX_MATRIX_GB, MIN_MATRIX_GB, TRAIN_FLAGS,  # noqa: E402
                            BuildConfig, _flag, flat_defaults)
 
-#: Useful calibration rate assumed by the estimate, GFLOP/s (``2 x rows x 2d x N`` per second, softmax and the
-#: rest of the fused op included).  Fixed, not measured at build time, so that the mode a build picks does not
-#: depend on the machine's load: a measured rate would make two seeded builds of one KG differ.  CPU: below
-#: every measurement on 2 cores (59-94 GFLOP/s, benchmarks/results/kge_build.md, lazy_rows.md, artifact_builds.md);
-#: CUDA: a conservative guess (not measured here: no GPU).
-CALIBRATE_GFLOPS = {"cpu": 50.0, "cuda": 5000.0}
-#: Peak RSS of an eager calibration is about a baseline plus this many times the matrices (measured, see docs).
-EAGER_PEAK_FACTOR = 2.5
 #: RSS of a build process before it holds any data: python, torch, pykeen, scipy (measured 0.35 GiB after the
 #: imports, 0.5 GiB peak for a UMLS build with pykeen's evaluator).
 BASE_BYTES = 512 << 20
@@ -497,82 +493,46 @@ def _release_memory() -> None:
         pass
 
 
-def calibrate_minutes(num_entities: int, num_relations: int, rank: int, device: str) -> tuple[float, float]:
-    """``(minutes, gflops)``: the estimated time of an eager calibration and the rate it assumes.
-
-    Every one of the ``R x N`` rows is a ``(1, 2 rank) @ (2 rank, N)`` product plus the fused softmax and
-    threshold op, ``2 x 2 rank x N`` useful FLOPs, at :data:`CALIBRATE_GFLOPS` for the device (a fixed
-    rate: the choice must not depend on the machine's load at build time).
-    """
-    gflops = CALIBRATE_GFLOPS["cuda" if str(device).startswith("cuda") else "cpu"]
-    flops = 2.0 * num_relations * num_entities * 2 * rank * num_entities
-    return flops / (gflops * 1e9) / 60.0, gflops
-
-
 def _auto_matrices(config: BuildConfig, trained, kg) -> tuple[str, tuple[float, dict[str, Any]]]:
     """``--matrices auto``: ``("eager", choose_threshold's result)`` or ``("lazy", (threshold, info))``.
 
-    Lazy when the calibration is estimated to take more than ``--max-calibrate-minutes``
-    (:func:`calibrate_minutes`; then the nnz is not even estimated), when the eager matrices at QTO's
-    threshold (or ``--threshold``) would exceed ``--max-matrix-gb``, or when :data:`EAGER_PEAK_FACTOR`
-    times them exceeds MemAvailable; a lazy artifact never needs the threshold raised.
-    ``info["message"]`` is the one log line that says which and why, with the numbers.
+    The rule is :func:`kge.autorule.decide`: eager when the eager matrices at QTO's threshold (or
+    ``--threshold``; estimated from sampled rows) fit ``--max-matrix-gb`` and, at :data:`EAGER_PEAK_FACTOR`
+    times their size, MemAvailable, and their calibration, at the rate measured on this KG's rows
+    (:func:`kge.autorule.measure_calibrate_gflops`), takes no longer than the rows ``--expected-queries``
+    lazy queries would compute plus ``--max-calibrate-minutes``; else lazy (which never needs the
+    threshold raised).  ``info["message"]`` is the one log line that says which and why, with the numbers.
     """
     floor = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD
     n, num_rel, rank = kg.num_entities, kg.num_relations, int(trained.entity.shape[1])
-    minutes, gflops = calibrate_minutes(n, num_rel, rank, trained.device)
-    choice: dict[str, Any] = {"rows": n * num_rel, "rank": rank, "estimated_minutes": round(minutes, 4),
-                              "assumed_gflops": gflops, "max_calibrate_minutes": config.max_calibrate_minutes}
-    work = (f"calibrating {n * num_rel:,} rows x {n:,} entities at rank {rank}: ~{_fmt_minutes(minutes)} "
-            f"at {gflops:g} GFLOP/s")
-    if minutes > config.max_calibrate_minutes:
-        choice["mode"] = "lazy"
-        message = (f"--matrices auto: lazy ({work} > --max-calibrate-minutes {config.max_calibrate_minutes:g}; "
-                   f"matrix size not estimated)")
-        return "lazy", (floor, {"message": message, "matrices_choice": choice})
-    try:
-        threshold, info = choose_threshold(config, trained.entity, trained.relation, kg.train, trained.device)
-    except UserError as exc:  # an explicit --threshold whose matrices would not fit
-        choice["mode"] = "lazy"
-        message = f"--matrices auto: lazy ({work}; {exc})"
-        return "lazy", (floor, {"message": message, "matrices_choice": choice})
-    nnz = info[f"nnz_at_{floor:g}"]
-    nbytes = 8.0 * nnz
-    available = available_memory_bytes()
-    choice.update(nnz_estimate=nnz, matrices_bytes=int(nbytes), available_bytes=available)
-    size = f"~{nnz:,} entries ({_fmt_bytes(nbytes)}) at threshold {floor:g}"
-    if "raised_threshold" in info:
-        del info["raised_threshold"]
-        choice["mode"] = "lazy"
-        info["message"] = (f"--matrices auto: lazy ({work}; {size} > --max-matrix-gb {config.max_matrix_gb:g})")
-        return "lazy", (floor, {**info, "matrices_choice": choice})
-    if available is not None and EAGER_PEAK_FACTOR * nbytes > available:
-        choice["mode"] = "lazy"
-        info["message"] = (f"--matrices auto: lazy ({work}; {size}, x{EAGER_PEAK_FACTOR:g} at peak > "
-                           f"{_fmt_bytes(available)} available)")
-        return "lazy", (floor, {**info, "matrices_choice": choice})
-    choice["mode"] = "eager"
-    info["message"] = (f"--matrices auto: eager ({work} <= --max-calibrate-minutes {config.max_calibrate_minutes:g}; "
-                       f"{size} <= --max-matrix-gb {config.max_matrix_gb:g}"
-                       + (f" and x{EAGER_PEAK_FACTOR:g} <= {_fmt_bytes(available)} available)" if available is not None
-                          else ")"))
-    return "eager", (threshold, {**info, "matrices_choice": choice})
-
-
-def _fmt_minutes(minutes: float) -> str:
-    if minutes < 1:
-        return f"{minutes * 60:.1f} s"
-    if minutes < 120:
-        return f"{minutes:.1f} min"
-    return f"{minutes / 60:,.1f} h"
+    est = estimate_nnz(trained.entity, trained.relation, kg.train, floor=floor, seed=config.seed,
+                       device=trained.device)
+    nnz = est.nnz_at(floor)
+    rate = measure_calibrate_gflops(trained.entity, trained.relation, kg.train, threshold=floor, delta=config.delta,
+                                    device=trained.device, seed=config.seed)
+    inputs = AutoInputs(num_entities=n, num_relations=num_rel, rank=rank, gflops=rate["gflops"], nnz=nnz,
+                        rows_per_query=1.0 + min(float(n), nnz / (n * num_rel)), threshold=floor,
+                        max_matrix_gb=config.max_matrix_gb, available_bytes=available_memory_bytes(),
+                        max_calibrate_minutes=config.max_calibrate_minutes, expected_queries=config.expected_queries)
+    mode, choice, line = decide(inputs)
+    choice["rate_measurement"] = rate
+    if mode == "eager":
+        threshold, info = choose_threshold(config, trained.entity, trained.relation, kg.train, trained.device, est=est)
+    else:
+        threshold, info = floor, {"sampled_rows": est.sampled_rows, "max_matrix_gb": config.max_matrix_gb,
+                                  f"nnz_at_{floor:g}": round(nnz)}
+    info["message"] = line
+    return mode, (threshold, {**info, "matrices_choice": choice})
 
 
 def choose_threshold(config: BuildConfig, entity: np.ndarray, relation: np.ndarray, observed: np.ndarray,
-                     device: str) -> tuple[float, dict[str, Any]]:
-    """The calibration threshold for ``config`` and a record of the nnz estimate behind it."""
+                     device: str, *, est: NnzEstimate | None = None) -> tuple[float, dict[str, Any]]:
+    """The calibration threshold for ``config`` and a record of the nnz estimate behind it (``est``: the
+    sample :func:`kge.calibrate.estimate_nnz` already drew at the floor threshold, else drawn here)."""
     budget_nnz = config.max_matrix_gb * (1 << 30) / 8
     floor = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD
-    est = estimate_nnz(entity, relation, observed, floor=floor, seed=config.seed, device=device)
+    if est is None:
+        est = estimate_nnz(entity, relation, observed, floor=floor, seed=config.seed, device=device)
     nnz_floor = est.nnz_at(floor)
     info: dict[str, Any] = {"sampled_rows": est.sampled_rows, "max_matrix_gb": config.max_matrix_gb,
                             f"nnz_at_{floor:g}": round(nnz_floor)}
@@ -591,14 +551,6 @@ def choose_threshold(config: BuildConfig, entity: np.ndarray, relation: np.ndarr
                        f"using threshold {fit:.3g} (estimated nnz {est.nnz_at(fit):,.0f})")
     info["raised_threshold"] = fit
     return fit, info
-
-
-def _fmt_bytes(b: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if b < 1024 or unit == "GiB":
-            return f"{b:.1f} {unit}"
-        b /= 1024
-    return f"{b:.1f} GiB"
 
 
 def summarize(artifact: Artifact) -> str:
@@ -680,13 +632,18 @@ def _parser() -> ArgumentParser:
                         "peak RSS is about baseline + 2.5x this")
     p.add_argument("--matrices", choices=list(MATRIX_MODES), default="auto",
                    help="eager: compute and store every calibrated row; lazy: store none, the engine computes the "
-                        "rows a query needs from the embeddings (threshold never raised); auto (default): lazy when "
-                        "calibrating every row would take more than --max-calibrate-minutes (estimated) or the eager "
-                        "matrices would exceed --max-matrix-gb or the available memory, else eager; the log says which")
+                        "rows a query needs from the embeddings (threshold never raised); auto (default): eager "
+                        "unless the eager matrices would exceed --max-matrix-gb or the available memory, or "
+                        "calibrating every row (at the rate measured on this KG's rows) would take longer than the "
+                        "rows --expected-queries lazy queries compute plus --max-calibrate-minutes; the log says "
+                        "which and why in one line.  A lazy artifact is made eager later with python -m kge.materialize")
     p.add_argument("--max-calibrate-minutes", type=float, default=DEFAULT_MAX_CALIBRATE_MINUTES,
-                   help=f"--matrices auto: longest estimated eager calibration, in minutes "
-                        f"(default {DEFAULT_MAX_CALIBRATE_MINUTES:g}; the estimate assumes {CALIBRATE_GFLOPS['cpu']:g} "
-                        f"GFLOP/s on a CPU)")
+                   help=f"--matrices auto: how much longer than the expected queries' lazy rows the eager "
+                        f"calibration may take, in minutes (default {DEFAULT_MAX_CALIBRATE_MINUTES:g})")
+    p.add_argument("--expected-queries", type=int, default=DEFAULT_EXPECTED_QUERIES,
+                   help=f"--matrices auto: queries the artifact is expected to answer, each computing about one "
+                        f"first-hop frontier of rows when lazy (default {DEFAULT_EXPECTED_QUERIES:,}: a BetaE "
+                        f"evaluation, 14 structures x 1,000)")
     p.add_argument("--row-cache-gb", type=float, default=DEFAULT_ROW_CACHE_GB,
                    help=f"lazy matrices: byte budget of the engine's calibrated-row cache in GiB, > 0 "
                         f"(default {DEFAULT_ROW_CACHE_GB:g}; recorded in meta.json)")

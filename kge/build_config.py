@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from kgreason.cli import check_device
 from kgreason.errors import UserError, unknown_name
 
+from .autorule import DEFAULT_EXPECTED_QUERIES
 from .calibrate import DEFAULT_DELTA
 from .lazy import DEFAULT_ROW_CACHE_GB, MATRIX_MODES, check_row_cache_gb
 from .train import TrainConfig, check_loss, check_optimizer, check_train_values
@@ -30,7 +31,8 @@ TRAIN_FLAGS = ("rank", "epochs", "lr", "batch_size", "num_negatives", "regulariz
 #: Range of --max-matrix-gb: 1 MiB (the tiniest KG's matrices) to 1 PiB (no machine has more).
 MIN_MATRIX_GB = 2.0**-10
 MAX_MATRIX_GB = 2.0**20
-#: ``--matrices auto`` is lazy when calibrating every row is estimated to take longer than this (minutes).
+#: ``--matrices auto`` is lazy when calibrating every row is estimated to take longer than this many minutes
+#: more than the rows of the expected queries (:mod:`kge.autorule`).
 DEFAULT_MAX_CALIBRATE_MINUTES = 30.0
 
 def _flag(name: str) -> str:
@@ -58,11 +60,12 @@ class BuildConfig:
     ``matrices``: ``"eager"`` computes and stores every calibrated row;
     ``"lazy"`` stores none (the engine computes rows from the embeddings on
     demand, :mod:`kge.lazy`, caching up to ``row_cache_gb`` GiB), so the
-    threshold is never raised; ``"auto"`` (the default) is lazy when computing
-    every row is estimated to take more than ``max_calibrate_minutes``
-    (:func:`calibrate_minutes`), or when the eager matrices at the threshold
-    (estimated from a sample) would exceed ``max_matrix_gb`` or, at
-    :data:`EAGER_PEAK_FACTOR` times their size, the available memory; else eager.
+    threshold is never raised; ``"auto"`` (the default) is lazy when the eager
+    matrices at the threshold (estimated from a sample) would exceed
+    ``max_matrix_gb`` or, at :data:`EAGER_PEAK_FACTOR` times their size, the
+    available memory, or when computing every row at the rate measured on this
+    KG would take longer than the rows ``expected_queries`` lazy queries compute
+    plus ``max_calibrate_minutes``; else eager (:mod:`kge.autorule`).
     The build log and ``meta.json["calibration"]["matrices_choice"]`` say which and why.
 
     ``memory_check``: before training, the build's peak memory is estimated
@@ -86,6 +89,7 @@ class BuildConfig:
     max_matrix_gb: float = 1.25
     matrices: str = "auto"
     max_calibrate_minutes: float = DEFAULT_MAX_CALIBRATE_MINUTES
+    expected_queries: int = DEFAULT_EXPECTED_QUERIES
     memory_check: bool = True
     row_cache_gb: float = DEFAULT_ROW_CACHE_GB
     delta: float = DEFAULT_DELTA
@@ -122,6 +126,9 @@ class BuildConfig:
         check_row_cache_gb(self.row_cache_gb, "--row-cache-gb")
         if not (math.isfinite(self.max_calibrate_minutes) and 0 < self.max_calibrate_minutes <= 1e9):
             raise UserError(f"--max-calibrate-minutes must be in (0, 1e9], got {self.max_calibrate_minutes}")
+        if isinstance(self.expected_queries, bool) or not isinstance(self.expected_queries, int) \
+                or not 0 <= self.expected_queries <= 10**12:
+            raise UserError(f"--expected-queries must be an integer in [0, 1e12], got {self.expected_queries!r}")
         check_device(self.device, allow_auto=True)
         if self.threshold is not None and not 0.0 < self.threshold < 1.0:
             raise UserError(f"--threshold must be in (0, 1), got {self.threshold}")

@@ -482,13 +482,16 @@ def estimate_nnz(
     h_ids = torch.from_numpy(rows % n).to(device)
     kept: list[np.ndarray] = []
     kept_w: list[np.ndarray] = []
+    # 512 rows at a time, fewer above 32,768 entities: the (step, N) complex scores stay within 256 MiB
+    # (kge.build's auto mode samples every KG, a million-entity one too)
+    step = int(max(16, min(512, (256 << 20) // (16 * n))))
     with torch.inference_mode():
-        for a in range(0, len(rows), 512):
-            q = ent[h_ids[a : a + 512]] * rel[r_ids[a : a + 512]]
+        for a in range(0, len(rows), step):
+            q = ent[h_ids[a : a + step]] * rel[r_ids[a : a + step]]
             s = (q @ ent.conj().t()).real
-            p = torch.softmax(s, dim=1) * torch.from_numpy(np.maximum(counts[rows[a : a + 512]], 1)).to(device).float()[:, None]
+            p = torch.softmax(s, dim=1) * torch.from_numpy(np.maximum(counts[rows[a : a + step]], 1)).to(device).float()[:, None]
             mask = p >= floor
             kept.append(p[mask].cpu().numpy())
-            kept_w.append(np.repeat(row_weight[a : a + 512], mask.sum(dim=1).cpu().numpy()))
+            kept_w.append(np.repeat(row_weight[a : a + step], mask.sum(dim=1).cpu().numpy()))
     return NnzEstimate(total_rows=total, sampled_rows=len(rows), sample_p=np.concatenate(kept),
                        sample_w=np.concatenate(kept_w), observed=len(observed), floor=floor)

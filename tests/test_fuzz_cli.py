@@ -84,6 +84,7 @@ CLIS = {
     "kge.synthetic": "kge.synthetic",
     "kge.plots": "kge.plots",
     "kge.linkpred": "kge.linkpred",
+    "kge.materialize": "kge.materialize",
     "llm_bridge.experiment": "llm_bridge.experiment",
     "engine.ask": "engine.ask",
     "llm_bridge.linkeval": "llm_bridge.linkeval",
@@ -761,7 +762,7 @@ def _known_finding(cli: str, argv: list[str], res) -> str | None:
 # ------------------------------------------------------------------------ the tests
 # Each CLI gets a share of the profile's budget by its cost per example.
 _SHARE = {"engine.answer": 1.0, "engine.evaluate": 0.5, "engine.sample": 0.5, "engine.betae": 0.5,
-          "engine.paths": 0.75, "kge.build": 0.4, "kge.synthetic": 0.4, "kge.plots": 0.3, "kge.linkpred": 0.3,
+          "engine.paths": 0.75, "kge.build": 0.4, "kge.synthetic": 0.4, "kge.plots": 0.3, "kge.linkpred": 0.3, "kge.materialize": 0.2,
           "llm_bridge.experiment": 0.25, "engine.ask": 0.5, "llm_bridge.linkeval": 0.3,
           "llm_bridge.simulate_ask": 0.3, "llm_bridge.simulate": 0.2, "llm_bridge.metaqa_experiment": 0.125,
           "run_metaqa": 0.3, "executor_identity": 0.25, "betae_1p_queries": 0.2, "executor_memory": 0.2, "ops_cuda_bench": 0.15}
@@ -812,6 +813,7 @@ test_fuzz_cli_build, test_fuzz_cli_build_slow = _make("kge.build")
 test_fuzz_cli_synthetic, test_fuzz_cli_synthetic_slow = _make("kge.synthetic")
 test_fuzz_cli_plots, test_fuzz_cli_plots_slow = _make("kge.plots")
 test_fuzz_cli_linkpred, test_fuzz_cli_linkpred_slow = _make("kge.linkpred")
+test_fuzz_cli_materialize, test_fuzz_cli_materialize_slow = _make("kge.materialize")
 test_fuzz_cli_experiment, test_fuzz_cli_experiment_slow = _make("llm_bridge.experiment")
 test_fuzz_cli_ask, test_fuzz_cli_ask_slow = _make("engine.ask")
 test_fuzz_cli_linkeval, test_fuzz_cli_linkeval_slow = _make("llm_bridge.linkeval")

@@ -106,6 +106,15 @@ BUILD_CONFIG_KEYS = ["kg", "out", "kg_format", "drop_edges", "seed", "rank", "ep
                      "candidates", "loss", "eval_max_triples", "threshold", "max_matrix_gb", "matrices",
                      "max_calibrate_minutes", "memory_check", "row_cache_gb", "delta", "chunk_rows", "device",
                      "embeddings", "overwrite"]
+#: Keys added since (an older meta.json lacks them: its rebuild command takes their defaults).
+ADDED_KEYS = {"expected_queries": "max_calibrate_minutes"}  # key: the key it follows
+
+
+def _current_keys() -> list[str]:
+    keys = list(BUILD_CONFIG_KEYS)
+    for key, after in ADDED_KEYS.items():
+        keys.insert(keys.index(after) + 1, key)
+    return keys
 
 
 def test_build_config_composes_the_training_config(umls_artifact):
@@ -116,9 +125,9 @@ def test_build_config_composes_the_training_config(umls_artifact):
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
     assert {f.name for f in dataclasses.fields(BuildConfig)} & train_fields == {"seed", "device"}
     assert set(TRAIN_FLAGS) <= train_fields
-    assert list(flat_defaults()) == BUILD_CONFIG_KEYS[2:]  # all but the required kg and out
+    assert list(flat_defaults()) == _current_keys()[2:]  # all but the required kg and out
     meta = Artifact.load(umls_artifact).meta
-    assert sorted(meta["build_config"]) == sorted(BUILD_CONFIG_KEYS)  # meta.json sorts its keys
+    assert sorted(meta["build_config"]) == sorted(_current_keys())  # meta.json sorts its keys
     assert meta["build_config"]["rank"] == 8 and meta["build_config"]["lr"] is None
     cfg, _ = parse_args(["--kg", "umls", "--out", "o", "--rank", "8", "--loss", "crossentropy", "--lr", "0.05"])
     assert cfg.train == {"rank": 8, "loss": "crossentropy", "lr": 0.05}
@@ -165,6 +174,10 @@ def test_old_meta_json_rebuild_command_still_parses():
         (["--kg", "umls", "--out", "x", "--max-calibrate-minutes", "nan"],
          "error: --max-calibrate-minutes must be in (0, 1e9], got nan"),
         (["--kg", "umls", "--out", "x", "--matrices", "sometimes"], "error: argument --matrices: invalid choice: 'sometimes'"),
+        (["--kg", "umls", "--out", "x", "--expected-queries", "-1"],
+         "error: --expected-queries must be an integer in [0, 1e12], got -1"),
+        (["--kg", "umls", "--out", "x", "--expected-queries", "1e3"],
+         "error: argument --expected-queries: invalid int value: '1e3'"),
     ],
 )
 def test_cli_errors_are_one_line(argv, message, capsys, tmp_path):
@@ -196,22 +209,36 @@ def test_auto_is_the_default_and_picks_eager_for_a_small_kg(umls_artifact):
     assert meta["build_config"]["matrices"] == "auto" and meta["matrices"] == "eager"
     choice = meta["calibration"]["matrices_choice"]
     assert choice["mode"] == "eager" and choice["rows"] == 135 * 92 and choice["rank"] == 8
-    # 12,420 rows x (2 x 16 x 135) FLOPs at 50 GFLOP/s: well under a second
-    assert choice["estimated_minutes"] == pytest.approx(2.0 * 12420 * 16 * 135 / 50e9 / 60, rel=1e-2, abs=1e-4)
+    # the rate was measured on this KG's rows (the real fused op) and the estimate follows from it
+    rate = choice["rate_measurement"]
+    assert choice["rate_source"] == "measured" and rate["runs"] >= 1 and 16 <= rate["rows"] <= 135 * 92
+    assert choice["measured_gflops"] == pytest.approx(rate["gflops"], rel=1e-3) and rate["gflops"] > 0
+    assert choice["estimated_minutes"] == pytest.approx(2.0 * 12420 * 16 * 135 / (rate["gflops"] * 1e9) / 60,
+                                                        rel=1e-2, abs=1e-4)
+    # UMLS decides far from every bound: no rate within a factor 2 of the measured one could flip it
+    assert choice["expected_queries"] == 14000 and not choice["machine_dependent"]
+    assert choice["time_margin"] is None  # 14,000 queries x ~136 rows cost more than the 12,420 rows
     assert 0 < choice["nnz_estimate"] and choice["matrices_bytes"] == 8 * choice["nnz_estimate"]
+    line = meta["calibration"]["nnz_estimate"]["message"]
+    assert line.startswith("--matrices auto: eager (calibrating 12,420 rows x 135 entities at rank 8: ~") and \
+        " GFLOP/s measured <= ~" in line and " of lazy rows for 14,000 expected queries (~" in line
     assert meta["memory_estimate"]["total_bytes"] > meta["memory_estimate"]["base"] > 0
 
 
 def test_auto_picks_lazy_when_the_calibration_would_take_too_long(umls_artifact, tmp_path, capsys):
-    assert main(_reuse(umls_artifact, tmp_path, "--max-calibrate-minutes", "1e-6")) == 0
+    # no queries expected and a bound of 60 microseconds: the measured calibration (~0.05 s) is longer
+    assert main(_reuse(umls_artifact, tmp_path, "--max-calibrate-minutes", "1e-6", "--expected-queries", "0")) == 0
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("--matrices auto:")]
     assert len(lines) == 1, err
     assert lines[0].startswith("--matrices auto: lazy (calibrating 12,420 rows x 135 entities at rank 8: ~")
-    assert "> --max-calibrate-minutes 1e-06; matrix size not estimated)" in lines[0]
+    assert " GFLOP/s measured > ~0 s of lazy rows for 0 expected queries (~" in lines[0]
+    assert "+ --max-calibrate-minutes 1e-06; ~" in lines[0] and "<= --max-matrix-gb 1.25" in lines[0]
     art = Artifact.load(tmp_path / "o")
     assert art.is_lazy and not (tmp_path / "o" / "matrices.npz").exists()
-    assert art.meta["calibration"]["matrices_choice"]["mode"] == "lazy"
+    choice = art.meta["calibration"]["matrices_choice"]
+    assert choice["mode"] == "lazy" and choice["expected_queries"] == 0 and choice["query_minutes"] == 0
+    assert art.meta["build_config"]["expected_queries"] == 0
     assert art.meta["calibration"]["threshold"] == 2e-4  # a lazy build never raises it
 
 
@@ -222,7 +249,7 @@ def test_auto_picks_lazy_when_the_matrices_exceed_the_budget_or_the_memory(umls_
     # UMLS's eager matrices at 2e-4 hold ~1.7 M entries (13 MiB): over a 1 MiB budget
     assert main(_reuse(umls_artifact, tmp_path, "--max-matrix-gb", str(2.0**-10))) == 0
     line = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("--matrices auto:"))
-    assert line.startswith("--matrices auto: lazy (calibrating") and "> --max-matrix-gb 0.000976562)" in line
+    assert line.startswith("--matrices auto: lazy (calibrating") and "> --max-matrix-gb 0.000976562, x2.5" in line
     assert Artifact.load(tmp_path / "o").is_lazy
     # within the budget, but 2.5 x 13 MiB is more than the (injected) 20 MiB available
     monkeypatch.setattr(kge.build, "available_memory_bytes", lambda: 20 << 20)
@@ -371,3 +398,89 @@ def test_a_sigkilled_build_is_cleaned_up_by_the_next(tmp_path):
     build_artifact(cfg, progress=False)
     assert Artifact.load(out).num_entities == 14
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nations"]
+
+
+# ------------------------------------------------------------------ python -m kge.materialize: lazy -> eager
+ARTIFACT_FILES = ("matrices.npz", "embeddings.npz", "entities.tsv", "relations.tsv", "observed.tsv", "missing.tsv")
+
+
+@pytest.mark.parametrize("threshold", [None, "0.001"], ids=["qto", "explicit"])
+def test_materialize_writes_the_eager_build_byte_for_byte(umls_artifact, tmp_path, threshold):
+    """lazy build -> kge.materialize == eager build of the same embeddings at the same threshold: every file
+    but meta.json byte for byte, and the lazy artifact's answers."""
+    import shlex
+
+    import torch
+
+    from engine.exec.executor import Executor
+    from engine.lang.structures import STRUCTURES
+    from kge.artifact import rebuild_command
+    from kge.materialize import main as materialize_main
+
+    def build(out, *extra):
+        return main(["--kg", "umls", "--out", str(out), "--drop-edges", "0.5", "--seed", "3",
+                     "--embeddings", str(umls_artifact), "--quiet", *extra,
+                     *(["--threshold", threshold] if threshold else [])])
+
+    lazy, conv, direct = tmp_path / "lazy", tmp_path / "conv", tmp_path / "direct"
+    assert build(lazy, "--matrices", "lazy") == 0
+    assert materialize_main(["--artifact", str(lazy), "--out", str(conv), "--quiet"]) == 0
+    assert build(direct, "--matrices", "eager") == 0
+    for name in ARTIFACT_FILES:
+        assert (conv / name).read_bytes() == (direct / name).read_bytes(), name
+    a_lazy, a_conv, a_direct = Artifact.load(lazy), Artifact.load(conv), Artifact.load(direct)
+    assert a_lazy.is_lazy and not a_conv.is_lazy and a_conv.meta["files"] == a_direct.meta["files"]
+    assert a_conv.meta["calibration"]["threshold"] == a_direct.meta["calibration"]["threshold"] \
+        == a_lazy.matrices.threshold == float(threshold or 2e-4)  # kept, never raised
+    rng = np.random.default_rng(0)
+    queries = [st.build(rng.integers(0, 135, st.num_anchors).tolist(), rng.integers(0, 92, st.num_relations).tolist())
+               for st in STRUCTURES.values() for _ in range(2)]
+    y_lazy, y_conv = Executor(a_lazy).scores(queries), Executor(a_conv).scores(queries)
+    assert float((y_lazy - y_conv).abs().max()) <= 1e-6 and float(y_conv.max()) > 0
+    assert torch.equal(Executor(a_direct).scores(queries), y_conv)
+    # meta.json: an eager artifact whose rebuild command builds it eagerly at that threshold
+    meta = a_conv.meta
+    assert meta["matrices"] == "eager" and meta["calibration"]["matrices_choice"]["forced_by"] == "python -m kge.materialize"
+    assert meta["materialized_from"]["artifact"] == str(lazy) and meta["materialized_from"]["files"] == a_lazy.meta["files"]
+    cfg, _ = __import__("kge.build", fromlist=["parse_args"]).parse_args(shlex.split(rebuild_command(conv, meta))[3:])
+    assert cfg.matrices == "eager" and cfg.threshold == float(threshold or 2e-4) and cfg.out == str(conv)
+
+
+def test_materialize_refusals_are_one_line(umls_artifact, tmp_path, capsys, monkeypatch):
+    from kge.materialize import main as materialize_main
+
+    lazy, out = tmp_path / "lazy", tmp_path / "eager"
+    assert main(_reuse(umls_artifact, tmp_path, "--matrices", "lazy", "--quiet")) == 0
+    (tmp_path / "o").rename(lazy)
+
+    def refused(argv, start, contains=""):
+        assert materialize_main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(start) and contains in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+    # over the budget: the size needed and the flag, nothing written (the threshold is never raised)
+    refused(["--artifact", str(lazy), "--out", str(out), "--max-matrix-gb", str(2.0**-10)],
+            f"error: --artifact {lazy}: the eager matrices would hold ~",
+            " entries (12.8 MiB) at its threshold 0.0002, over --max-matrix-gb 0.000976562; pass --max-matrix-gb 0.014 "
+            "or more (the threshold is kept, never raised)")
+    assert not out.exists()
+    # an estimate that missed (injected): the calibration itself stops at the budget, same kind of line
+    import kge.calibrate
+
+    real = kge.calibrate.estimate_nnz
+    with monkeypatch.context() as m:
+        m.setattr(kge.calibrate, "estimate_nnz", lambda *a, **k: dataclasses.replace(real(*a, **k), observed=0,
+                                                                                    sample_w=np.zeros(0), sample_p=np.zeros(0)))
+        refused(["--artifact", str(lazy), "--out", str(out), "--max-matrix-gb", str(2.0**-10), "--quiet"],
+                f"error: --artifact {lazy}: the eager matrices outgrow --max-matrix-gb 0.000976562 (calibration at "
+                "threshold 0.0002 keeps ", " > limit 131,072)); pass a larger --max-matrix-gb (the threshold is kept)")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["lazy"]
+    refused(["--artifact", str(umls_artifact), "--out", str(out)],
+            f"error: --artifact {umls_artifact}: already eager (its matrices.npz holds every row); nothing to materialize")
+    refused(["--artifact", str(lazy), "--out", str(lazy)], "error: --out ")
+    refused(["--artifact", str(lazy), "--out", str(out), "--max-matrix-gb", "0"], "error: --max-matrix-gb must be in [")
+    refused(["--artifact", str(tmp_path / "nope"), "--out", str(out)], "error: ")
+    assert materialize_main(["--artifact", str(lazy), "--out", str(out), "--quiet"]) == 0
+    refused(["--artifact", str(lazy), "--out", str(out)], "error: --out ", "already holds an artifact; pass --overwrite")
+    assert materialize_main(["--artifact", str(lazy), "--out", str(out), "--quiet", "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eager", "lazy"]  # no staging folder or lock file left
