@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout whose ops is timed, unless --root says otherwise
-NEG_SCALE = 3.0
+NEG_SCALE = 3.0  # QTO's (kgreason.constants.QTO_NEG_SCALE); a literal: --root may name a tree before it
 STRATEGIES = ("push", "pull", "auto")
 
 

@@ -52,6 +52,7 @@ from engine.exec.executor import Executor
 from engine.lang.query import Anchor, Complement, Intersection, NegatedProjection, Node, Projection, Union
 from engine.lang.structures import STRUCTURES
 from kge import Artifact
+from kgreason.constants import INVERSE_SUFFIX, QTO_NEG_SCALE
 
 from conftest import RESULTS, Measurements, machine_description, measurements_for  # benchmarks/conftest.py (rootdir-relative import)
 
@@ -61,7 +62,7 @@ TNORM = "product"
 #: Timed rounds per mode (the best counts): the machine is shared, and with 3 rounds of ~50 ms a single
 #: disturbed round set whole rows of the table (2u measured 19k q/s in one run, 32-40k in the next).
 ROUNDS = int(os.environ.get("ENGINE_BENCH_ROUNDS", "7"))
-NEG_SCALE = 3.0
+NEG_SCALE = QTO_NEG_SCALE
 
 #: The report's columns (Measurements cells: row = structure), in the order the timed tests fill them.
 COLUMNS = ("loop", "b1", "sparse", "b1024", "faults", "faults_1pass", "b1024_1pass", "qto", "qto_densify")
@@ -88,7 +89,7 @@ def synthetic_artifact(seed: int = 0, n: int = 14_505, base_relations: int = 237
     m.data = np.minimum(m.data, 1.0)
     rels = []
     for k in range(base_relations):
-        rels += [f"r{k}", f"r{k}^-1"]
+        rels += [f"r{k}", f"r{k}{INVERSE_SUFFIX}"]
     return Artifact(entities=[f"e{i}" for i in range(n)], relations=rels, matrices=m, observed=np.unique(obs, axis=0),
                     missing=np.zeros((0, 3), dtype=np.int64), meta={"source": "synthetic (FB15k-237 sized)"})
 

@@ -56,6 +56,7 @@ import torch
 
 import ops
 from conftest import RESULTS, fb15k237_artifact_path, machine_description
+from kgreason.constants import QTO_NEG_SCALE
 
 BATCHES = (1, 16, 256, 1024)
 KINDS = ("onehot", "dense")
@@ -353,14 +354,14 @@ def _fold_calls(case: Case, variant: str, b: int):
     rel = torch.zeros(b, dtype=torch.int64)
     kw = dict(backend="cpp", validate=False, return_argmax=arg)
     if FOLDED:  # one entry point: the prepared matrix is the degenerate stack, rel None = relation 0
-        single = lambda x: ops.project(x, case.P, negate=neg, neg_scale=3.0, **kw)  # noqa: E731
-        multi = lambda x: ops.project(x, case.S, rel, negate=neg, neg_scale=3.0, **kw)  # noqa: E731
+        single = lambda x: ops.project(x, case.P, negate=neg, neg_scale=QTO_NEG_SCALE, **kw)  # noqa: E731
+        multi = lambda x: ops.project(x, case.S, rel, negate=neg, neg_scale=QTO_NEG_SCALE, **kw)  # noqa: E731
     else:
         if neg:
-            single = lambda x: ops.project_negated(x, case.P, neg_scale=3.0, **kw)  # noqa: E731
+            single = lambda x: ops.project_negated(x, case.P, neg_scale=QTO_NEG_SCALE, **kw)  # noqa: E731
         else:
             single = lambda x: ops.project(x, case.P, **kw)  # noqa: E731
-        multi = lambda x: ops.project_multi(x, rel, case.S, negated=neg, neg_scale=3.0, **kw)  # noqa: E731
+        multi = lambda x: ops.project_multi(x, rel, case.S, negated=neg, neg_scale=QTO_NEG_SCALE, **kw)  # noqa: E731
     return single, multi
 
 
@@ -485,6 +486,7 @@ for line in sys.stdin:
         x = torch.rand(b, n, generator=g)
     neg, arg = variant.startswith("negated"), variant.endswith("argmax")
     kw = dict(backend="cpp", validate=False, return_argmax=arg)
+    # 3.0: QTO's scale (kgreason.constants.QTO_NEG_SCALE), a literal here: the before tree predates that module
     if new_api:
         fn = lambda: ops.project(x, P, negate=neg, neg_scale=3.0, **kw)
     elif neg:

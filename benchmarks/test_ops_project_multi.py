@@ -42,6 +42,7 @@ import torch
 
 import ops
 from conftest import RESULTS, machine_description
+from kgreason.constants import QTO_NEG_SCALE
 from ops import SWEEP
 
 N_SYNTH, R_SYNTH, EDGES_SYNTH = 14_505, 474, 310_000
@@ -122,7 +123,7 @@ def loop_project(d: Data, x: torch.Tensor, rel: torch.Tensor, negated: bool) -> 
     for r, c in zip(uniq.tolist(), counts.tolist()):
         m = d.prepared[r]
         if negated:
-            out = ops.project(xs[lo:lo + c], m, negate=True, neg_scale=3.0, backend="cpp", validate=False)
+            out = ops.project(xs[lo:lo + c], m, negate=True, neg_scale=QTO_NEG_SCALE, backend="cpp", validate=False)
         else:
             out = ops.project(xs[lo:lo + c], m, backend="cpp", validate=False)
         y.index_copy_(0, order[lo:lo + c], out)

@@ -32,6 +32,7 @@ from conftest import (  # benchmarks/conftest.py (rootdir-relative import, as in
     FB15K237_BETAE, RESULTS, Measurements, fb15k237_artifact_path, machine_description, measurements_for,
 )
 from engine.paths import PathGraph, PathRetriever, shortest_paths
+from kgreason.constants import INVERSE_SUFFIX
 from ops.paths_reference import dijkstra_heapq
 
 NUM_SOURCES = 1000  # KARPA topics
@@ -53,7 +54,7 @@ KARPA_MODES = ("pathfinding", "heuristic")
 def _load_fallback_graph() -> PathGraph:
     triples = np.loadtxt(FB15K237_BETAE / "train.txt", dtype=np.int64)
     rel_rows = [line.rstrip("\n").split("\t") for line in open(FB15K237_BETAE / "id2rel.tsv", encoding="utf-8")][1:]
-    relations = [r[1] + ("^-1" if r[2] == "inverse" else "") for r in rel_rows]
+    relations = [r[1] + (INVERSE_SUFFIX if r[2] == "inverse" else "") for r in rel_rows]
     ent_rows = [line.rstrip("\n").split("\t") for line in open(FB15K237_BETAE / "id2ent.tsv", encoding="utf-8")][1:]
     counts = Counter(r[2] for r in ent_rows)
     entities = [r[2] if counts[r[2]] == 1 else f"{r[2]} ({r[1]})" for r in ent_rows]

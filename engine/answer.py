@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kgreason.cli import ArgumentParser as _Parser, check_device, check_seed  # _Parser: one-line UserError, user text escaped
+from kgreason.constants import QTO_NEG_SCALE
 from kgreason.errors import UserError, cli_main
 from kgreason.text import json_line, printable  # KG names and LLM text: escaped where printed
 
@@ -47,7 +48,7 @@ class AnswerConfig:
     top_k: int = 10
     explain: bool = True
     tnorm: str = "product"
-    neg_scale: float = 3.0
+    neg_scale: float = QTO_NEG_SCALE
     negation: str = "qto"
     device: str = "cpu"
     seed: int = 0
@@ -79,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     from engine.lang.structures import NEGATION_MODES
 
     p.add_argument("--tnorm", choices=TNORMS, default="product", help="intersection t-norm (default product)")
-    p.add_argument("--neg-scale", type=float, default=3.0, help="s in QTO's negation 1-min(1, s*M) (default 3.0)")
+    p.add_argument("--neg-scale", type=float, default=QTO_NEG_SCALE,
+                   help=f"s in QTO's negation 1-min(1, s*M) (default {QTO_NEG_SCALE})")
     p.add_argument("--negation", choices=NEGATION_MODES, default="qto",
                    help="how --query structures negate: QTO's negated edge or the complement 1-x (default qto)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")

@@ -165,15 +165,13 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
     if ns.max_hops > 6:
         raise UserError(f"--max-hops must be <= 6 (relation sequences grow exponentially), got {ns.max_hops}")
     kwargs = json_object(ns.encoder_kwargs, "--encoder-kwargs")
-    llm = None
-    llm_flags = [k for k in vars(ns) if k.startswith("llm_") and getattr(ns, k) not in (None, False)]
-    if ns.llm:
-        from llm_bridge.config import config_from_args
+    from llm_bridge.config import config_from_args, refuse_llm_flags
 
+    llm = None
+    if ns.llm:
         llm = config_from_args(ns)
-    elif llm_flags or not ns.reasoner:
-        flag = "--" + llm_flags[0].replace("_", "-") if llm_flags else "--no-llm-reasoner"
-        raise UserError(f"{flag} needs --llm")
+    else:  # the rule of every --llm CLI: an LLM flag without --llm is refused (--no-llm-cache too)
+        refuse_llm_flags(ns, also=[("--no-llm-reasoner", not ns.reasoner)])
     return AskConfig(artifact=ns.artifact, question=ns.question, questions=ns.questions, k=ns.k, mode=ns.mode,
                      max_hops=ns.max_hops, answers=ns.answers, candidate_relations=ns.candidate_relations,
                      replan=ns.replan, context=ns.context, max_context_tokens=ns.max_context_tokens,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from kgreason.cli import ArgumentParser as _Parser, check_device  # _Parser: one-line UserError, user text escaped
+from kgreason.constants import QTO_NEG_SCALE
 from kgreason.errors import UserError, cli_main, unknown_name
 from kgreason.files import check_output_file, write_output
 
@@ -60,7 +61,8 @@ def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
                    help="write negations as QTO's negated projection (qto) or a complement (complement); "
                         "default: as in the JSONL file, qto for BetaE pickles")
     p.add_argument("--tnorm", choices=TNORMS, default="product", help="t-norm (default product)")
-    p.add_argument("--neg-scale", type=float, default=3.0, help="QTO negation scale s (default 3)")
+    p.add_argument("--neg-scale", type=float, default=QTO_NEG_SCALE,
+                   help=f"QTO negation scale s (default {QTO_NEG_SCALE})")
     p.add_argument("--batch-size", type=int, default=1024, help="queries per batch (default 1024)")
     p.add_argument("--limit", type=int, help="evaluate at most N queries per structure (the first N)")
     p.add_argument("--ties", choices=TIES, default="average",

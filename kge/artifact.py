@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from kgreason.constants import INVERSE_SUFFIX  # re-exported: kge.artifact.INVERSE_SUFFIX is public
 from kgreason.errors import UserError, unknown_name
 from kgreason.files import is_plain_name, read_lines, write_output
 
@@ -59,7 +60,6 @@ __all__ = ["Artifact", "ArtifactVersionError", "read_meta", "read_vocab", "read_
            "rebuild_command", "add_checksum_argument", "SKIP_CHECKSUMS_FLAG", "INVERSE_SUFFIX", "FORMAT_VERSION",
            "LAZY_REQUIRED_FILES"]
 
-INVERSE_SUFFIX = "^-1"
 #: Version of the folder layout written by :meth:`Artifact.save` (1: the layout above).
 FORMAT_VERSION = 1
 REQUIRED_FILES = ("entities.tsv", "relations.tsv", "matrices.npz", "observed.tsv", "missing.tsv", "meta.json")
@@ -89,7 +89,7 @@ def rebuild_command(path: str | os.PathLike, meta: Any) -> str:
     if isinstance(config, dict) and isinstance(config.get("kg"), str):
         args[1] = config["kg"]
         try:
-            from .build import flat_defaults
+            from .build_config import flat_defaults
 
             defaults = flat_defaults()
         except Exception:  # noqa: BLE001 - a broken build module must not hide the load error being reported

@@ -41,17 +41,22 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from kgreason.cli import check_device
 from kgreason.errors import UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .train import TrainConfig
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "resolve_precision", "tail_scores", "batch_loss", "train_1n", "filtered_tail_ranks", "to_pykeen_model",
            "n3_penalty", "matmul_rate", "choose_rank", "probe_step_seconds", "CANDIDATE_RANKS", "flops_per_epoch",
-           "sampled_batch_loss", "use_sampling", "budget_deadline", "VALID_CHUNK", "PROBE_SHARE"]
+           "sampled_batch_loss", "use_sampling", "budget_deadline", "VALID_CHUNK", "PROBE_SHARE", "TrainResult",
+           "resolve_device"]
 
 #: bf16: GEMMs in bfloat16 (float32 accumulation); fp32: everything float32; auto: bf16 where the hardware has it.
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -59,6 +64,30 @@ PRECISIONS = ("auto", "bf16", "fp32")
 OPTIMIZERS = ("adagrad", "adam")
 #: Ranks :func:`choose_rank` picks from (complex dimensions).
 CANDIDATE_RANKS = (32, 64, 128, 192, 256, 384, 512, 768, 1000)
+
+
+# The result of both training loops (kge.train's pykeen loop and train_1n here) and the device rule they share:
+# defined here, below kge.train (which re-exports them), so that the 1-N loop needs nothing from kge.train.
+@dataclass
+class TrainResult:
+    """Trained embeddings (complex64, ``entity`` (N, d), ``relation`` (R, d)) and run statistics."""
+
+    entity: np.ndarray
+    relation: np.ndarray
+    config: TrainConfig
+    losses: list[float]
+    metrics: dict[str, Any]
+    seconds: float
+    device: str
+    model: Any = field(default=None, repr=False)
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return check_device(device, "--device", allow_auto=True)  # cpu, cuda, cuda:N (usable), else UserError
 
 
 def _cpu_has_bf16() -> bool:
@@ -418,8 +447,6 @@ def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str,
     """
     import torch
     from kgreason.progress import progress_bar
-
-    from .train import TrainResult, resolve_device
 
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .artifact import INVERSE_SUFFIX
+from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError
 from kgreason.files import read_lines
 from .safe_pickle import safe_load

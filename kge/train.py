@@ -36,15 +36,16 @@ import re
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from kgreason.cli import check_device, check_seed
+from kgreason.cli import check_seed
 from kgreason.errors import UserError, unknown_name
 from kgreason.progress import is_terminal
 from .complex_n3 import OPTIMIZERS as ONE_N_OPTIMIZERS, PRECISIONS as ONE_N_PRECISIONS  # numpy-only at import time
+from .complex_n3 import TrainResult, resolve_device  # defined below kge.train: the 1-N loop returns one too
 from .graph import KnowledgeGraph
 
 __all__ = ["TrainConfig", "TrainResult", "train_complex", "default_train_config", "complex_scores", "check_loss",
@@ -264,28 +265,6 @@ def default_train_config(kg: KnowledgeGraph, *, name: Callable[[str], str] = str
 
 #: TrainConfig's defaults by field (the ``small`` preset).
 _DEFAULTS: dict[str, Any] = asdict(TrainConfig())
-
-
-@dataclass
-class TrainResult:
-    """Trained embeddings (complex64, ``entity`` (N, d), ``relation`` (R, d)) and run statistics."""
-
-    entity: np.ndarray
-    relation: np.ndarray
-    config: TrainConfig
-    losses: list[float]
-    metrics: dict[str, Any]
-    seconds: float
-    device: str
-    model: Any = field(default=None, repr=False)
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return check_device(device, "--device", allow_auto=True)  # cpu, cuda, cuda:N (usable), else UserError
 
 
 def complex_scores(entity: np.ndarray, relation: np.ndarray, triples: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from kgreason.errors import UserError
 
 from llm_bridge.config import (CONFIDENCE_MODES, MAX_INPUTS, MERGE_RULES, MODES, RELATION_QUESTION_MODES, LGOTSettings,
-                               LLMConfig, add_llm_arguments, config_from_args, from_flags)
+                               LLMConfig, add_llm_arguments, config_from_args, from_flags, refuse_llm_flags)
 
 __all__ = ["LLMOptions", "add_arguments", "options_from_args", "llm_hooks", "compact_notes", "LGOT_FLAGS"]
 
@@ -38,14 +38,6 @@ LGOT_FLAGS = {"mode": "--llm-mode", "theta": "--llm-theta", "alpha": "--llm-alph
               "answer_check": "--llm-answer-check", "check_penalty": "--llm-check-penalty",
               "input_ratio": "--llm-input-ratio"}
 _D = LGOTSettings()
-
-# Flags that mean nothing without --llm (their dest names).
-_LLM_DESTS = ("llm_base_url", "llm_model", "llm_api_key_env", "llm_temperature", "llm_n", "llm_max_tokens",
-              "llm_timeout", "llm_deadline", "llm_max_response_bytes", "llm_json", "llm_max_retries",
-              "llm_concurrency", "llm_budget_calls", "llm_budget_tokens",
-              "llm_logprobs", "llm_cache", "llm_mode", "llm_theta", "llm_alpha", "llm_merge", "llm_inputs",
-              "llm_confidence", "llm_relation_questions", "llm_names_file", "llm_link_threshold",
-              "llm_answer_check", "llm_check_penalty", "llm_input_ratio")
 
 
 @dataclass(frozen=True)
@@ -98,13 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(ns: argparse.Namespace, *, top_k: int = 10) -> LLMOptions | None:
-    """The :class:`LLMOptions` of parsed flags, or ``None`` without ``--llm`` (then no ``--llm-*`` flag may be given)."""
+    """The :class:`LLMOptions` of parsed flags, or ``None`` without ``--llm`` (then no LLM flag may be given:
+    :func:`~llm_bridge.config.refuse_llm_flags`)."""
     if not getattr(ns, "llm", False):
-        given = [d for d in _LLM_DESTS if getattr(ns, d, None) not in (None, False)]
-        if getattr(ns, "no_llm_cache", False):
-            given.append("no_llm_cache")
-        if given:
-            raise UserError(f"--{given[0].replace('_', '-')} needs --llm")
+        refuse_llm_flags(ns)
         return None
     config = config_from_args(ns)
     values = {k: getattr(ns, flag[2:].replace("-", "_")) for k, flag in LGOT_FLAGS.items()}

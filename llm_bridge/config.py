@@ -33,7 +33,7 @@ import numbers
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from kgreason.errors import UserError
@@ -60,6 +60,7 @@ __all__ = [
     "key_from_env",
     "add_llm_arguments",
     "config_from_args",
+    "refuse_llm_flags",
 ]
 
 #: Model name used when neither ``--llm-model`` nor ``KGREASON_LLM_MODEL`` is given.
@@ -468,6 +469,23 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
     g.add_argument("--no-llm-cache", action="store_true", default=False,
                    help="read and write no LLM cache: neither the response cache nor relation-question files")
     return g
+
+
+def refuse_llm_flags(ns: argparse.Namespace, *, also: Sequence[tuple[str, bool]] = ()) -> None:
+    """Without ``--llm``: one :class:`UserError` line ``--FLAG needs --llm`` for the first LLM flag given.
+
+    The one rule of every CLI with an ``--llm`` switch (``engine.answer``, ``engine.ask``): a flag that only
+    the LLM reads is refused without it, ``--no-llm-cache`` included, rather than silently ignored.  The LLM
+    flags are those whose dest is ``llm_*`` or ``no_llm_*`` (every flag of :func:`add_llm_arguments` and
+    the CLI's own ``--llm-*``), given when the value is not the unset default (None or False), in the
+    parser's order; ``also`` adds ``(flag, given)`` pairs for flags with another dest
+    (``engine.ask``'s ``--no-llm-reasoner``).
+    """
+    given = [f"--{dest.replace('_', '-')}" for dest, value in vars(ns).items()
+             if dest.startswith(("llm_", "no_llm_")) and value not in (None, False)]
+    given += [flag for flag, on in also if on]
+    if given:
+        raise UserError(f"{given[0]} needs --llm")
 
 
 def key_from_env(var: str, env: Mapping[str, str], flag: str) -> str:

@@ -76,6 +76,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kgreason.cli import ArgumentParser, check_seed
+from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError, cli_main
 from kgreason.files import _check_parent, check_not_input, read_lines
 from llm_bridge.linking import DEFAULT_THRESHOLD, EntityLinker, RelationRanges, acronyms, loose_form, normalize
@@ -98,7 +99,6 @@ PLACEHOLDER_NOUNS = {"Movie": ("directed_by^-1", "starred_actors^-1", "has_tags^
                      "Title": ("starred_actors^-1", "in_language^-1"), "Actor": ("starred_actors",),
                      "Actress": ("starred_actors",), "Director": ("directed_by",), "Writer": ("written_by",),
                      "Person": PERSON_RELATIONS}
-INVERSE = "^-1"
 THRESHOLDS = tuple(float(t) for t in range(50, 101, 2))
 
 
@@ -331,17 +331,17 @@ def _with_relations(data: LinkingSet, triples: Sequence[tuple[str, str, str]], r
                     persons: set[str], keys: set[str], *, seed: int, per_kind: int) -> LinkingSet:
     """``data`` with the table's KG, a relation on every string, and the wrong-kind kinds (module doc)."""
     base = list(dict.fromkeys(r for _, r, _ in triples))
-    relations = [x for r in base for x in (r, r + INVERSE)]
+    relations = [x for r in base for x in (r, r + INVERSE_SUFFIX)]
     rid = {r: k for k, r in enumerate(relations)}
     ids = {n: i for i, n in enumerate(data.names)}
     reach: dict[str, set[str]] = {}  # KB name -> the relations reaching it (as a tail; X^-1: as a head)
     rows = []
     for h, r, t in triples:
         reach.setdefault(t, set()).add(r)
-        reach.setdefault(h, set()).add(r + INVERSE)
+        reach.setdefault(h, set()).add(r + INVERSE_SUFFIX)
         th, tt = rename.get(h), rename.get(t)
         if th is not None and tt is not None:  # a held-out name's triples are not in the table's KG
-            rows += [(ids[th], rid[r], ids[tt]), (ids[tt], rid[r + INVERSE], ids[th])]
+            rows += [(ids[th], rid[r], ids[tt]), (ids[tt], rid[r + INVERSE_SUFFIX], ids[th])]
     trip = np.array(sorted(set(rows)), dtype=np.int64).reshape(-1, 3)
     out = LinkingSet(data.names, [], relations, trip)
     ranges = out.ranges()
@@ -441,7 +441,7 @@ def _with_relations(data: LinkingSet, triples: Sequence[tuple[str, str, str]], r
         count += add("partial_name", text, p, pick_rel(table_reach.get(ids[p], ())))
     # joined_words: a two-word name as one word ("Deadpool" is not "The Dead Pool")
     count = 0
-    heads = {k for k, r in enumerate(relations) if r.endswith(INVERSE)}  # X^-1 reaches X's heads: the works
+    heads = {k for k, r in enumerate(relations) if r.endswith(INVERSE_SUFFIX)}  # X^-1 reaches X's heads: the works
     works = sorted({i for _, r, i in trip.tolist() if r in heads})
     for n in shuffled([data.names[i] for i in works]):
         if count >= per_kind:

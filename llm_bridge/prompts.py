@@ -27,6 +27,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import NamedTuple, Sequence
 
+from kgreason.constants import INVERSE_SUFFIX
+
 __all__ = [
     "ENTITY_SLOT",
     "MAX_ANSWERS",
@@ -53,7 +55,6 @@ ENTITY_SLOT = "{entity}"
 #: LGOT asks for at most 10 answers per sub-question.
 MAX_ANSWERS = 10
 
-INVERSE_SUFFIX = "^-1"  # the artifact's inverse-relation naming (kge.artifact.INVERSE_SUFFIX)
 _PLACEHOLDER = re.compile(r"\$(?:(\w+)|\{(\w+)\})")
 # Ways an LLM writes the slot when asked for "{entity}" (normalised to ENTITY_SLOT).
 _SLOT_VARIANTS = re.compile(r"[\[{<(]\s*(?:entity|entity1|entity_1|entity 1|e1|x|subject|head)\s*[\]}>)]", re.IGNORECASE)

@@ -77,6 +77,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from kgreason.cli import ArgumentParser as _Parser, check_seed  # _Parser: one-line UserError, user text escaped
+from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError, cli_main
 
 from . import prompts
@@ -87,7 +88,6 @@ __all__ = ["SimulatorConfig", "SimulatedLLM", "SimulatorServer", "KnowledgeBase"
 MODEL_NAME = "kgreason-simulator"
 _TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
 _WORDS = re.compile(r"\S+")
-INVERSE_SUFFIX = prompts.INVERSE_SUFFIX
 
 
 #: Accepted range of each float setting: (low, high, high excluded).  ``noise`` scales standard

@@ -45,6 +45,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from kgreason.cli import ArgumentParser as _Parser, check_seed
+from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError, cli_main
 
 from .karpa_loop import parse_plan_prompt, parse_reason_prompt
@@ -53,7 +54,6 @@ from .simulate import Choice, KnowledgeBase, SimulatedLLM, SimulatorConfig, Simu
 __all__ = ["AskSimConfig", "AskSimulatedLLM", "load_gold", "paraphrase", "start_ask_server", "main"]
 
 _TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
-INVERSE_SUFFIX = "^-1"
 #: Words a paraphrase may swap (MetaQA's and generic relation vocabulary).
 SYNONYMS = {
     "directed": ("director of", "direction by"), "starred": ("starring", "acted in by"),

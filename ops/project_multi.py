@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from kgreason.constants import QTO_NEG_SCALE
+
 from . import reference
 from .prepared import StackedMatrices, deprecated, prepare_stacked
 from .projection import SWEEP, project_multi, project_strategies
@@ -26,7 +28,7 @@ def project_multi_strategies(X: torch.Tensor, rel, M) -> torch.Tensor:
 
 
 def reference_project_multi(x: torch.Tensor, rel: torch.Tensor, M: StackedMatrices, *, negated: bool = False,
-                            neg_scale: float = 3.0, return_argmax: bool = False):
+                            neg_scale: float = QTO_NEG_SCALE, return_argmax: bool = False):
     """Deprecated: ``ops.reference.project_stacked``."""
     deprecated("ops.project_multi.reference_project_multi", "ops.reference.project_stacked")
     return reference.project_stacked(x, rel, M, negated=negated, neg_scale=neg_scale, return_argmax=return_argmax)

@@ -29,6 +29,7 @@ import math
 
 import torch
 
+from kgreason.constants import QTO_NEG_SCALE
 from kgreason.errors import UserError
 
 from . import reference
@@ -95,7 +96,7 @@ def project(
     rel=None,
     *,
     negate: bool = False,
-    neg_scale: float = 3.0,
+    neg_scale: float = QTO_NEG_SCALE,
     return_argmax: bool = False,
     strategy: str = "auto",
     out: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -204,7 +205,7 @@ def choose_strategy(X: torch.Tensor, M, rel=None) -> str:
 
 
 # ------------------------------------------------------------------------ deprecated aliases (one release)
-def project_negated(X, M, *, neg_scale: float = 3.0, return_argmax: bool = False, strategy: str = "auto",
+def project_negated(X, M, *, neg_scale: float = QTO_NEG_SCALE, return_argmax: bool = False, strategy: str = "auto",
                     backend: str | None = None, validate: bool = True):
     """Deprecated: ``ops.project(X, M, negate=True, ...)``."""
     deprecated("ops.project_negated", "ops.project(X, M, negate=True)")
@@ -212,7 +213,7 @@ def project_negated(X, M, *, neg_scale: float = 3.0, return_argmax: bool = False
                    backend=backend, validate=validate)
 
 
-def project_multi(X, rel, M, *, negated: bool = False, neg_scale: float = 3.0, return_argmax: bool = False,
+def project_multi(X, rel, M, *, negated: bool = False, neg_scale: float = QTO_NEG_SCALE, return_argmax: bool = False,
                   strategy: str = "auto", backend: str | None = None, validate: bool = True, out=None):
     """Deprecated: ``ops.project(X, M, rel, negate=negated, ...)``."""
     deprecated("ops.project_multi", "ops.project(X, M, rel)")

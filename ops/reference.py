@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from kgreason.constants import QTO_NEG_SCALE
+
 from .prepared import StackedMatrices
 
 __all__ = ["project_stacked", "project", "project_negated", "negation_factor"]
@@ -133,7 +135,7 @@ def _row_chunks(counts: list[int], budget: int = _STACK_CHUNK_ELEMS):
 
 
 def project_stacked(x: torch.Tensor, rel: torch.Tensor, M: StackedMatrices, *, negated: bool = False,
-                    neg_scale: float = 3.0, return_argmax: bool = False):
+                    neg_scale: float = QTO_NEG_SCALE, return_argmax: bool = False):
     """Pure-torch :func:`ops.project` (any device; inputs assumed valid): row b through ``M_{rel[b]}``.
 
     For a chunk of rows, gathers every entry of each row's relation from the stacked

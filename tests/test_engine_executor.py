@@ -35,6 +35,7 @@ from engine.lang.query import (
 )
 from engine.lang.structures import STRUCTURES
 from kge import Artifact, UserError
+from kgreason.constants import QTO_NEG_SCALE
 
 # The compiled backend joins once its kernels are built (ops.has_kernel).
 BACKENDS = ["reference"] + (["cpp"] if all(ops.has_kernel(o, "cpu") for o in ("project", "project_negated")) else [])
@@ -224,7 +225,7 @@ def test_nested_expressions_match_brute_force(seed, tnorm, backend):
         queries.append(q)
     # Same shapes as well: re-instantiate a few shapes with new anchors/relations.
     queries += [parse(to_sexpr(q)) for q in queries[:5]]
-    ex = Executor(art, tnorm=tnorm, neg_scale=3.0, backend=backend)
+    ex = Executor(art, tnorm=tnorm, neg_scale=QTO_NEG_SCALE, backend=backend)
     brute = BruteForce(dense, tnorm, 3.0)
     expected = np.stack([brute.scores(q) for q in queries])
     got = ex.scores(queries, batch_size=7).numpy()

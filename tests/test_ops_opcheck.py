@@ -14,6 +14,7 @@ from torch.library import opcheck
 
 import ops
 from _ops_helpers import random_batch, random_csr_multigraph, random_matrix
+from kgreason.constants import QTO_NEG_SCALE
 
 pytestmark = pytest.mark.skipif(not ops.extension_available(), reason="compiled extension ops._C not built")
 
@@ -52,9 +53,9 @@ def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
                         if op == "project_out":  # writes into y (and argmax unless empty)
                             y = torch.empty(x.shape, device=device)
                             a = torch.empty(x.shape if strategy != 1 else (0,), dtype=torch.int32, device=device)
-                            out.append((x, rel, *t, n, strategy, negated, 3.0, y, a))
+                            out.append((x, rel, *t, n, strategy, negated, QTO_NEG_SCALE, y, a))
                         else:
-                            out.append((x, rel, *t, n, strategy, negated, 3.0, strategy != 1))
+                            out.append((x, rel, *t, n, strategy, negated, QTO_NEG_SCALE, strategy != 1))
     elif op == "project_multi_sparse":
         from ops.sparse_rows import SparseRows
 

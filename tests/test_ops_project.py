@@ -8,13 +8,12 @@ deprecated aliases; and bad input naming the argument.
 """
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 import ops
 from _ops_helpers import BACKENDS, dense_negation_factor, dense_project, random_batch, random_matrix, require_backend
+from kgreason.constants import QTO_NEG_SCALE
 from kgreason.errors import UserError
 from ops.sparse_rows import SparseRows
 
@@ -31,7 +30,7 @@ def _stack(r: int, n: int, density: float, gen: torch.Generator, *, ptr_dtype=to
     return ops.prepare_matrices(parts, num_entities=n), ds
 
 
-def _brute(x: torch.Tensor, ds: list[torch.Tensor], rel: torch.Tensor, negate: bool, s: float = 3.0):
+def _brute(x: torch.Tensor, ds: list[torch.Tensor], rel: torch.Tensor, negate: bool, s: float = QTO_NEG_SCALE):
     b, n = x.shape
     y = torch.zeros(b, n)
     a = torch.full((b, n), -1, dtype=torch.int32)
@@ -71,7 +70,7 @@ def test_project_matches_brute_force(seed, backend, n, r, b, ptr_dtype, col_dtyp
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n,b", [(37, 16), (45, 3)])
-@pytest.mark.parametrize("neg_scale", [3.0, 1.0, 0.7, 0.0])
+@pytest.mark.parametrize("neg_scale", [QTO_NEG_SCALE, 1.0, 0.7, 0.0])
 def test_negation_factor_at_the_clamp(seed, backend, n, b, neg_scale):
     """The negated pull's factor pass (whole vectors, then a scalar tail: the relation's entry count is not a
     multiple of the vector width) gives the brute force's 1 - min(1, s v) bits, with values on both sides of
@@ -176,9 +175,7 @@ def test_positional_order_of_the_former_single_relation_call():
     gen = torch.Generator().manual_seed(3)
     m, d = random_matrix(12, 0.3, gen)
     x = random_batch(5, 12, "dense", gen)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        p = ops.prepare(m)
+    p = ops.prepare_matrices(m)
     y, a = ops.project(x, p, return_argmax=True, strategy="pull", validate=False)
     want_y, want_a = dense_project(x, d)
     assert torch.equal(y, want_y) and torch.equal(a, want_a)
@@ -214,6 +211,14 @@ def test_deprecated_aliases_warn_and_agree():
     with pytest.deprecated_call():
         sp = project_multi_sparse(SparseRows.from_dense(x), rel, stack)
     assert torch.equal(sp.to_dense(), ops.project(x, stack, rel))
+    with pytest.deprecated_call(), pytest.raises(UserError, match="SparseRows"):
+        project_multi_sparse(x, rel, stack)  # the alias took SparseRows only (ops.project takes both)
+    from ops.project_multi import reference_project_multi
+
+    with pytest.deprecated_call():
+        ref = reference_project_multi(x, rel, stack, negated=True, return_argmax=True)
+    assert all(torch.equal(g, w) for g, w in zip(ref, ops.reference.project_stacked(x, rel, stack, negated=True,
+                                                                                    return_argmax=True)))
 
 
 def test_has_kernel_answers_for_the_former_op_names():

@@ -1,5 +1,5 @@
-"""ops.project_multi (every row through its own relation of a stacked matrix) against brute force,
-the pure-torch reference, and a per-relation loop of ops.project / ops.project_negated."""
+"""ops.project with ``rel`` (every row through its own relation of a stacked matrix; the former
+ops.project_multi) against brute force, the pure-torch reference, and a per-relation loop of ops.project."""
 from __future__ import annotations
 
 import os
@@ -13,20 +13,16 @@ import ops
 from _ops_helpers import (
     BACKENDS, dense_negation_factor, dense_project, lane_grid, random_batch, random_matrix, require_backend,
 )
-from ops.project_multi import SWEEP, StackedMatrices, prepare_stacked, project_multi, project_multi_strategies
+from kgreason.constants import QTO_NEG_SCALE
+from ops import SWEEP, StackedMatrices
 
 # torch warns once per process that sparse CSR tensors are "beta" when a test builds one; only a note
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state:UserWarning"),
-    # this file checks the deprecated multi-relation aliases against ops.project on purpose; that they warn
-    # is tested once, in test_ops_project.py::test_deprecated_aliases_warn_and_agree
-    pytest.mark.filterwarnings(r"ignore:ops\..* is deprecated \(kept for one release\):DeprecationWarning"),
-]
+pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state:UserWarning")
 
 CPP = ops.has_kernel("project_multi", "cpu")
 needs_cpp = pytest.mark.skipif(not CPP, reason="compiled extension ops._C (with project_multi) not built")
 STRATS = ["push", "pull", "auto"]
-NEG_SCALE = 3.0
+NEG_SCALE = QTO_NEG_SCALE
 # (pointer dtype, column dtype): the artifact's stack is int64 / int32
 INDEX_DTYPES = [(torch.int32, torch.int32), (torch.int64, torch.int32), (torch.int64, torch.int64),
                 (torch.int32, torch.int64)]
@@ -54,7 +50,7 @@ def random_stack(r: int, n: int, density: float, gen: torch.Generator, *, ptr_dt
     dense = [dense[p] for p in perm]
     m = torch.cat(dense).to_sparse_csr()
     parts = (m.crow_indices().to(ptr_dtype).clone(), m.col_indices().to(idx_dtype).clone(), m.values().clone())
-    stack = prepare_stacked(parts, num_entities=n)
+    stack = ops.prepare_matrices(parts, num_entities=n)
     return stack, dense
 
 
@@ -104,12 +100,12 @@ def test_matches_brute_force(device, seed, backend, strategy, ptr_dtype, idx_dty
     rel = _rels(b, r, rel_mode, gen)
     y_ref, a_ref = brute_force(x, rel, dense, negated)
     s = stack.to(device)
-    y, a = project_multi(x.to(device), rel.to(device), s, negated=negated, neg_scale=NEG_SCALE, return_argmax=True,
-                         strategy=strategy, backend=backend)
+    y, a = ops.project(x.to(device), s, rel.to(device), negate=negated, neg_scale=NEG_SCALE, return_argmax=True,
+                       strategy=strategy, backend=backend)
     _check_equal(y, y_ref, "Y", seed)
     _check_equal(a, a_ref, "argmax", seed)
-    y2 = project_multi(x.to(device), rel.to(torch.int32).to(device), s, negated=negated, neg_scale=NEG_SCALE,
-                       strategy=strategy, backend=backend)  # int32 ids, no argmax
+    y2 = ops.project(x.to(device), s, rel.to(torch.int32).to(device), negate=negated, neg_scale=NEG_SCALE,
+                     strategy=strategy, backend=backend)  # int32 ids, no argmax
     _check_equal(y2, y_ref, "Y (int32 ids, no argmax)", seed)
 
 
@@ -125,14 +121,14 @@ def test_kernel_equals_reference_larger(seed, negated, rel_mode, b):
         rel = torch.randint(0, 2, (b,), generator=gen)
     else:
         rel = _rels(b, r, rel_mode, gen)
-    y_ref, a_ref = project_multi(x, rel, stack, negated=negated, neg_scale=NEG_SCALE, return_argmax=True,
-                                 backend="reference")
+    y_ref, a_ref = ops.project(x, stack, rel, negate=negated, neg_scale=NEG_SCALE, return_argmax=True,
+                               backend="reference")
     for strategy in STRATS:
-        y, a = project_multi(x, rel, stack, negated=negated, neg_scale=NEG_SCALE, return_argmax=True,
-                             strategy=strategy, backend="cpp")
+        y, a = ops.project(x, stack, rel, negate=negated, neg_scale=NEG_SCALE, return_argmax=True,
+                           strategy=strategy, backend="cpp")
         _check_equal(y, y_ref, f"Y {strategy}", seed)
         _check_equal(a, a_ref, f"argmax {strategy}", seed)
-        y2 = project_multi(x, rel, stack, negated=negated, neg_scale=NEG_SCALE, strategy=strategy, backend="cpp")
+        y2 = ops.project(x, stack, rel, negate=negated, neg_scale=NEG_SCALE, strategy=strategy, backend="cpp")
         _check_equal(y2, y_ref, f"Y (no argmax) {strategy}", seed)
 
 
@@ -144,7 +140,7 @@ def per_relation_loop(x, rel, stack: StackedMatrices, negated: bool, backend: st
         rows = (rel == r).nonzero().squeeze(1)
         m = stack.relation(r)
         if negated:
-            yr, ar = ops.project_negated(x[rows], m, neg_scale=neg_scale, return_argmax=True, backend=backend)
+            yr, ar = ops.project(x[rows], m, negate=True, neg_scale=neg_scale, return_argmax=True, backend=backend)
         else:
             yr, ar = ops.project(x[rows], m, return_argmax=True, backend=backend)
         y[rows], a[rows] = yr, ar
@@ -166,8 +162,8 @@ def test_equals_per_relation_loop(seed, negated, ties):
     y_loop, a_loop = per_relation_loop(x, rel, stack, negated, backend, neg_scale=s)
     for be in _backends("cpu"):
         for strategy in STRATS:
-            y, a = project_multi(x, rel, stack, negated=negated, neg_scale=s, return_argmax=True,
-                                 strategy=strategy, backend=be)
+            y, a = ops.project(x, stack, rel, negate=negated, neg_scale=s, return_argmax=True,
+                               strategy=strategy, backend=be)
             _check_equal(y, y_loop, f"Y {be}/{strategy}", seed)
             _check_equal(a, a_loop, f"argmax {be}/{strategy}", seed)
 
@@ -190,8 +186,8 @@ def test_argmax_ties_deterministic(device, seed, negated):
     for backend in _backends(device):
         for strategy in STRATS:
             for _ in range(2):  # the same answer on repeated calls (no thread-order dependence)
-                y, a = project_multi(x.to(device), rel.to(device), s, negated=negated, neg_scale=neg_scale,
-                                     return_argmax=True, strategy=strategy, backend=backend)
+                y, a = ops.project(x.to(device), s, rel.to(device), negate=negated, neg_scale=neg_scale,
+                                   return_argmax=True, strategy=strategy, backend=backend)
                 _check_equal(y, y_ref, f"Y {backend}/{strategy}", seed)
                 _check_equal(a, a_ref, f"argmax {backend}/{strategy}", seed)
 
@@ -205,11 +201,11 @@ def test_pull_in_waves(monkeypatch, seed, negated):
     stack, _ = random_stack(r, n, 0.05, gen)
     x = random_batch(b, n, "dense", gen)
     rel = torch.randint(0, r, (b,), generator=gen)
-    y_ref, a_ref = project_multi(x, rel, stack, negated=negated, return_argmax=True, backend="reference")
+    y_ref, a_ref = ops.project(x, stack, rel, negate=negated, return_argmax=True, backend="reference")
     monkeypatch.setenv("KGREASON_PROJECT_SPLIT_TILES", "1")  # only tiles split over threads share a wave buffer
     for floats in ("1", str(40 * n)):  # one tile per wave; two 16-row tiles or one 32-row tile per wave
         monkeypatch.setenv("KGREASON_PROJECT_WAVE_FLOATS", floats)
-        y, a = project_multi(x, rel, stack, negated=negated, return_argmax=True, strategy="pull", backend="cpp")
+        y, a = ops.project(x, stack, rel, negate=negated, return_argmax=True, strategy="pull", backend="cpp")
         _check_equal(y, y_ref, f"Y waves={floats}", seed)
         _check_equal(a, a_ref, f"argmax waves={floats}", seed)
 
@@ -228,7 +224,7 @@ def test_threads_agree(seed):
         for t in (1, 2):
             torch.set_num_threads(t)
             for negated in (False, True):
-                out[(t, negated)] = project_multi(x, rel, stack, negated=negated, return_argmax=True, backend="cpp")
+                out[(t, negated)] = ops.project(x, stack, rel, negate=negated, return_argmax=True, backend="cpp")
     finally:
         torch.set_num_threads(old)
     for negated in (False, True):
@@ -245,12 +241,12 @@ def test_auto_picks_push_for_sparse_rows_and_pull_for_dense(seed):
     dense = random_batch(b // 2, n, "dense", gen)
     x = torch.cat([onehot, dense])
     rel = torch.randint(0, r, (b,), generator=gen)
-    codes = project_multi_strategies(x, rel, stack)
+    codes = ops.project_strategies(x, stack, rel)
     assert codes.dtype == torch.int32 and codes.shape == (b,)
     assert codes[: b // 2].eq(ops.STRATEGIES["push"]).all(), codes
     assert codes[b // 2 :].eq(ops.STRATEGIES["pull"]).all(), codes
     zeros = torch.zeros(3, n)  # an all-zero row only costs its zero fill: push
-    assert project_multi_strategies(zeros, [0, 1, 2], stack).eq(ops.STRATEGIES["push"]).all()
+    assert ops.project_strategies(zeros, stack, [0, 1, 2]).eq(ops.STRATEGIES["push"]).all()
 
 
 @needs_cpp
@@ -269,21 +265,21 @@ def test_sweep_rows(seed, negated):
     crow = torch.zeros(r * n + 1, dtype=torch.int64)
     crow[1:] = torch.cumsum(torch.bincount(key // n, minlength=r * n), 0)
     val = torch.rand(key.numel(), generator=gen).clamp_min(1e-3)
-    stack = prepare_stacked((crow, (key % n).to(torch.int32), val), num_entities=n)
+    stack = ops.prepare_matrices((crow, (key % n).to(torch.int32), val), num_entities=n)
     x = torch.cat([random_batch(b - 4, n, "dense", gen), random_batch(4, n, "onehot", gen)])
     rel = torch.randint(0, r, (b,), generator=gen)
-    codes = project_multi_strategies(x, rel, stack)
+    codes = ops.project_strategies(x, stack, rel)
     assert codes[: b - 4].eq(SWEEP).all(), codes
     assert codes[b - 4 :].ne(ops.STRATEGIES["pull"]).all(), codes  # one-hot: push, or sweep for a 4-entry relation
-    y_ref, a_ref = project_multi(x, rel, stack, negated=negated, neg_scale=0.5, return_argmax=True,
-                                 backend="reference")
+    y_ref, a_ref = ops.project(x, stack, rel, negate=negated, neg_scale=0.5, return_argmax=True,
+                               backend="reference")
     y_loop, a_loop = per_relation_loop(x, rel, stack, negated, "cpp", neg_scale=0.5)
     _check_equal(y_loop, y_ref, "Y loop vs reference", seed)
     _check_equal(a_loop, a_ref, "argmax loop vs reference", seed)
-    y, a = project_multi(x, rel, stack, negated=negated, neg_scale=0.5, return_argmax=True, backend="cpp")
+    y, a = ops.project(x, stack, rel, negate=negated, neg_scale=0.5, return_argmax=True, backend="cpp")
     _check_equal(y, y_ref, "Y", seed)
     _check_equal(a, a_ref, "argmax", seed)
-    y2 = project_multi(x, rel, stack, negated=negated, neg_scale=0.5, backend="cpp")
+    y2 = ops.project(x, stack, rel, negate=negated, neg_scale=0.5, backend="cpp")
     _check_equal(y2, y_ref, "Y (no argmax)", seed)
 
 
@@ -292,20 +288,20 @@ def test_empty_relation_and_zero_rows(device):
     n = 5
     m = torch.zeros(2 * n, n)
     m[n + 1, 3] = 0.5  # relation 1: one entry 1 -> 3
-    stack = prepare_stacked(m.to_sparse_csr(), device=device)
+    stack = ops.prepare_matrices(m.to_sparse_csr(), device=device)
     x = torch.tensor([[0.2, 0.9, 0.0, 0.9, 0.1], [0.0] * 5, [0.0, 1.0, 0.0, 0.0, 0.0]], device=device)
     rel = torch.tensor([0, 0, 1], device=device)
     for backend in _backends(device):
         for strategy in STRATS:
-            y, a = project_multi(x, rel, stack, return_argmax=True, strategy=strategy, backend=backend)
+            y, a = ops.project(x, stack, rel, return_argmax=True, strategy=strategy, backend=backend)
             want_y = torch.zeros(3, n)
             want_y[2, 3] = 0.5
             want_a = torch.full((3, n), -1, dtype=torch.int32)
             want_a[2, 3] = 1
             _check_equal(y, want_y, f"Y {backend}/{strategy}", 0)
             _check_equal(a, want_a, f"argmax {backend}/{strategy}", 0)
-            y, a = project_multi(x, rel, stack, negated=True, neg_scale=1.0, return_argmax=True, strategy=strategy,
-                                 backend=backend)
+            y, a = ops.project(x, stack, rel, negate=True, neg_scale=1.0, return_argmax=True, strategy=strategy,
+                               backend=backend)
             want_y = torch.tensor([[0.9] * 5, [0.0] * 5, [1.0, 1.0, 1.0, 0.5, 1.0]])
             want_a = torch.tensor([[1] * 5, [-1] * 5, [1] * 5], dtype=torch.int32)
             _check_equal(y, want_y, f"negated Y {backend}/{strategy}", 0)
@@ -321,15 +317,15 @@ def test_stack_from_scipy_shares_memory_and_relation_views(seed):
     m = sp.csr_matrix(torch.cat(dense).numpy())
     m.indptr = m.indptr.astype(np.int64)
     m.indices = m.indices.astype(np.int32)
-    stack = prepare_stacked(m)
+    stack = ops.prepare_matrices(m)
     assert stack.num_relations == r and stack.n == n
     assert stack.crow.dtype == torch.int64 and stack.col.dtype == torch.int32
     assert stack.val.data_ptr() == m.data.ctypes.data  # no copy of the entries
     assert stack.nnz_per_relation().tolist() == [int((d > 0).sum()) for d in dense]
     for k in range(r):
         assert torch.equal(stack.relation(k).to_sparse_csr().to_dense(), dense[k])
-        # the transpose's slice is M_r's CSC: ops.prepare computes the same
-        p = ops.prepare(stack.relation(k).to_sparse_csr())
+        # the transpose's slice is M_r's CSC: preparing the one matrix computes the same
+        p = ops.prepare_matrices(stack.relation(k).to_sparse_csr())
         rel_k = stack.relation(k)
         assert torch.equal(rel_k.ccol, p.ccol) and torch.equal(rel_k.row, p.row) and torch.equal(rel_k.tval, p.tval)
 
@@ -339,7 +335,7 @@ def _small():
     m = torch.zeros(6, 3)
     m[0, 1] = 0.5
     m[4, 2] = 1.0
-    return prepare_stacked(m.to_sparse_csr()), torch.rand(2, 3)
+    return ops.prepare_matrices(m.to_sparse_csr()), torch.rand(2, 3)
 
 
 @pytest.mark.parametrize(
@@ -370,7 +366,7 @@ def test_validation_errors(kwargs, match):
     args = dict(X=x, rel=torch.tensor([0, 1]), M=stack)
     args.update({k: kwargs.pop(k) for k in list(kwargs) if k in args})
     with pytest.raises(ValueError, match=match):
-        project_multi(args["X"], args["rel"], args["M"], **kwargs)
+        ops.project(args["X"], args["M"], args["rel"], **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -402,14 +398,15 @@ def test_validation_errors(kwargs, match):
 )
 def test_prepare_stacked_errors(parts, n, match):
     with pytest.raises(ValueError, match=match):
-        prepare_stacked(parts, num_entities=n)
+        ops.prepare_matrices(parts, num_entities=n, name="matrices")  # messages name the argument as given
 
 
 def test_prepare_stacked_shape_mismatch():
     with pytest.raises(ValueError, match=r"num_entities: 4 differs from matrices's 3 columns"):
-        prepare_stacked(torch.zeros(6, 3).to_sparse_csr(), num_entities=4)
-    with pytest.raises(ValueError, match=r"matrices: crow has 6 entries, expected R\*N\+1 for N = 3"):
-        prepare_stacked(torch.zeros(5, 3).to_sparse_csr())
+        ops.prepare_matrices(torch.zeros(6, 3).to_sparse_csr(), num_entities=4, name="matrices")
+    # (prepare_stacked said "crow has 6 entries"; prepare_matrices names the shape; a triple's crow count: above)
+    with pytest.raises(ValueError, match=r"matrices: expected a square N x N matrix, got shape \(5, 3\) \(or a stack"):
+        ops.prepare_matrices(torch.zeros(5, 3).to_sparse_csr(), name="matrices")
     stack, _ = _small()
     with pytest.raises(ValueError, match=r"relation: id 2 is out of range \[0, 2\)"):
         stack.relation(2)
@@ -459,7 +456,7 @@ def test_module_docstring_example():
     import doctest
     import warnings
 
-    pm = sys.modules["ops.projection"]  # ops.project's module (ops.project_multi is a deprecated alias now)
+    pm = sys.modules["ops.projection"]  # ops.project's module
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch's "sparse CSR is beta" note

@@ -14,9 +14,6 @@ import torch
 import ops
 from _ops_helpers import dense_project, lane_grid, random_batch, random_matrix, require_backend
 
-# Some cases build their inputs with the deprecated ops.prepare aliases on purpose; that they warn is tested
-# once, in test_ops_project.py::test_deprecated_aliases_warn_and_agree.
-pytestmark = pytest.mark.filterwarnings(r"ignore:ops\..* is deprecated \(kept for one release\):DeprecationWarning")
 
 CPP = ops.extension_available()
 needs_cpp = pytest.mark.skipif(not CPP, reason="compiled extension ops._C not built")
@@ -54,7 +51,7 @@ def test_pull_matches_brute_force(seed, index_dtype, b, n, kind):
     m, d = random_matrix(n, 0.3, gen, index_dtype=index_dtype, empty_rows=n // 4, empty_cols=n // 4)
     x = random_batch(b, n, kind, gen)
     y_ref, a_ref = dense_project(x, d)
-    prep = ops.prepare(m)
+    prep = ops.prepare_matrices(m)
     y, a = ops.project(x, prep, return_argmax=True, strategy="pull", backend="cpp")
     _check_equal(y, y_ref, f"Y b={b} n={n} {kind}", seed)
     _check_equal(a, a_ref, f"argmax b={b} n={n} {kind}", seed)
@@ -78,7 +75,7 @@ def test_pull_argmax_ties(seed, index_dtype, b):
     x = random_batch(b, n, "dense", gen, ties=True)
     x[0] = 1.0  # one row of all-equal inputs (when b > 1 it shares a tile with the others)
     y_ref, a_ref = dense_project(x, d)
-    y, a = ops.project(x, ops.prepare(m), return_argmax=True, strategy="pull", backend="cpp")
+    y, a = ops.project(x, ops.prepare_matrices(m), return_argmax=True, strategy="pull", backend="cpp")
     _check_equal(y, y_ref, f"Y ties b={b}", seed)
     _check_equal(a, a_ref, f"argmax ties b={b}", seed)
 
@@ -102,7 +99,7 @@ def test_pull_long_columns_use_32_wide_tiles(seed, index_dtype, b, ties):
     assert m.values().numel() >= 128 * 12
     x = random_batch(b, n, "dense", gen, ties=ties)
     y_ref, a_ref = dense_project(x, d)
-    prep = ops.prepare(m)
+    prep = ops.prepare_matrices(m)
     y, a = ops.project(x, prep, return_argmax=True, strategy="pull", backend="cpp")
     _check_equal(y, y_ref, f"Y b={b}", seed)
     _check_equal(a, a_ref, f"argmax b={b}", seed)
@@ -122,7 +119,7 @@ def test_pull_parallel_split_equals_reference(seed, threads, b):
         d[:, torch.randperm(n, generator=gen)[: n // 2]] = 0
         d[:, :40] = 0.5
         m = d.to_sparse_csr()
-    prep = ops.prepare(m)
+    prep = ops.prepare_matrices(m)
     x = random_batch(b, n, "dense", gen)
     x[b // 2] = 0.0  # an all-zero row inside a tile
     y_ref, a_ref = ops.project(x, prep, return_argmax=True, backend="reference")
@@ -160,16 +157,16 @@ def test_negated_and_multi_share_the_chained_gather(seed, b):
     for d in mats:
         d[:, 7] = 0.25
     x = random_batch(b, n, "dense", gen, ties=True)
-    prep = ops.prepare(mats[0].to_sparse_csr())
-    want = ops.project_negated(x, prep, return_argmax=True, backend="reference")
-    got = ops.project_negated(x, prep, return_argmax=True, backend="cpp")
+    prep = ops.prepare_matrices(mats[0].to_sparse_csr())
+    want = ops.project(x, prep, negate=True, return_argmax=True, backend="reference")
+    got = ops.project(x, prep, negate=True, return_argmax=True, backend="cpp")
     _check_equal(got[0], want[0], "negated Y", seed)
     _check_equal(got[1], want[1], "negated argmax", seed)
-    stack = ops.prepare_stacked(torch.cat(mats).to_sparse_csr())
+    stack = ops.prepare_matrices(torch.cat(mats).to_sparse_csr())
     rel = torch.randint(0, r, (b,), generator=gen)
     for negated in (False, True):
-        want = ops.project_multi(x, rel, stack, negated=negated, return_argmax=True, backend="reference")
-        got = ops.project_multi(x, rel, stack, negated=negated, return_argmax=True, strategy="pull", backend="cpp")
+        want = ops.project(x, stack, rel, negate=negated, return_argmax=True, backend="reference")
+        got = ops.project(x, stack, rel, negate=negated, return_argmax=True, strategy="pull", backend="cpp")
         _check_equal(got[0], want[0], f"multi Y negated={negated}", seed)
         _check_equal(got[1], want[1], f"multi argmax negated={negated}", seed)
 
@@ -188,7 +185,7 @@ def test_project_out_reused(seed, backend, strategy, kind):
     gen = torch.Generator().manual_seed(seed)
     n, b = 90, 37
     m, _ = random_matrix(n, 0.1, gen, empty_rows=9, empty_cols=9)
-    prep = ops.prepare(m)
+    prep = ops.prepare_matrices(m)
     y_out, a_out = _garbage((b, n), torch.float32), _garbage((b, n), torch.int32)
     for _ in range(3):
         x = random_batch(b, n, kind, gen)
@@ -212,21 +209,21 @@ def test_project_multi_out_reused(seed, backend, negated, strategy):
     gen = torch.Generator().manual_seed(seed)
     n, r, b = 40, 4, 29
     mats = [random_matrix(n, 0.15, gen)[1] for _ in range(r)]
-    stack = ops.prepare_stacked(torch.cat(mats).to_sparse_csr())
+    stack = ops.prepare_matrices(torch.cat(mats).to_sparse_csr())
     y_out, a_out = _garbage((b, n), torch.float32), _garbage((b, n), torch.int32)
     for kind in ("onehot", "dense", "sparse"):
         x = random_batch(b, n, kind, gen)
         rel = torch.randint(0, r, (b,), generator=gen)
-        want_y, want_a = ops.project_multi(x, rel, stack, negated=negated, return_argmax=True, strategy=strategy,
-                                           backend=backend)
-        y, a = ops.project_multi(x, rel, stack, negated=negated, return_argmax=True, strategy=strategy,
-                                 backend=backend, out=(y_out, a_out))
+        want_y, want_a = ops.project(x, stack, rel, negate=negated, return_argmax=True, strategy=strategy,
+                                     backend=backend)
+        y, a = ops.project(x, stack, rel, negate=negated, return_argmax=True, strategy=strategy,
+                           backend=backend, out=(y_out, a_out))
         assert y is y_out and a is a_out
         _check_equal(y_out, want_y, f"multi out Y {kind}", seed)
         _check_equal(a_out, want_a, f"multi out argmax {kind}", seed)
         y_out.fill_(float("nan"))
-        assert ops.project_multi(x, rel, stack, negated=negated, strategy=strategy, backend=backend,
-                                 out=y_out) is y_out
+        assert ops.project(x, stack, rel, negate=negated, strategy=strategy, backend=backend,
+                           out=y_out) is y_out
         _check_equal(y_out, want_y, f"multi out Y values only {kind}", seed)
 
 
@@ -256,14 +253,14 @@ def test_out_errors_name_the_argument(seed, backend):
     gen = torch.Generator().manual_seed(seed)
     n, b, r = 20, 5, 2
     m, d = random_matrix(n, 0.2, gen)
-    stack = ops.prepare_stacked(torch.cat([d, d]).to_sparse_csr())
+    stack = ops.prepare_matrices(torch.cat([d, d]).to_sparse_csr())
     x = torch.rand(b, n, generator=gen)
     rel = torch.randint(0, r, (b,), generator=gen)
     for out, want_arg, name, words in _bad_outs(b, n, x):
         with pytest.raises(ValueError, match=".*".join([name.replace("[", r"\[").replace("]", r"\]"), words])):
             ops.project(x, m, return_argmax=want_arg, backend=backend, out=out)
         with pytest.raises(ValueError, match=".*".join([name.replace("[", r"\[").replace("]", r"\]"), words])):
-            ops.project_multi(x, rel, stack, return_argmax=want_arg, backend=backend, out=out)
+            ops.project(x, stack, rel, return_argmax=want_arg, backend=backend, out=out)
 
 
 @needs_cpp
@@ -271,7 +268,7 @@ def test_out_kernels_check_their_outputs():
     """The out ops themselves reject wrong outputs (callers that skip the Python wrapper)."""
     gen = torch.Generator().manual_seed(0)
     n, b = 20, 4
-    p = ops.prepare(random_matrix(n, 0.2, gen)[0])
+    p = ops.prepare_matrices(random_matrix(n, 0.2, gen)[0])
     x = torch.rand(b, n, generator=gen)
     empty = torch.empty(0, dtype=torch.int32)
     args = (x, torch.zeros(b, dtype=torch.int64), p.crow, p.col, p.val, p.ccol, p.row, p.tval, n, 0, False, 3.0)
@@ -296,7 +293,7 @@ def test_out_spares_the_page_faults():
     m, _ = random_matrix(64, 0.2, gen)  # a small matrix, embedded in an n x n one: push work is tiny
     crow = torch.cat([m.crow_indices().long(), torch.full((n - 64,), int(m.crow_indices()[-1]))])
     big = torch.sparse_csr_tensor(crow, m.col_indices().long(), m.values(), size=(n, n), check_invariants=True)
-    prep = ops.prepare(big)
+    prep = ops.prepare_matrices(big)
     x = torch.zeros(b, n)
     x[torch.arange(b), torch.randint(0, 64, (b,), generator=gen)] = 1.0
     pages = b * n * 4 // resource.getpagesize()
@@ -348,16 +345,16 @@ def test_large_outputs_from_the_cache_equal_and_usable(op):
     """Outputs of >= 32 MiB come from the output cache (csrc/cpu/fuzzy_common.h, empty_output): equal to
     the reference, and the tensor behaves as any other (written, cloned, freed, its block reused)."""
     csr, x, gen = _big_case(1)
-    prep = ops.prepare(csr)
+    prep = ops.prepare_matrices(csr)
     b, n = x.shape
     if op == "project":
         run, want = (lambda: ops.project(x, prep)), ops.project(x, prep, backend="reference")
     elif op == "project_negated":
-        run, want = (lambda: ops.project_negated(x, prep)), ops.project_negated(x, prep, backend="reference")
+        run, want = (lambda: ops.project(x, prep, negate=True)), ops.project(x, prep, negate=True, backend="reference")
     elif op == "project_multi":
-        st = ops.prepare_stacked(csr)
+        st = ops.prepare_matrices(csr)
         rel = torch.zeros(b, dtype=torch.int64)
-        run, want = (lambda: ops.project_multi(x, rel, st)), ops.project(x, prep, backend="reference")
+        run, want = (lambda: ops.project(x, st, rel)), ops.project(x, prep, backend="reference")
     else:
         z = torch.rand(b, n, generator=gen)
         fn = getattr(ops, op)

@@ -8,6 +8,7 @@ import ops
 from _ops_helpers import (
     BACKENDS, dense_negation_factor, dense_project, lane_grid, random_batch, random_matrix, require_backend,
 )
+from kgreason.constants import QTO_NEG_SCALE
 
 CPP = ops.extension_available()
 needs_cpp = pytest.mark.skipif(not CPP, reason="compiled extension ops._C not built")
@@ -32,7 +33,7 @@ def test_project_matches_brute_force(device, seed, backend, strategy, index_dtyp
     m, d = random_matrix(n, density, gen, index_dtype=index_dtype, empty_rows=n // 5, empty_cols=n // 5)
     x = random_batch(b, n, kind, gen)
     y_ref, a_ref = dense_project(x, d)
-    prep = ops.prepare(m.to(device))
+    prep = ops.prepare_matrices(m.to(device))
     y, a = ops.project(x.to(device), prep, return_argmax=True, strategy=strategy, backend=backend)
     _check_equal(y, y_ref, f"Y {backend}/{strategy}", seed)
     _check_equal(a, a_ref, f"argmax {backend}/{strategy}", seed)
@@ -49,7 +50,7 @@ def test_kernels_equal_reference_larger(device, seed, strategy, b, kind):
     n = 1200
     m, _ = random_matrix(n, 0.01, gen, empty_rows=50, empty_cols=50)
     x = random_batch(b, n, kind, gen).to(device)
-    prep = ops.prepare(m.to(device))
+    prep = ops.prepare_matrices(m.to(device))
     y_ref, a_ref = ops.project(x, prep, return_argmax=True, backend="reference")
     y, a = ops.project(x, prep, return_argmax=True, strategy=strategy, backend="cpp")
     _check_equal(y, y_ref, f"Y {strategy}", seed)
@@ -67,7 +68,7 @@ def test_argmax_ties_deterministic(device, seed, backend, strategy, index_dtype)
     m, d = random_matrix(n, 0.2, gen, index_dtype=index_dtype, ties=True)
     x = random_batch(b, n, "dense", gen, ties=True)
     y_ref, a_ref = dense_project(x, d)
-    prep = ops.prepare(m.to(device))
+    prep = ops.prepare_matrices(m.to(device))
     for _ in range(2):  # same answer on repeated calls (no thread-order dependence)
         y, a = ops.project(x.to(device), prep, return_argmax=True, strategy=strategy, backend=backend)
         _check_equal(y, y_ref, f"Y {backend}/{strategy}", seed)
@@ -85,7 +86,7 @@ def test_non_contiguous_and_empty_batch(device, seed, backend, strategy):
     x = big[::2].t()  # (12, n), non-contiguous
     assert not x.is_contiguous()
     y_ref, a_ref = dense_project(x.contiguous(), d)
-    prep = ops.prepare(m.to(device))
+    prep = ops.prepare_matrices(m.to(device))
     y, a = ops.project(x.to(device), prep, return_argmax=True, strategy=strategy, backend=backend)
     _check_equal(y, y_ref, f"Y {backend}/{strategy}", seed)
     _check_equal(a, a_ref, f"argmax {backend}/{strategy}", seed)
@@ -104,7 +105,7 @@ def test_empty_matrix(device, backend):
     x = torch.rand(3, n, device=device)
     y, a = ops.project(x, m, return_argmax=True, backend=backend)
     assert torch.equal(y.cpu(), torch.zeros(3, n)) and torch.equal(a.cpu(), torch.full((3, n), -1, dtype=torch.int32))
-    y, a = ops.project_negated(x, m, return_argmax=True, backend=backend)  # factor 1 everywhere
+    y, a = ops.project(x, m, negate=True, return_argmax=True, backend=backend)  # factor 1 everywhere
     best = x.cpu().max(dim=1)
     assert torch.equal(y.cpu(), best.values[:, None].expand(3, n))
 
@@ -114,7 +115,7 @@ def test_auto_strategy_choice():
     gen = torch.Generator().manual_seed(0)
     n = 2000
     m, _ = random_matrix(n, 0.01, gen)
-    prep = ops.prepare(m)
+    prep = ops.prepare_matrices(m)
     assert ops.choose_strategy(random_batch(64, n, "onehot", gen), prep) == "push"
     assert ops.choose_strategy(random_batch(64, n, "dense", gen), prep) == "pull"
 
@@ -128,14 +129,14 @@ def test_project_negated_matches_dense_formula(device, seed, backend, index_dtyp
     m, d = random_matrix(n, density, gen, index_dtype=index_dtype, empty_rows=n // 6, empty_cols=n // 6)
     x = random_batch(b, n, kind, gen)
     y_ref, a_ref = dense_project(x, dense_negation_factor(d, neg_scale))
-    prep = ops.prepare(m.to(device))
-    y, a = ops.project_negated(x.to(device), prep, neg_scale=neg_scale, return_argmax=True, backend=backend)
+    prep = ops.prepare_matrices(m.to(device))
+    y, a = ops.project(x.to(device), prep, negate=True, neg_scale=neg_scale, return_argmax=True, backend=backend)
     _check_equal(y, y_ref, f"negated Y {backend}", seed)
     _check_equal(a, a_ref, f"negated argmax {backend}", seed)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("neg_scale", [3.0, 1.0])
+@pytest.mark.parametrize("neg_scale", [QTO_NEG_SCALE, 1.0])
 def test_project_negated_ties_and_full_support(device, seed, backend, neg_scale):
     """Ties, a column whose support is every row, and columns holding the 40 largest X entries
     (more than the kernels' 32-entry top list, forcing their full-row fallback)."""
@@ -144,7 +145,7 @@ def test_project_negated_ties_and_full_support(device, seed, backend, neg_scale)
     n, b = 100, 6
     _, d = random_matrix(n, 0.1, gen, ties=True)
     d[:, 3] = 0.25  # full support
-    d[:40, 5] = 1.0  # 40 rows, factor 0 with neg_scale 3
+    d[:40, 5] = 1.0  # 40 rows, factor 0 with neg_scale >= 1
     d[:40, 6] = 0.1
     x = random_batch(b, n, "dense", gen, ties=True)
     x[:, :40] = 0.9 + 0.002 * torch.arange(40)  # the 40 largest entries: entities 0..39
@@ -153,8 +154,8 @@ def test_project_negated_ties_and_full_support(device, seed, backend, neg_scale)
     x[4, :40] = 0.5  # every positive entry inside column 5's support
     m = d.to_sparse_csr()
     y_ref, a_ref = dense_project(x, dense_negation_factor(d, neg_scale))
-    prep = ops.prepare(m.to(device))
-    y, a = ops.project_negated(x.to(device), prep, neg_scale=neg_scale, return_argmax=True, backend=backend)
+    prep = ops.prepare_matrices(m.to(device))
+    y, a = ops.project(x.to(device), prep, negate=True, neg_scale=neg_scale, return_argmax=True, backend=backend)
     _check_equal(y, y_ref, f"negated Y {backend} s={neg_scale}", seed)
     _check_equal(a, a_ref, f"negated argmax {backend} s={neg_scale}", seed)
 
@@ -166,10 +167,10 @@ def test_project_negated_kernel_equals_reference_larger(device, seed, b, kind):
     gen = torch.Generator().manual_seed(seed)
     n = 900
     m, _ = random_matrix(n, 0.02, gen, empty_rows=30, empty_cols=30)
-    prep = ops.prepare(m.to(device))
+    prep = ops.prepare_matrices(m.to(device))
     x = random_batch(b, n, kind, gen).to(device)
-    y_ref, a_ref = ops.project_negated(x, prep, return_argmax=True, backend="reference")
-    y, a = ops.project_negated(x, prep, return_argmax=True, backend="cpp")
+    y_ref, a_ref = ops.project(x, prep, negate=True, return_argmax=True, backend="reference")
+    y, a = ops.project(x, prep, negate=True, return_argmax=True, backend="cpp")
     _check_equal(y, y_ref, f"negated Y {kind}", seed)
     _check_equal(a, a_ref, f"negated argmax {kind}", seed)
 
@@ -178,9 +179,9 @@ def test_project_negated_kernel_equals_reference_larger(device, seed, b, kind):
 def test_prepare_transpose(seed, index_dtype):
     gen = torch.Generator().manual_seed(seed)
     m, d = random_matrix(77, 0.1, gen, index_dtype=index_dtype, empty_rows=5, empty_cols=5)
-    p = ops.prepare(m)
+    p = ops.prepare_matrices(m)
     assert p.index_dtype == index_dtype and p.ccol.dtype == index_dtype and p.row.dtype == index_dtype
-    assert ops.prepare(p) is p
+    assert ops.prepare_matrices(p) is p
     dense_t = torch.sparse_csr_tensor(p.ccol, p.row, p.tval, size=(77, 77), check_invariants=True).to_dense()
     assert torch.equal(dense_t, d.t()), f"CSC is not the transpose (seed={seed})"
     cols = p.col_indices_csc()
@@ -189,6 +190,3 @@ def test_prepare_transpose(seed, index_dtype):
     assert torch.equal(p.to_sparse_csr().to_dense(), d)
 
 
-# Some cases call the deprecated ops aliases on purpose (the old API must keep working for one release);
-# that they warn is tested once, in test_ops_project.py::test_deprecated_aliases_warn_and_agree.
-pytestmark = pytest.mark.filterwarnings(r"ignore:ops\..* is deprecated \(kept for one release\):DeprecationWarning")

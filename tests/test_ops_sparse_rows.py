@@ -9,8 +9,8 @@ import torch
 import ops
 from _ops_helpers import BACKENDS, require_backend
 from kgreason.errors import UserError
-from ops.project_multi import StackedMatrices, prepare_stacked
-from ops.sparse_rows import (SparseRows, intersect_sparse, project_multi_sparse, push_sizes,
+from ops import StackedMatrices
+from ops.sparse_rows import (SparseRows, intersect_sparse, push_sizes,
                              reference_project_multi_sparse, reference_sparse_align, sparse_align, union_sparse)
 
 # (pointer dtype, column dtype) of the stack: the artifact's is int64 / int32
@@ -64,7 +64,7 @@ def random_stack(r: int, n: int, gen: torch.Generator, *, ptr_dtype=torch.int64,
         col, val = col[perm][order], val[perm][order]
     crow = torch.zeros(r * n + 1, dtype=torch.int64)
     crow[1:] = torch.cumsum(torch.bincount(stack_row, minlength=r * n), 0)
-    return prepare_stacked((crow.to(ptr_dtype), col.to(idx_dtype), val), num_entities=n)
+    return ops.prepare_matrices((crow.to(ptr_dtype), col.to(idx_dtype), val), num_entities=n)
 
 
 ROW_KINDS = ("empty", "onehot", "one", "one_plus_zeros", "zeros", "few", "many")
@@ -107,11 +107,11 @@ def _rels(b: int, r: int, mode: str, gen: torch.Generator) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------- projection
 def _check_projection(x: SparseRows, rel, stack: StackedMatrices, backend: str, seed: int) -> SparseRows:
-    y = project_multi_sparse(x, rel, stack, backend=backend)
+    y = ops.project(x, stack, rel, backend=backend)
     y.check("Y")  # layout: pointers, strictly ascending columns, values in [0, 1]
     _equal_rows(y, reference_project_multi_sparse(x, torch.as_tensor(rel).long(), stack), f"{backend} vs reference",
                 seed)
-    dense = ops.project_multi(x.to_dense(), rel, stack)
+    dense = ops.project(x.to_dense(), stack, rel)
     _equal(y.to_dense(), dense, f"{backend} densified vs ops.project_multi", seed)
     sizes = y.crow[1:] - y.crow[:-1]
     assert bool((sizes <= push_sizes(x, torch.as_tensor(rel).long(), stack)).all()), f"push_sizes (seed={seed})"
@@ -167,7 +167,7 @@ def test_project_kernel_large_rows(seed):
     stack = random_stack(r, n, gen, avg_degree=3.0)
     x = random_rows(b, n, gen, kinds=("many", "few", "one"))
     rel = torch.randint(0, r, (b,), generator=gen)
-    y = project_multi_sparse(x, rel, stack, backend="cpp")
+    y = ops.project(x, stack, rel, backend="cpp")
     _equal_rows(y, reference_project_multi_sparse(x, rel, stack), "cpp vs reference", seed)
 
 
@@ -179,21 +179,19 @@ def test_project_errors():
     rel = torch.tensor([0, 2])
     for backend in ("reference",) + (("cpp",) if ops.has_kernel("project_multi_sparse", "cpu") else ()):
         with pytest.raises(UserError, match="int64 crow/col"):
-            project_multi_sparse(SparseRows(x.crow, x.col.int(), x.val, n), rel, stack, backend=backend)
+            ops.project(SparseRows(x.crow, x.col.int(), x.val, n), stack, rel, backend=backend)
         with pytest.raises(UserError, match="float32 val"):
-            project_multi_sparse(SparseRows(x.crow, x.col, x.val.double(), n), rel, stack, backend=backend)
+            ops.project(SparseRows(x.crow, x.col, x.val.double(), n), stack, rel, backend=backend)
         with pytest.raises(UserError, match="shape"):  # B mismatch between X and rel
-            project_multi_sparse(x, torch.tensor([0, 1, 2]), stack, backend=backend)
+            ops.project(x, stack, torch.tensor([0, 1, 2]), backend=backend)
         with pytest.raises(UserError, match="out of range"):
-            project_multi_sparse(x, torch.tensor([0, r]), stack, backend=backend)
+            ops.project(x, stack, torch.tensor([0, r]), backend=backend)
         with pytest.raises(UserError, match="N = 10"):
-            project_multi_sparse(SparseRows.one_hot(torch.tensor([1, 2]), n + 1), rel, stack, backend=backend)
-        with pytest.raises(UserError, match="SparseRows"):
-            project_multi_sparse(x.to_dense(), rel, stack, backend=backend)
+            ops.project(SparseRows.one_hot(torch.tensor([1, 2]), n + 1), stack, rel, backend=backend)
         with pytest.raises(UserError, match="StackedMatrices"):
-            project_multi_sparse(x, rel, "M", backend=backend)
+            ops.project(x, "M", rel, backend=backend)
         with pytest.raises(UserError, match=r"\[0, 10\)"):
-            project_multi_sparse(SparseRows(x.crow, torch.tensor([1, 10]), x.val, n), rel, stack, backend=backend)
+            ops.project(SparseRows(x.crow, torch.tensor([1, 10]), x.val, n), stack, rel, backend=backend)
 
 
 @pytest.mark.skipif(not ops.has_kernel("project_multi_sparse", "cpu"), reason="compiled kernel not built")
@@ -204,7 +202,7 @@ def test_project_kernel_checks():
     stack = random_stack(3, n, gen)
     x = SparseRows(torch.tensor([0, 1, 2]), torch.tensor([1, 10]), torch.ones(2), n)
     with pytest.raises(RuntimeError, match=r"entity id 10, outside \[0, 10\)"):
-        project_multi_sparse(x, torch.tensor([0, 1]), stack, backend="cpp", validate=False)
+        ops.project(x, stack, torch.tensor([0, 1]), backend="cpp", validate=False)
     f = torch.ops.kgreason.project_multi_sparse
     m = (stack.crow, stack.col, stack.val)
     ok = SparseRows.one_hot(torch.tensor([1, 2]), n)
@@ -358,6 +356,3 @@ def test_module_docstring_example():
     assert res.failed == 0 and res.attempted > 0
 
 
-# Some cases call the deprecated ops aliases on purpose (the old API must keep working for one release);
-# that they warn is tested once, in test_ops_project.py::test_deprecated_aliases_warn_and_agree.
-pytestmark = pytest.mark.filterwarnings(r"ignore:ops\..* is deprecated \(kept for one release\):DeprecationWarning")

@@ -38,9 +38,9 @@ X = torch.rand(2, 4)
     ],
 )
 def test_bad_x(x, match):
-    for fn in (ops.project, ops.project_negated):
+    for negate in (False, True):
         with pytest.raises(UserError, match=match):
-            fn(x, _csr())
+            ops.project(x, _csr(), negate=negate)
 
 
 @pytest.mark.parametrize(
@@ -62,16 +62,16 @@ def test_bad_matrix(m, match):
     with pytest.raises(ValueError, match=match):
         ops.project(X, m)
     with pytest.raises(ValueError, match=match):
-        ops.prepare(m)
+        ops.prepare_matrices(m)
 
 
 def test_bad_options():
     with pytest.raises(UserError, match=r"strategy: expected one of \('auto', 'push', 'pull'\), got 'sideways'"):
         ops.project(X, _csr(), strategy="sideways")
     with pytest.raises(UserError, match=r"neg_scale: expected a finite number >= 0, got -1.0"):
-        ops.project_negated(X, _csr(), neg_scale=-1)
+        ops.project(X, _csr(), negate=True, neg_scale=-1)
     with pytest.raises(UserError, match=r"neg_scale: expected a number, got 'x'"):
-        ops.project_negated(X, _csr(), neg_scale="x")
+        ops.project(X, _csr(), negate=True, neg_scale="x")
     with pytest.raises(UserError, match=r"tnorm: expected one of \('product', 'godel'\), got 'lukasiewicz'"):
         ops.intersect(X, X, tnorm="lukasiewicz")
     with pytest.raises(UserError, match=r"union argument 1: shape \(3, 4\) differs from argument 0's \(2, 4\)"):
@@ -98,6 +98,3 @@ def test_device_mismatch():
         ops.project(X.cuda(), _csr())
 
 
-# Some cases call the deprecated ops aliases on purpose (the old API must keep working for one release);
-# that they warn is tested once, in test_ops_project.py::test_deprecated_aliases_warn_and_agree.
-pytestmark = pytest.mark.filterwarnings(r"ignore:ops\..* is deprecated \(kept for one release\):DeprecationWarning")

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
+from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError
 from kgreason.files import read_lines
 
@@ -71,8 +72,6 @@ TYPE_RELATION = {
     "imdbrating": "has_imdb_rating",
     "imdbvotes": "has_imdb_votes",
 }
-
-INVERSE_SUFFIX = "^-1"
 
 
 def _step_relation(a: str, b: str) -> str | None:

@@ -82,6 +82,7 @@ import numpy as np
 import torch
 
 import ops
+from kgreason.constants import QTO_NEG_SCALE
 from kgreason.errors import UserError
 from ops.fuzzy import TNORMS
 from ops.sparse_rows import SparseRows, intersect_sparse, push_sizes, union_sparse
@@ -323,7 +324,7 @@ class Executor:
     #: matrix entries (an upper bound on its non-zeros); see the ``sparse`` argument.
     sparse_dense_ratio: float = 8.0
 
-    def __init__(self, artifact: "Artifact", *, tnorm: str = "product", neg_scale: float = 3.0,
+    def __init__(self, artifact: "Artifact", *, tnorm: str = "product", neg_scale: float = QTO_NEG_SCALE,
                  device: str | torch.device = "cpu", backend: str | None = None,
                  pass_rows: int | None = None, hooks: Sequence[Hook] = (), frontier_k: int | None = None,
                  sparse: bool = False, rows: "RelationRows | None" = None) -> None:
