@@ -513,7 +513,7 @@ class Artifact:
         ``load_embeddings=False``).  Every problem is a one-line :class:`UserError`
         naming the file and the rebuild command (:func:`rebuild_command`).  A lazy artifact always loads its embeddings (they
         are its matrices), whatever ``load_embeddings`` says; ``row_cache_gb``
-        overrides the row-cache budget its build recorded (default 1 GiB), ``row_store_gb``
+        overrides the row-cache budget its build recorded (default 4 GiB), ``row_store_gb``
         the disk budget of its persisted rows (:mod:`kge.rowstore`; default
         :data:`kge.lazy.DEFAULT_ROW_STORE_GB`, 0 = off).
         """

@@ -264,7 +264,14 @@ class LazyRows(RelationRows):
         n = self.num_entities
         uniq, inv = np.unique(rels, return_inverse=True)
         inv = inv.reshape(-1)
-        keys = np.unique(inv[b_np].astype(np.int64) * n + h_np)  # sorted by (local relation, head)
+        flat = inv[b_np].astype(np.int64) * n + h_np
+        if len(uniq) * n <= 64 * len(flat) + (1 << 20):
+            # marks: O(pairs + R'N) without a sort (np.unique's sort of ~100k pairs was a quarter of a warm 2p batch)
+            mark = np.zeros(len(uniq) * n, dtype=bool)
+            mark[flat] = True
+            keys = np.flatnonzero(mark)
+        else:
+            keys = np.unique(flat)  # sorted by (local relation, head)
         bounds = np.searchsorted(keys // n, np.arange(len(uniq) + 1), side="left")
         wanted = [(int(r), keys[bounds[k] : bounds[k + 1]] % n) for k, r in enumerate(uniq.tolist())]
         stacks = self.matrices.stacks(wanted, self.device)

@@ -199,18 +199,20 @@ def _one_row(h: int, width: int, tick: int):
                    np.full(width, 0.5, np.float32), np.array([tick], np.int64))
 
 
-def test_row_cache_is_lru_by_bytes():
+def test_row_cache_evicts_least_recently_used_relations_by_bytes():
     one = RowCache.row_bytes(np.zeros(2, np.int32), np.zeros(2, np.float32))
-    c = RowCache(max_bytes=3 * one)
-    for h in range(3):
-        c.insert(0 if h < 2 else 1, _one_row(h, 2, c.next_tick()))
-    assert len(c) == 3 and c.bytes == 3 * one and c.evictions == 0
-    rows, missing = c.lookup(0, np.array([0], np.int64), c.next_tick())  # head 0 is now the most recent
+    c = RowCache(max_bytes=4 * one)
+    c.insert(0, _one_row(0, 2, c.next_tick()))
+    c.insert(0, _one_row(1, 2, c.next_tick()))
+    c.insert(1, _one_row(2, 2, c.next_tick()))
+    c.insert(2, _one_row(3, 2, c.next_tick()))
+    assert len(c) == 4 and c.bytes == 4 * one and c.evictions == 0
+    rows, missing = c.lookup(0, np.array([0], np.int64), c.next_tick())  # relation 0 is now the most recent
     assert list(rows.heads) == [0] and len(missing) == 0
-    c.insert(1, _one_row(3, 2, c.next_tick()))  # over budget: down to 90% of it, least recent first (1, then 2)
-    assert (0, 0) in c and (1, 3) in c and (0, 1) not in c and (1, 2) not in c
-    assert c.evictions == 2 and c.bytes == 2 * one <= c.max_bytes
-    c.insert(2, _one_row(0, 1000, c.next_tick()))  # bigger than the budget: evicts all, itself too
+    c.insert(3, _one_row(4, 2, c.next_tick()))  # over budget: whole relations, least recent first (1, then 2)
+    assert (0, 0) in c and (0, 1) in c and (3, 4) in c and (1, 2) not in c and (2, 3) not in c
+    assert c.evictions == 2 and c.bytes == 3 * one <= c.max_bytes
+    c.insert(4, _one_row(0, 1000, c.next_tick()))  # bigger than the budget: evicts all, itself too
     assert len(c) == 0 and c.bytes == 0
 
 
