@@ -436,10 +436,10 @@ class LazyMatrices:
         n = self.num_entities
         out = []
         for (r, heads), (rows, how) in zip(wanted, self._row_sets(wanted, warm=True)):
-            main = self.cache.main(int(r)) if how == "computed" else None
+            main = self.cache.main(int(r)) if how != "warm" else None
             if how == "warm":  # the relation's merged set (held here even if an insert evicted it since)
                 out.append(rows.stack(n, device))
-            elif main is not None and main.find(heads)[1].all():  # the new rows were merged into it
+            elif main is not None and main.find(heads)[1].all():  # new or pending rows were merged into it
                 out.append(main.stack(n, device))
             else:
                 out.append(compact_stack(n, [rows.heads], rows.indptr, rows.cols, rows.vals, device))

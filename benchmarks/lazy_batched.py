@@ -1,0 +1,153 @@
+"""Batched query latency on a lazy artifact, per BetaE structure: cold, warm, a fresh process, and eager.
+
+Run (each a separate process; ``--json`` collects one run's numbers, ``--report`` writes the table)::
+
+    python benchmarks/lazy_batched.py --lazy /tmp/fb-lazy --queries /tmp/fbq.jsonl --json /tmp/after.json
+    python benchmarks/lazy_batched.py --lazy /tmp/fb-lazy --queries /tmp/fbq.jsonl --json /tmp/second.json \\
+        --row-store on                # run twice: the second run's cold pass is "a second process"
+    python benchmarks/lazy_batched.py --report benchmarks/results/lazy_batched.md \\
+        --runs before=/tmp/before.json after=/tmp/after.json second=/tmp/second.json
+
+Per structure, the first ``--per-structure`` queries of the JSONL file (``engine.sample``'s) are
+answered in one batch by ``Executor.scores`` over the lazy artifact: *cold* with an empty row cache
+(and, unless ``--row-store on``, no persisted rows: every row computed), then *warm* (the same batch
+again, its rows cached).  With ``--eager DIR`` the same batch runs over an eager artifact too,
+prepared and run once untimed first, and the largest score difference lazy vs eager is recorded
+(pass ``--lazy`` an artifact built at the eager one's threshold for that to be 0).  The script uses
+only the public API that every version since the lazy artifact has (``Artifact.load``,
+``Executor.scores``, ``matrices.cache.clear()``, ``matrices.stats``), so the same file times an older
+checkout (``git archive`` of it with ``ops/_C`` copied in, run with ``PYTHONPATH`` at that copy).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+STRUCTURES = ("1p", "2p", "3p", "2i", "3i", "ip", "pi", "2in", "3in", "inp", "pin", "pni", "2u", "up")
+
+
+def _load(path: str, store: bool):
+    from kge import Artifact
+
+    kw = {}
+    if "row_store_gb" in Artifact.load.__code__.co_varnames:
+        kw["row_store_gb"] = None if store else 0
+    return Artifact.load(path, verify=False, **kw)
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from engine.eval.metrics import load_jsonl_queries
+    from engine.exec.executor import Executor
+
+    lazy = _load(args.lazy, args.row_store == "on")
+    eager = _load(args.eager, False) if args.eager else None
+    batches: dict[str, list] = {}
+    for q in load_jsonl_queries(args.queries, lazy, structures=args.structures):
+        lst = batches.setdefault(q.structure, [])
+        if len(lst) < args.per_structure:
+            lst.append(q.node)
+    ex = Executor(lazy)
+    ex_e = Executor(eager) if eager is not None else None
+    out: dict = {"argv": sys.argv, "cwd": os.getcwd(), "torch_threads": torch.get_num_threads(),
+                 "machine": platform.processor() or platform.machine(), "structures": {}}
+    for s in args.structures:
+        qs = batches.get(s)
+        if not qs:
+            continue
+        lazy.matrices.cache.clear()
+        row: dict = {"queries": len(qs)}
+        before = dict(lazy.matrices.stats.as_dict())
+        t = time.perf_counter()
+        y_cold = ex.scores(qs, batch_size=len(qs))
+        row["cold_ms"] = (time.perf_counter() - t) * 1000 / len(qs)
+        after = lazy.matrices.stats.as_dict()
+        row["rows_computed"] = after["rows_computed"] - before["rows_computed"]
+        row["disk_hits"] = after.get("disk_hits", 0) - before.get("disk_hits", 0)
+        t = time.perf_counter()
+        y_warm = ex.scores(qs, batch_size=len(qs))
+        row["warm_ms"] = (time.perf_counter() - t) * 1000 / len(qs)
+        row["rows_recomputed_warm"] = lazy.matrices.stats.as_dict()["rows_computed"] - after["rows_computed"]
+        row["warm_equals_cold"] = bool(torch.equal(y_cold, y_warm))
+        if ex_e is not None:
+            ex_e.scores(qs, batch_size=len(qs))  # prepares the eager stack, untimed
+            t = time.perf_counter()
+            y_e = ex_e.scores(qs, batch_size=len(qs))
+            row["eager_ms"] = (time.perf_counter() - t) * 1000 / len(qs)
+            row["max_abs_diff"] = float((y_e - y_warm).abs().max())
+        out["structures"][s] = row
+        print(s, json.dumps(row), flush=True)
+    return out
+
+
+def report(path: Path, runs: list[tuple[str, Path]]) -> None:
+    data = {name: json.loads(p.read_text()) for name, p in runs}
+    names = [n for n, _ in runs]
+    lines = ["# Lazy rows, batched: per-structure latency before/after (issue 34)", "",
+             "Commands (one process each):", ""]
+    for n in names:
+        lines.append(f"- `{n}`: `{' '.join(data[n]['argv'])}` (in `{data[n]['cwd']}`, "
+                     f"{data[n]['torch_threads']} torch threads)")
+    lines += ["", "Milliseconds per query, each structure's batch answered by one `Executor.scores` call.", ""]
+    head = ["structure", "queries"]
+    for n in names:
+        head += [f"{n} cold", f"{n} warm"]
+    if any("eager_ms" in r for d in data.values() for r in d["structures"].values()):
+        head += ["eager", "warm / eager (last run)", "max abs diff"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    last = data[names[-1]]["structures"]
+    for s in STRUCTURES:
+        if not all(s in data[n]["structures"] for n in names):
+            continue
+        cells = [s, str(data[names[-1]]["structures"][s]["queries"])]
+        for n in names:
+            r = data[n]["structures"][s]
+            cells += [f"{r['cold_ms']:,.1f}", f"{r['warm_ms']:,.1f}"]
+        if "eager_ms" in last[s]:
+            cells += [f"{last[s]['eager_ms']:,.2f}", f"{last[s]['warm_ms'] / last[s]['eager_ms']:,.1f}x",
+                      f"{last[s]['max_abs_diff']:.1e}"]
+        elif len(head) > len(cells):
+            cells += ["-"] * (len(head) - len(cells))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Rows computed in the cold pass (rows read from the persisted store):", ""]
+    lines += ["| structure | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for s in STRUCTURES:
+        if all(s in data[n]["structures"] for n in names):
+            lines.append(f"| {s} | " + " | ".join(
+                f"{data[n]['structures'][s]['rows_computed']:,} ({data[n]['structures'][s]['disk_hits']:,})"
+                for n in names) + " |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lazy", help="lazy artifact folder")
+    p.add_argument("--eager", help="eager artifact folder (same embeddings; same threshold for a 0 difference)")
+    p.add_argument("--queries", help="sampler JSONL (python -m engine.sample)")
+    p.add_argument("--structures", nargs="+", default=list(STRUCTURES), choices=STRUCTURES)
+    p.add_argument("--per-structure", type=int, default=16)
+    p.add_argument("--row-store", choices=["on", "off"], default="off",
+                   help="read and write persisted rows (off: every cold row computed)")
+    p.add_argument("--json", type=Path, help="write this run's numbers here")
+    p.add_argument("--report", type=Path, help="write the markdown table of --runs here")
+    p.add_argument("--runs", nargs="+", default=[], metavar="NAME=JSON")
+    a = p.parse_args(argv)
+    if a.report:
+        report(a.report, [(r.split("=", 1)[0], Path(r.split("=", 1)[1])) for r in a.runs])
+        return 0
+    if not (a.lazy and a.queries):
+        p.error("--lazy and --queries are needed (or --report with --runs)")
+    out = run(a)
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
