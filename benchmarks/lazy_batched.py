@@ -4,13 +4,13 @@ Run (each a separate process; ``--json`` collects one run's numbers, ``--report`
 
     python benchmarks/lazy_batched.py --lazy /tmp/fb-lazy --queries /tmp/fbq.jsonl --json /tmp/after.json
     python benchmarks/lazy_batched.py --lazy /tmp/fb-lazy --queries /tmp/fbq.jsonl --json /tmp/second.json \\
-        --row-store on                # run twice: the second run's cold pass is "a second process"
+        --row-store-gb 8              # run twice: the second run's cold pass is "a second process"
     python benchmarks/lazy_batched.py --report benchmarks/results/lazy_batched.md \\
         --runs before=/tmp/before.json after=/tmp/after.json second=/tmp/second.json
 
 Per structure, the first ``--per-structure`` queries of the JSONL file (``engine.sample``'s) are
 answered in one batch by ``Executor.scores`` over the lazy artifact: *cold* with an empty row cache
-(and, unless ``--row-store on``, no persisted rows: every row computed), then *warm* (the same batch
+(and, unless ``--row-store-gb`` > 0, no persisted rows: every row computed), then *warm* (the same batch
 again, its rows cached).  With ``--eager DIR`` the same batch runs over an eager artifact too,
 prepared and run once untimed first, and the largest score difference lazy vs eager is recorded
 (pass ``--lazy`` an artifact built at the eager one's threshold for that to be 0).  The script uses
@@ -31,13 +31,13 @@ from pathlib import Path
 STRUCTURES = ("1p", "2p", "3p", "2i", "3i", "ip", "pi", "2in", "3in", "inp", "pin", "pni", "2u", "up")
 
 
-def _load(path: str, store: bool):
+def _load(path: str, row_store_gb: float, row_cache_gb: float | None = None):
     from kge import Artifact
 
     kw = {}
-    if "row_store_gb" in Artifact.load.__code__.co_varnames:
-        kw["row_store_gb"] = None if store else 0
-    return Artifact.load(path, verify=False, **kw)
+    if "row_store_gb" in Artifact.load.__code__.co_varnames:  # versions before the store have none
+        kw["row_store_gb"] = row_store_gb
+    return Artifact.load(path, verify=False, row_cache_gb=row_cache_gb, **kw)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -46,8 +46,8 @@ def run(args: argparse.Namespace) -> dict:
     from engine.eval.metrics import load_jsonl_queries
     from engine.exec.executor import Executor
 
-    lazy = _load(args.lazy, args.row_store == "on")
-    eager = _load(args.eager, False) if args.eager else None
+    lazy = _load(args.lazy, args.row_store_gb, args.row_cache_gb)
+    eager = _load(args.eager, 0) if args.eager else None
     batches: dict[str, list] = {}
     for q in load_jsonl_queries(args.queries, lazy, structures=args.structures):
         lst = batches.setdefault(q.structure, [])
@@ -132,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", help="sampler JSONL (python -m engine.sample)")
     p.add_argument("--structures", nargs="+", default=list(STRUCTURES), choices=STRUCTURES)
     p.add_argument("--per-structure", type=int, default=16)
-    p.add_argument("--row-store", choices=["on", "off"], default="off",
-                   help="read and write persisted rows (off: every cold row computed)")
+    p.add_argument("--row-store-gb", type=float, default=0.0,
+                   help="disk budget of persisted rows read and written (default 0: off, every cold row computed)")
+    p.add_argument("--row-cache-gb", type=float, default=None, help="row cache budget (default: as built)")
     p.add_argument("--json", type=Path, help="write this run's numbers here")
     p.add_argument("--report", type=Path, help="write the markdown table of --runs here")
     p.add_argument("--runs", nargs="+", default=[], metavar="NAME=JSON")
