@@ -115,12 +115,14 @@ class _RowSet:
     dropped when the set changes): a warm projection reads it as it is.
     """
 
-    __slots__ = ("heads", "indptr", "cols", "vals", "ticks", "stacks")
+    __slots__ = ("heads", "indptr", "cols", "vals", "ticks", "stacks", "ptr_bytes")
 
     def __init__(self, heads: np.ndarray, indptr: np.ndarray, cols: np.ndarray, vals: np.ndarray,
                  ticks: np.ndarray) -> None:
         self.heads, self.indptr, self.cols, self.vals, self.ticks = heads, indptr, cols, vals, ticks
         self.stacks: dict[str, Any] = {}
+        #: bytes of the prepared stacks' row pointers (crow and tcrow: 2 x 8 x (N+1) per device)
+        self.ptr_bytes = 0
 
     @classmethod
     def empty(cls) -> "_RowSet":
@@ -132,7 +134,7 @@ class _RowSet:
 
     @property
     def nbytes(self) -> int:
-        return _ENTRY_BYTES * len(self.cols) + _ROW_OVERHEAD * len(self.heads)
+        return _ENTRY_BYTES * len(self.cols) + _ROW_OVERHEAD * len(self.heads) + self.ptr_bytes
 
     def find(self, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(pos, found)`` of sorted unique ``heads``: ``self.heads[pos[found]] == heads[found]``."""
@@ -159,13 +161,17 @@ class _RowSet:
         ptr, cols, vals = take_rows(indptr, np.concatenate([a.cols, b.cols]), np.concatenate([a.vals, b.vals]), order)
         return _RowSet(heads[order], ptr, cols, vals, np.concatenate([a.ticks, b.ticks])[order])
 
-    def stack(self, n: int, device: Any) -> Any:
-        """The set as a one-relation ``ops.StackedMatrices`` (N, N) on ``device`` (rows of other heads empty)."""
+    def stack(self, n: int, device: Any) -> tuple[Any, int]:
+        """The set as a one-relation ``ops.StackedMatrices`` (N, N) on ``device`` (rows of other heads empty),
+        and the bytes preparing it added now (its row pointers; 0 when it was prepared before)."""
         key = str(device)
         hit = self.stacks.get(key)
-        if hit is None:
-            hit = self.stacks[key] = compact_stack(n, [self.heads], self.indptr, self.cols, self.vals, device)
-        return hit
+        if hit is not None:
+            return hit, 0
+        hit = self.stacks[key] = compact_stack(n, [self.heads], self.indptr, self.cols, self.vals, device)
+        added = 2 * 8 * (n + 1)
+        self.ptr_bytes += added
+        return hit, added
 
 
 def compact_stack(n: int, heads: list[np.ndarray], indptr: np.ndarray, cols: np.ndarray, vals: np.ndarray,
@@ -197,7 +203,8 @@ class RowCache:
     Per relation, one merged :class:`_RowSet` (heads ascending; prepared once as the
     stack a projection reads) and one pending set of rows computed since the last merge
     (see :data:`_MERGE_RATIO`).  A row costs ``16 x entries + 32`` bytes (:meth:`row_bytes`:
-    the entries twice, as rows and in the prepared transpose).  Every lookup is vectorised
+    the entries twice, as rows and in the prepared transpose), a prepared set ``16 x (N+1)`` more
+    (its two row-pointer arrays, per device).  Every lookup is vectorised
     over the heads asked (``np.searchsorted``), so a request of thousands of rows costs no
     Python loop per row.  When an insert takes the total past ``max_bytes``, whole relation
     sets go, least recently used first, until at most 90% of the budget is used, which may
@@ -253,7 +260,7 @@ class RowCache:
             missing = missing[~found]
         if hit_pending:
             # pending rows asked again: merge them now, so that the next request is warm
-            self._main[r] = _RowSet.merge(self._main.get(r, _RowSet.empty()), self._pending.pop(r))
+            self._set(r, _RowSet.merge(self._main.get(r, _RowSet.empty()), self._pending[r]), None)
         rows = _RowSet.empty()
         for p in parts:
             rows = _RowSet.merge(rows, p)
@@ -270,15 +277,35 @@ class RowCache:
         if not len(rows):
             return
         pend = _RowSet.merge(self._pending.get(r, _RowSet.empty()), rows)
-        self.bytes += rows.nbytes
         main = self._main.get(r)
         if main is None or len(pend.cols) >= _MERGE_RATIO * len(main.cols):
-            self._main[r] = pend if main is None else _RowSet.merge(main, pend)
-            self._pending.pop(r, None)
+            self._set(r, pend if main is None else _RowSet.merge(main, pend), None)
         else:
-            self._pending[r] = pend
+            self._set(r, main, pend)
         if self.bytes > self.max_bytes:
             self._evict()
+
+    def _set(self, r: int, main: _RowSet | None, pending: _RowSet | None) -> None:
+        """Relation ``r``'s sets become ``main`` and ``pending`` (None: none), the byte count following (a merged
+        set is new: its former sets' prepared stacks go with them)."""
+        for d, new in ((self._main, main), (self._pending, pending)):
+            old = d.pop(r, None)
+            if old is not None:
+                self.bytes -= old.nbytes
+            if new is not None:
+                d[r] = new
+                self.bytes += new.nbytes
+
+    def prepared(self, r: int, rows: _RowSet, n: int, device: Any) -> Any:
+        """``rows.stack(n, device)``; when ``rows`` is relation ``r``'s cached merged set, the row pointers that
+        preparing it allocated count in the budget (2 x 8 x (N+1) bytes per device: 16 MB per relation set at a
+        million entities), evicting if that passes it."""
+        stack, added = rows.stack(n, device)
+        if added and self._main.get(r) is rows:
+            self.bytes += added
+            if self.bytes > self.max_bytes:
+                self._evict()
+        return stack
 
     def _evict(self) -> None:
         # Whole relation sets go, least recently used first: a batch reads a relation's rows together,
@@ -438,9 +465,9 @@ class LazyMatrices:
         for (r, heads), (rows, how) in zip(wanted, self._row_sets(wanted, warm=True)):
             main = self.cache.main(int(r)) if how != "warm" else None
             if how == "warm":  # the relation's merged set (held here even if an insert evicted it since)
-                out.append(rows.stack(n, device))
+                out.append(self.cache.prepared(int(r), rows, n, device))
             elif main is not None and main.find(heads)[1].all():  # new or pending rows were merged into it
-                out.append(main.stack(n, device))
+                out.append(self.cache.prepared(int(r), main, n, device))
             else:
                 out.append(compact_stack(n, [rows.heads], rows.indptr, rows.cols, rows.vals, device))
         return out

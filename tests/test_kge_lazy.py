@@ -482,7 +482,15 @@ def test_stacks_hold_the_eager_rows_over_random_requests(seed, budget_gb):
                 assert st.col[lo:hi].tolist() == eager.indices[eager.indptr[g]:eager.indptr[g + 1]].tolist()
                 assert np.array_equal(st.val[lo:hi].numpy(), eager.data[eager.indptr[g]:eager.indptr[g + 1]])
         assert m.cache.bytes <= m.cache.max_bytes
+        sets = list(m.cache._main.values()) + list(m.cache._pending.values())
+        assert m.cache.bytes == sum(s.nbytes for s in sets)  # the count follows every merge, eviction, stack
     if budget_gb == 1.0:
+        # a prepared set's two row-pointer arrays count (16 MB per relation at a million entities)
+        before = m.cache.bytes
+        m.stacks([(0, np.arange(n))], "cpu")
+        m.stacks([(0, np.arange(n))], "cpu")
+        main = m.cache.main(0)
+        assert main is not None and main.ptr_bytes == 16 * (n + 1) and m.cache.bytes >= before
         heads = np.arange(n)
         m.stacks([(0, heads)], "cpu")  # computes what is missing (the new rows may wait in the pending set)
         computed = m.stats.rows_computed
