@@ -843,7 +843,15 @@ def test_ctrl_c_during_requests_prints_one_line_and_exits_130(llm_artifact, tmp_
             time.sleep(0.05)
         assert srv.requests > 0, proc.communicate(timeout=10)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        # close() waits up to 10 s for the cancelled calls and 10 s for the loop thread before the process
+        # exits; on a loaded 2-core CI machine that plus the interpreter's teardown once passed 30 s (stop 36).
+        # A real hang (the server never answers) still fails here.
+        try:
+            out, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate(timeout=10)
+            raise AssertionError(f"engine.answer did not exit within 90 s of Ctrl-C; stderr: {err[-2000:]}") from None
     assert proc.returncode == 130, err
     lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip() and not line.startswith("llm:")]
     assert lines == ["interrupted"], err
