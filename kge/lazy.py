@@ -11,16 +11,18 @@ stands for the same stacked ``(R*N, N)`` CSR an eager build would have written
   answers agree within 1e-6);
 * all missing rows of a request in one chunked matmul pass
   (``(c, 2d) @ (2d, N)`` per chunk of ``chunk_rows`` rows);
-* kept in a byte-budget LRU cache (:class:`RowCache`, ``--row-cache-gb``).
-  Rows a request needs are copied out before anything is evicted, so a
+* kept per relation in a byte-budget cache (:class:`RowCache`, ``--row-cache-gb``),
+  each relation's rows prepared once as the stack a projection reads, and
+  persisted for later processes (:mod:`kge.rowstore`, ``--row-store-gb``).
+  Rows a request needs are in hand before anything is evicted, so a
   budget smaller than one request's rows only costs recomputation, never
   correctness.
 
 Projections read them through :class:`kge.rows.LazyRows` (``artifact.relation_rows()``):
-per block of a batch, the rows ``(r, h)`` of the active entities ``h`` (nonzero
-inputs), as the compact stack :meth:`LazyMatrices.stacked` builds; rows of
-inactive heads are multiplied by 0 in both plain and negated projection, so
-leaving them out changes no score and no argmax.  Whole relations
+per relation of a batch, the rows ``(r, h)`` of the active entities ``h`` (nonzero
+inputs), as :meth:`LazyMatrices.stacks` hands them out; rows of inactive heads
+are multiplied by 0 in both plain and negated projection, so leaving them out
+changes no score and no argmax.  Whole relations
 (:meth:`LazyMatrices.relation_block`) and the whole stack
 (:meth:`LazyMatrices.materialize`) can be computed explicitly, with a size
 check (they cost ``N`` resp. ``R*N`` rows).
@@ -265,12 +267,6 @@ class RowCache:
         for p in parts:
             rows = _RowSet.merge(rows, p)
         return rows, missing
-
-    def touch(self, r: int, tick: int) -> None:
-        """Every row of relation ``r``'s merged set was used by request ``tick``."""
-        s = self._main.get(r)
-        if s is not None:
-            s.ticks.fill(tick)
 
     def insert(self, r: int, rows: _RowSet) -> None:
         """Add fresh rows of relation ``r`` (heads not cached), then evict if over budget."""
@@ -588,26 +584,6 @@ class LazyMatrices:
         """``M_r[h, :]`` as ``(cols int32, vals float32)`` (through the cache)."""
         _, cols, vals = self.rows([int(r) * self.num_entities + int(h)])
         return cols, vals
-
-    def stacked(self, relations: Sequence[int], heads: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A compact stack ``(len(relations)*N, N)`` holding only the rows ``heads[k]`` of ``relations[k]``.
-
-        Row ``k*N + h`` is ``M_{relations[k]}[h, :]`` for ``h`` in ``heads[k]`` (sorted,
-        unique) and empty otherwise.  Returns ``(crow int64, col int32, val float32)``,
-        what ``ops.prepare_matrices`` takes with ``num_entities=N``: project rows with
-        local relation ids ``k`` whose nonzero inputs all lie in ``heads[k]``.
-        """
-        n = self.num_entities
-        keys = np.concatenate([int(r) * n + np.asarray(h, dtype=np.int64) for r, h in zip(relations, heads)]) \
-            if len(relations) else np.zeros(0, dtype=np.int64)
-        local = np.concatenate([k * n + np.asarray(h, dtype=np.int64) for k, h in enumerate(heads)]) \
-            if len(relations) else np.zeros(0, dtype=np.int64)
-        indptr, cols, vals = self.rows(keys)
-        counts = np.zeros(len(relations) * n, dtype=np.int64)
-        counts[local] = np.diff(indptr)
-        crow = np.zeros(len(relations) * n + 1, dtype=np.int64)
-        np.cumsum(counts, out=crow[1:])
-        return crow, cols, vals  # rows come in `local` order, which is ascending: the stack's own order
 
     # ------------------------------------------------------------------ whole relations
     def estimate_seconds(self, rows: int, gflops: float = 20.0) -> float:
