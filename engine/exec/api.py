@@ -74,13 +74,19 @@ class Engine:
 
     @classmethod
     def load(cls, artifact: "str | os.PathLike | Artifact | None" = None, *, negation: str = "qto",
-             verify: bool = True, **executor_kwargs: Any) -> "Engine":
+             verify: bool = True, process_group: Any = None, **executor_kwargs: Any) -> "Engine":
         """Open an artifact folder (or use an :class:`Artifact`; ``None`` = the default UMLS KG).
 
         ``executor_kwargs`` go to :class:`~engine.exec.executor.Executor` (``tnorm``,
         ``neg_scale``, ``device``, ``backend``, ``hooks``); ``negation`` is how BetaE
         structures given as tuples treat ``'n'`` (``"qto"`` or ``"complement"``).
+        ``process_group`` (a ``torch.distributed`` group): this rank's part of a sharded run
+        (:func:`engine.sharded.load_sharded`; the artifact may be a shard folder from ``kge.shard``).
         """
+        if process_group is not None:
+            from engine.sharded import load_sharded
+
+            return load_sharded(artifact, process_group, negation=negation, verify=verify, **executor_kwargs)
         if artifact is None:
             from engine.exec.defaults import default_artifact
 
