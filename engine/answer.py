@@ -59,6 +59,7 @@ class AnswerConfig:
     row_store_gb: float | None = None
     llm: object = None  # llm_bridge.cli.LLMOptions with --llm, else None (KG only)
     verify: bool = True  # False: --skip-artifact-checksums (finite values and shapes are checked anyway)
+    dist_timeout: float | None = None  # sharded runs (torchrun): seconds a rank waits for the others
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -101,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_checksum_argument(p)
     add_llm_arguments(p)  # --llm and its --llm-* flags (LGOT: the LLM answers every sub-question too)
+    # -- sharded runs: torchrun --nproc-per-node P -m engine.answer ... (engine.sharded, docs/distributed.md)
+    p.add_argument("--dist-timeout", type=float, default=None, metavar="S",
+                   help="under torchrun: seconds a rank waits for the others before it stops with an error "
+                        "(default 120)")
     return p
 
 
@@ -139,8 +144,16 @@ def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
         top_k=ns.top_k, explain=ns.explain, tnorm=ns.tnorm, neg_scale=ns.neg_scale, negation=ns.negation,
         device=ns.device, seed=ns.seed, json=ns.json, trace_values=ns.trace_values,
         frontier_k=ns.frontier_k, row_cache_gb=ns.row_cache_gb, row_store_gb=ns.row_store_gb, llm=options_from_args(ns, top_k=ns.top_k),
-        verify=not ns.skip_artifact_checksums,
+        verify=not ns.skip_artifact_checksums, dist_timeout=_dist_timeout(ns.dist_timeout),
     )
+
+
+def _dist_timeout(value: float | None) -> float | None:
+    if value is None:
+        return None
+    from engine.sharded.comm import check_timeout
+
+    return check_timeout(value)
 
 
 def _token(value: str) -> str | int:
@@ -176,8 +189,12 @@ def run(cfg: AnswerConfig, out=None, *, hooks: Sequence = ()) -> int:
 
         artifact = Artifact.load(artifact, verify=cfg.verify, load_embeddings=False, row_cache_gb=cfg.row_cache_gb,
                                  row_store_gb=cfg.row_store_gb)
+    from engine.sharded import rank_zero_output, torchrun_group
+
+    group = torchrun_group(cfg.device, cfg.dist_timeout)  # None unless torchrun started several ranks
+    out = rank_zero_output(group, out)
     engine = Engine.load(artifact, verify=cfg.verify, negation=cfg.negation, tnorm=cfg.tnorm, neg_scale=cfg.neg_scale,
-                         device=cfg.device, hooks=hooks, frontier_k=cfg.frontier_k)
+                         device=cfg.device, hooks=hooks, frontier_k=cfg.frontier_k, process_group=group)
     art = engine.artifact
     if cfg.query is not None:
         structure = get_structure(cfg.query)

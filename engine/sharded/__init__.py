@@ -56,15 +56,15 @@ class ShardVocabulary(Artifact):
 
 
 def load_sharded(artifact: Any, process_group: Any, *, negation: str = "qto", verify: bool = True,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, **executor_kwargs: Any):
+                 timeout_s: float | None = None, **executor_kwargs: Any):
     """An :class:`~engine.exec.api.Engine` whose executor is this rank's :class:`~engine.sharded.executor.ShardedExecutor`.
 
     ``artifact``: a shard folder (``python -m kge.shard``; this rank reads its own shard file
     only), an eager artifact folder or :class:`~kge.artifact.Artifact` (every rank cuts its shard
     from the whole matrices), or ``None`` (the default KG).  Collective: a problem any rank finds
     while loading (a changed or missing shard, a shard count that is not the world size) is
-    raised on every rank as one :class:`~kgreason.errors.UserError` line.  ``timeout_s`` is the
-    group's collective timeout, named in error messages.
+    raised on every rank as one :class:`~kgreason.errors.UserError` line.  ``timeout_s``: the
+    group's collective timeout, for error messages (default: what :func:`init_from_env` set).
     """
     from kge.shard import is_shard_folder, load_shard, shard_matrices
 
@@ -101,7 +101,7 @@ def load_sharded(artifact: Any, process_group: Any, *, negation: str = "qto", ve
     return Engine(art, ShardedExecutor(art, shard, comm, **executor_kwargs), negation=negation)
 
 
-def torchrun_group(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
+def torchrun_group(device: str = "cpu", timeout_s: float | None = None) -> Any:
     """The process group of a torchrun of several ranks (``WORLD_SIZE`` > 1), else ``None`` (one process).
 
     Collectives wait at most ``timeout_s`` (``--dist-timeout``); the group is destroyed at exit.
@@ -109,7 +109,7 @@ def torchrun_group(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) ->
     if not in_torchrun():
         return None
 
-    group = init_from_env(timeout_s=timeout_s, device=device)
+    group = init_from_env(timeout_s=DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s, device=device)
     atexit.register(_destroy)
     return group
 

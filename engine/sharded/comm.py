@@ -25,6 +25,9 @@ DEFAULT_TIMEOUT_S = 120.0
 
 T = TypeVar("T")
 
+#: The timeout :func:`init_from_env` gave the default group (what error messages name).
+_GROUP_TIMEOUT_S: list[float] = []
+
 
 class DistError(UserError):
     """A collective failed: another rank died, was stopped, or did not answer within the timeout."""
@@ -72,6 +75,7 @@ def init_from_env(*, timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu") 
         rank = os.environ.get("RANK", "?")
         raise DistError(f"rank {rank}: could not join the process group within {timeout_s:g} s "
                         f"(--dist-timeout): {_first_line(exc)}") from None
+    _GROUP_TIMEOUT_S[:] = [timeout_s]
     return dist.group.WORLD
 
 
@@ -85,20 +89,24 @@ class Comm:
     """One rank's view of the group, with byte counters (what each rank received, per kind of exchange)."""
 
     group: Any
-    timeout_s: float = DEFAULT_TIMEOUT_S
+    #: the group's collective timeout, for messages (default: what :func:`init_from_env` set)
+    timeout_s: float | None = None
     received: dict[str, int] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rank = dist.get_rank(self.group)
         self.size = dist.get_world_size(self.group)
+        if self.timeout_s is None and _GROUP_TIMEOUT_S:
+            self.timeout_s = _GROUP_TIMEOUT_S[0]
 
     def _run(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except (RuntimeError, ValueError) as exc:  # gloo: connection closed / timed out (DistError is a RuntimeError)
+            limit = "the group's timeout" if self.timeout_s is None else f"{self.timeout_s:g} s"
             raise DistError(f"rank {self.rank}: {what} failed: another rank died, was stopped or did not answer "
-                            f"within {self.timeout_s:g} s (--dist-timeout): {_first_line(exc)}") from None
+                            f"within {limit} (--dist-timeout): {_first_line(exc)}") from None
 
     def _count(self, kind: str, tensors: list[torch.Tensor]) -> None:
         mine = self.rank
