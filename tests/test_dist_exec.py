@@ -145,16 +145,19 @@ def check_ranks(tmp_path, artifact_arg: str, single, lines: list[str], world: in
     return ranks
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_sharded_answers_scores_explanations_bit_identical(umls_tiny_artifact, tmp_path, world):
-    """All 14 BetaE structures (2 sampled queries each) on UMLS (135 entities: P = 2 does not divide N)."""
+    """All 14 BetaE structures (2 sampled queries each) on UMLS (135 entities: P = 2 does not divide N).
+
+    3 ranks is slow (one more process, ~10 s of CPU); its fast twins: 2 ranks here, and 3 ranks on the
+    7-entity KG (:func:`test_rank_with_an_empty_block`)."""
     from engine.exec.api import Engine
 
     single = Engine.load(umls_tiny_artifact)
     lines = sampled_queries(single, 2)
     ranks = check_ranks(tmp_path, str(umls_tiny_artifact), single, lines, world)
     widths = [r["width"] for r in ranks]
-    assert sum(widths) == single.artifact.num_entities and len(set(widths)) == 2 if world == 2 else True
+    assert sum(widths) == single.artifact.num_entities and max(widths) - min(widths) == 1
     # projections moved data, and both the sparse and the dense exchanges were exercised across the runs
     assert all(r["hops"] for r in ranks)
 
