@@ -157,7 +157,7 @@ def test_sharded_answers_scores_explanations_bit_identical(umls_tiny_artifact, t
     lines = sampled_queries(single, 2)
     ranks = check_ranks(tmp_path, str(umls_tiny_artifact), single, lines, world)
     widths = [r["width"] for r in ranks]
-    assert sum(widths) == single.artifact.num_entities and max(widths) - min(widths) == 1
+    assert sum(widths) == single.artifact.num_entities and max(widths) - min(widths) <= 1
     # projections moved data, and both the sparse and the dense exchanges were exercised across the runs
     assert all(r["hops"] for r in ranks)
 

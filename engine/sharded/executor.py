@@ -75,32 +75,28 @@ class ShardRows:
             return self.shard.weight(r, i, j)
         return self.fetched[(int(r), int(i), int(j))]
 
-    def compact_stack(self, relations: torch.Tensor, active: torch.Tensor, n: int) -> "ops.StackedMatrices":
-        """The stack whose relation ``t`` row ``a`` is this shard's row ``(relations[t], active[a])`` (local columns).
+    def compact_stack(self, keys: torch.Tensor, slots: torch.Tensor, relations: int, n: int) -> "ops.StackedMatrices":
+        """A (relations * n, n) stack whose row ``slots[t]`` is this shard's row ``keys[t]`` (``r*N + i``; local columns).
 
-        ``n`` >= ``len(active)`` and >= the block's width: the stack is (R' * n, n), rows past
-        ``len(active)`` empty.  Cost: a binary search per (relation, active entity) pair plus the
-        entries read; nothing per entity of the KG.
+        Rows not in ``slots`` are empty.  Cost: a binary search per key plus the entries read;
+        nothing per entity of the KG.
         """
         dev = self.device
-        big_n = self.num_entities
-        rp, a = int(relations.numel()), int(active.numel())
-        q = (relations.view(-1, 1) * big_n + active.view(1, -1)).reshape(-1)
-        lens = torch.zeros(rp * n, dtype=torch.int64, device=dev)
-        if self.keys.numel() and q.numel():
-            t = torch.searchsorted(self.keys, q)
+        lens = torch.zeros(relations * n, dtype=torch.int64, device=dev)
+        if self.keys.numel() and keys.numel():
+            t = torch.searchsorted(self.keys, keys)
             tc = t.clamp(max=self.keys.numel() - 1)
-            found = (t < self.keys.numel()) & (self.keys[tc] == q)
+            found = (t < self.keys.numel()) & (self.keys[tc] == keys)
             start = self.ptr[tc]
             cnt = torch.where(found, self.ptr[tc + 1] - start, torch.zeros_like(start))
-            slots = (torch.arange(rp, device=dev).view(-1, 1) * n + torch.arange(a, device=dev).view(1, -1)).reshape(-1)
             lens[slots] = cnt
         else:
             start = cnt = torch.zeros(0, dtype=torch.int64, device=dev)
-        crow = torch.zeros(rp * n + 1, dtype=torch.int64, device=dev)
+        crow = torch.zeros(relations * n + 1, dtype=torch.int64, device=dev)
         torch.cumsum(lens, 0, out=crow[1:])
         total = int(crow[-1])
         if total:
+            # slots ascend with t (pairs sorted by group, then entity), so the entries follow crow's order
             first = torch.cumsum(cnt, 0) - cnt
             pos = torch.repeat_interleave(start - first, cnt, output_size=total) + torch.arange(total, device=dev)
             col, val = self.col[pos], self.val[pos]
@@ -212,26 +208,40 @@ class ShardedExecutor(Executor):
                       strategy: str = "auto", *, keep_sparse: bool = False):
         """Row ``b`` of the block ``x`` (B, N_k) through relation ``rels[b]``: this block of ``(y, argmax)``.
 
-        Gathers the frontier (:meth:`_gather_frontier`), projects it through the compact stack of
-        this shard's entries (:meth:`ShardRows.compact_stack`) with the executor's kernel, and maps
-        the witnesses (compact row indices) back to entity ids.
+        Gathers the frontier (:meth:`_gather_frontier`).  The rows are grouped by relation; group
+        g's active entities (the union of its rows' frontiers, sorted: compact order = id order,
+        which keeps the kernel's smallest-index tie rule) are the rows of stack relation g
+        (:meth:`ShardRows.compact_stack`), so a hop reads each relation's entries of its own
+        rows' frontier only, as one process does.  The executor's kernel projects; the witnesses
+        (compact indices) are mapped back to entity ids.
         """
         b = x.shape[0]
+        dev = self.device
+        big_n = self.num_entities
         g_rows, g_ents, g_vals = self._gather_frontier(x)
-        active = torch.unique(g_ents)  # sorted: compact order = id order (the kernel's tie rule)
-        n_c = max(int(active.numel()), self.width, 1)
-        xc = torch.zeros(b, n_c, dtype=torch.float32, device=self.device)
-        xc[g_rows, torch.searchsorted(active, g_ents)] = g_vals
-        rel_t = torch.tensor(rels, dtype=torch.int64, device=self.device)
+        rel_t = torch.tensor(rels, dtype=torch.int64, device=dev)
         uniq, inv = torch.unique(rel_t, return_inverse=True)
-        stack = cast(ShardRows, self.rows).compact_stack(uniq, active, n_c)
+        n_groups = int(uniq.numel())
+        entry_key = inv[g_rows] * big_n + g_ents
+        pairs = torch.unique(entry_key)  # (group, entity) pairs, by group then entity
+        p_group = torch.div(pairs, big_n, rounding_mode="floor")
+        p_ent = pairs - p_group * big_n
+        g_start = torch.searchsorted(p_group, torch.arange(n_groups + 1, device=dev))
+        per_group = g_start[1:] - g_start[:-1]
+        a = torch.arange(pairs.numel(), device=dev) - g_start[p_group]
+        n_c = max(int(per_group.max()) if n_groups else 0, self.width, 1)
+        xc = torch.zeros(b, n_c, dtype=torch.float32, device=dev)
+        xc[g_rows, a[torch.searchsorted(pairs, entry_key)]] = g_vals
+        stack = cast(ShardRows, self.rows).compact_stack(uniq[p_group] * big_n + p_ent, p_group * n_c + a,
+                                                         n_groups, n_c)
         y, arg = self.ops.project(xc, RowBlock(stack, inv), negated, self.neg_scale, want_arg, strategy, None)
         hop = self.hops[-1]
-        self.hops[-1] = hop._replace(active=int(active.numel()))
+        self.hops[-1] = hop._replace(active=int(pairs.numel()))
         y = y[:, : self.width].contiguous()
         if arg is not None:
-            a = arg[:, : self.width].long()
-            arg = torch.where(a >= 0, active[a.clamp(min=0)] if active.numel() else a, a).to(torch.int32)
+            loc = arg[:, : self.width].long()
+            at = (g_start[inv].view(-1, 1) + loc.clamp(min=0)).clamp(max=max(int(pairs.numel()) - 1, 0))
+            arg = torch.where(loc >= 0, p_ent[at] if pairs.numel() else loc, loc).to(torch.int32)
         return y, arg
 
     def gather_columns(self, y: torch.Tensor) -> torch.Tensor:
