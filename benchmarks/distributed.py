@@ -1,4 +1,4 @@
-"""Sharded execution (engine.sharded) against one process: identity, memory per rank, bytes per hop, throughput.
+"""Sharded execution (engine.exec.sharded) against one process: identity, memory per rank, bytes per hop, throughput.
 
 Commands as run for benchmarks/results/distributed.md::
 
@@ -56,7 +56,7 @@ def run(args) -> None:
 
     torch.set_num_threads(args.threads)
     from engine.exec.api import Engine
-    from engine.sharded import torchrun_group
+    from engine.exec.sharded_load import torchrun_group
 
     group = torchrun_group("cpu", 600.0)
     rank = 0 if group is None else torch.distributed.get_rank()

@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_checksum_argument(p)
     add_llm_arguments(p)  # --llm and its --llm-* flags (LGOT: the LLM answers every sub-question too)
-    # -- sharded runs: torchrun --nproc-per-node P -m engine.answer ... (engine.sharded, docs/distributed.md)
+    # -- sharded runs: torchrun --nproc-per-node P -m engine.answer ... (engine.exec.sharded, docs/distributed.md)
     p.add_argument("--dist-timeout", type=float, default=None, metavar="S",
                    help="under torchrun: seconds a rank waits for the others before it stops with an error "
                         "(default 120)")
@@ -151,7 +151,7 @@ def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
 def _dist_timeout(value: float | None) -> float | None:
     if value is None:
         return None
-    from engine.sharded.comm import check_timeout
+    from engine.exec.sharded_comm import check_timeout
 
     return check_timeout(value)
 
@@ -189,7 +189,7 @@ def run(cfg: AnswerConfig, out=None, *, hooks: Sequence = ()) -> int:
 
         artifact = Artifact.load(artifact, verify=cfg.verify, load_embeddings=False, row_cache_gb=cfg.row_cache_gb,
                                  row_store_gb=cfg.row_store_gb)
-    from engine.sharded import rank_zero_output, torchrun_group
+    from engine.exec.sharded_load import rank_zero_output, torchrun_group
 
     group = torchrun_group(cfg.device, cfg.dist_timeout)  # None unless torchrun started several ranks
     out = rank_zero_output(group, out)

@@ -1,4 +1,4 @@
-"""Sharded execution (engine.sharded): P ranks over gloo on 127.0.0.1, bit-identical to one process.
+"""Sharded execution (engine.exec.sharded): P ranks over gloo on 127.0.0.1, bit-identical to one process.
 
 Each test starts P worker processes of this file (``python tests/test_dist_exec.py worker ...``,
 the environment torchrun would set: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT on a free port),
@@ -71,7 +71,7 @@ def strip(results):
 def worker(argv: list[str]) -> int:
     """``worker ARTIFACT QUERIES OUT``: this rank's answers and scores of the queries (one per line) into OUT."""
     artifact, queries, out = argv
-    from engine.sharded import init_from_env
+    from engine.exec.sharded_load import init_from_env
     from engine.exec.api import Engine
 
     group = init_from_env(timeout_s=60)

@@ -47,7 +47,7 @@ def error_lines(stderr: str) -> list[str]:
 
 def test_shard_files_hold_only_their_block(umls_tiny_artifact, shards):
     from kge.artifact import Artifact
-    from kge.shard import block_bounds, load_shard
+    from kge.sharding import block_bounds, load_shard
 
     art = Artifact.load(umls_tiny_artifact, load_embeddings=False)
     n, r = art.num_entities, art.num_relations
@@ -98,7 +98,7 @@ def test_shard_count_not_the_world_size(shards):
 
 
 def test_incomplete_and_mixed_shard_sets(shards, tmp_path):
-    from kge.shard import shard_file_name
+    from kge.sharding import shard_file_name
 
     incomplete = tmp_path / "incomplete"
     shutil.copytree(shards[2], incomplete)
@@ -108,7 +108,7 @@ def test_incomplete_and_mixed_shard_sets(shards, tmp_path):
         assert rc == 2 and len(lines) == 1 and "incomplete" in lines[0] and shard_file_name(1, 2) in lines[0], err
 
     # shard 1 of another build (the 7-entity KG's, also 2 shards): every rank stops, naming rank 1's problem
-    from kge.shard import write_shards
+    from kge.sharding import write_shards
     from test_dist_exec import tiny_artifact
 
     other = tmp_path / "other"
@@ -131,7 +131,7 @@ def test_incomplete_and_mixed_shard_sets(shards, tmp_path):
 def _fault_rank(mode: str, artifact: str) -> int:
     """Rank 1 of a fault test: joins the group and loads like engine.answer, then dies or hangs."""
     from engine.exec.api import Engine
-    from engine.sharded import torchrun_group
+    from engine.exec.sharded_load import torchrun_group
 
     group = torchrun_group("cpu", 5.0)
     Engine.load(artifact, process_group=group)

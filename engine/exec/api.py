@@ -81,12 +81,13 @@ class Engine:
         ``neg_scale``, ``device``, ``backend``, ``hooks``); ``negation`` is how BetaE
         structures given as tuples treat ``'n'`` (``"qto"`` or ``"complement"``).
         ``process_group`` (a ``torch.distributed`` group): this rank's part of a sharded run
-        (:func:`engine.sharded.load_sharded`; the artifact may be a shard folder from ``kge.shard``).
+        (:func:`engine.exec.sharded_load.load_sharded`; the artifact may be a shard folder from ``kge.shard``).
         """
         if process_group is not None:
-            from engine.sharded import load_sharded
+            from engine.exec.sharded_load import load_sharded
 
-            return load_sharded(artifact, process_group, negation=negation, verify=verify, **executor_kwargs)
+            art, executor = load_sharded(artifact, process_group, verify=verify, **executor_kwargs)
+            return cls(art, executor, negation=negation)
         if artifact is None:
             from engine.exec.defaults import default_artifact
 

@@ -1,8 +1,8 @@
 """The sharded executor: one rank's part of a query batch, bit-identical to the single-process executor.
 
-Layout: the N entities are cut into P contiguous blocks (:func:`kge.shard.block_bounds`); rank
+Layout: the N entities are cut into P contiguous blocks (:func:`kge.sharding.block_bounds`); rank
 k holds the entries of every relation whose *tail* lies in its block ``[lo, hi)``
-(:class:`kge.shard.ColumnShard`, a hypersparse CSR) and every node value of a batch as its
+(:class:`kge.sharding.ColumnShard`, a hypersparse CSR) and every node value of a batch as its
 ``(B, N_k)`` block of columns.
 
 * Anchors: the one-hot's column on the rank owning the anchor.
@@ -36,7 +36,7 @@ import torch
 
 import ops
 from kge.rows import RowBlock
-from kge.shard import ColumnShard, block_bounds
+from kge.sharding import ColumnShard, block_bounds
 from kgreason.errors import UserError
 
 from engine.exec.executor import Executor, QueryResult, _topk_stable, _Witness
@@ -47,13 +47,13 @@ from engine.lang.query import Node, named, to_sexpr
 if TYPE_CHECKING:  # pragma: no cover
     from kge.artifact import Artifact
 
-    from engine.sharded.comm import Comm
+    from engine.exec.sharded_comm import Comm
 
 __all__ = ["ShardedExecutor", "ShardRows"]
 
 
 class ShardRows:
-    """This rank's :class:`~kge.shard.ColumnShard` on a device, as the sharded projection reads it.
+    """This rank's :class:`~kge.sharding.ColumnShard` on a device, as the sharded projection reads it.
 
     :meth:`weight` answers for tails of the block from the shard, and for other tails from
     :attr:`fetched` (what the owners sent for the answers being explained).
@@ -136,8 +136,8 @@ class ShardedExecutor(Executor):
 
     Args:
         artifact: the KG's names (an :class:`~kge.artifact.Artifact`; its matrices are not read).
-        shard: this rank's :class:`~kge.shard.ColumnShard` (rank and shard count = the group's).
-        comm: the group (:class:`engine.sharded.comm.Comm`).
+        shard: this rank's :class:`~kge.sharding.ColumnShard` (rank and shard count = the group's).
+        comm: the group (:class:`engine.exec.sharded_comm.Comm`).
         executor_kwargs: as :class:`Executor` (``tnorm``, ``neg_scale``, ``device``, ``backend``,
             ``pass_rows``); ``hooks``, ``frontier_k``, ``sparse`` and ``rows`` are refused.
 

@@ -1,17 +1,17 @@
-"""Sharded execution on torch.distributed: one KG's relation matrices split by tail entity across P ranks.
+"""Loading a sharded run on torch.distributed: one KG's relation matrices split by tail entity across P ranks.
 
 From Python (every rank runs the same code; see docs/distributed.md)::
 
     import torch.distributed as dist
     from engine import Engine
-    dist.init_process_group("gloo")                      # or engine.sharded.init_from_env()
+    dist.init_process_group("gloo")                      # or engine.exec.sharded_load.init_from_env()
     eng = Engine.load("artifacts/FB15k-237.shards2", process_group=dist.group.WORLD)
     res = eng.answer("(p r1 A)")                         # the same results on every rank
 
 From the command line: ``torchrun --nproc-per-node P -m engine.answer --artifact DIR ...``
 (``DIR`` a shard folder from ``python -m kge.shard``, or an eager artifact that every rank
-then loads whole and cuts its shard from).  See :mod:`engine.sharded.executor` for how the
-work is split and :mod:`engine.sharded.comm` for the collectives and their timeout.
+then loads whole and cuts its shard from).  See :mod:`engine.exec.sharded` for how the
+work is split and :mod:`engine.exec.sharded_comm` for the collectives and their timeout.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import numpy as np
 from kge.artifact import Artifact
 from kgreason.errors import UserError
 
-from engine.sharded.comm import DEFAULT_TIMEOUT_S, Comm, DistError, in_torchrun, init_from_env
+from engine.exec.sharded_comm import DEFAULT_TIMEOUT_S, Comm, DistError, in_torchrun, init_from_env
 
 __all__ = ["load_sharded", "torchrun_group", "rank_zero_output", "ShardVocabulary", "Comm", "DistError",
            "init_from_env", "in_torchrun", "DEFAULT_TIMEOUT_S"]
@@ -43,7 +43,7 @@ class ShardVocabulary(Artifact):
 
     @classmethod
     def of_folder(cls, folder: str | os.PathLike) -> "ShardVocabulary":
-        from kge.shard import read_shard_vocab
+        from kge.sharding import read_shard_vocab
 
         entities, relations = read_shard_vocab(folder)
         empty = np.zeros((0, 3), dtype=np.int64)
@@ -55,9 +55,10 @@ class ShardVocabulary(Artifact):
                         "load the artifact it was written from")
 
 
-def load_sharded(artifact: Any, process_group: Any, *, negation: str = "qto", verify: bool = True,
-                 timeout_s: float | None = None, **executor_kwargs: Any):
-    """An :class:`~engine.exec.api.Engine` whose executor is this rank's :class:`~engine.sharded.executor.ShardedExecutor`.
+def load_sharded(artifact: Any, process_group: Any, *, verify: bool = True, timeout_s: float | None = None,
+                 **executor_kwargs: Any) -> tuple[Artifact, Any]:
+    """``(artifact, executor)``: the KG's names and this rank's :class:`~engine.exec.sharded.ShardedExecutor`
+    (what ``Engine.load(..., process_group=)`` wraps).
 
     ``artifact``: a shard folder (``python -m kge.shard``; this rank reads its own shard file
     only), an eager artifact folder or :class:`~kge.artifact.Artifact` (every rank cuts its shard
@@ -66,10 +67,9 @@ def load_sharded(artifact: Any, process_group: Any, *, negation: str = "qto", ve
     raised on every rank as one :class:`~kgreason.errors.UserError` line.  ``timeout_s``: the
     group's collective timeout, for error messages (default: what :func:`init_from_env` set).
     """
-    from kge.shard import is_shard_folder, load_shard, shard_matrices
+    from kge.sharding import is_shard_folder, load_shard, shard_matrices
 
-    from engine.sharded.executor import ShardedExecutor
-    from engine.exec.api import Engine
+    from engine.exec.sharded import ShardedExecutor
 
     comm = Comm(process_group, timeout_s)
     error = None
@@ -98,7 +98,7 @@ def load_sharded(artifact: Any, process_group: Any, *, negation: str = "qto", ve
         error = str(exc)
     comm.agree(error)
     assert shard is not None
-    return Engine(art, ShardedExecutor(art, shard, comm, **executor_kwargs), negation=negation)
+    return art, ShardedExecutor(art, shard, comm, **executor_kwargs)
 
 
 def torchrun_group(device: str = "cpu", timeout_s: float | None = None) -> Any:
