@@ -40,9 +40,8 @@ from kge.sharding import ColumnShard, block_bounds
 from kgreason.errors import UserError
 
 from engine.exec.executor import Executor, QueryResult, _topk_stable, _Witness
-from engine.exec.explain import Answer
 from engine.lang import optable
-from engine.lang.query import Node, named, to_sexpr
+from engine.lang.query import Node
 
 if TYPE_CHECKING:  # pragma: no cover
     from kge.artifact import Artifact
@@ -259,7 +258,7 @@ class ShardedExecutor(Executor):
         for item in super().iter_scores(queries, batch_size=batch_size, progress=progress, trace=trace):
             yield (item[0], self.gather_columns(item[1]), *item[2:])
 
-    def _global_topk(self, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _top_k(self, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-``k`` of every row over all ranks' blocks (ties: smaller id): local top-k, one gather, a stable merge."""
         b = y.shape[0]
         kl = min(k, self.width)
@@ -276,7 +275,7 @@ class ShardedExecutor(Executor):
         v, pos = torch.sort(all_v, dim=1, descending=True, stable=True)
         return v[:, :k], torch.gather(all_i, 1, pos[:, :k])
 
-    def _fetch_record(self, batch: list[Node], record: dict, top_vals: np.ndarray, top_ids: np.ndarray) -> dict:
+    def _witness_record(self, batch: list[Node], record: dict, top_vals: np.ndarray, top_ids: np.ndarray) -> dict:
         """The backward pass's inputs, fetched from the owners: per node, the (row, entity) cells it will read.
 
         Walks the query tree from the root: the answers at the root; a projection's source
@@ -341,32 +340,6 @@ class ShardedExecutor(Executor):
     def answer(self, queries: Sequence[Node], *, k: int = 10, explain: bool = True,
                batch_size: int = 256, trace_values: bool = False) -> list[QueryResult]:
         """As :meth:`Executor.answer` (collective; the same results on every rank)."""
-        if k < 1:
-            raise UserError(f"k (top-k) must be >= 1, got {k}")
         if trace_values:
             raise UserError("trace_values: not available in a sharded run yet (node values are split across ranks)")
-        resolved, keys = self._prepare(queries)
-        results: list[QueryResult | None] = [None] * len(resolved)
-        names = self.artifact.entities
-        for idx in self._groups(keys, batch_size):
-            batch = [resolved[j] for j in idx]
-            value, run = self._run_batch(batch, idx, want_arg=explain, record=explain, trace_values=False)
-            top_vals_t, top_ids_t = self._global_topk(value.values, min(k, self.num_entities))
-            top_vals, top_ids = top_vals_t.cpu().numpy(), top_ids_t.cpu().numpy()
-            record = None
-            if explain:
-                assert run.record is not None
-                record = self._fetch_record(batch, run.record, top_vals, top_ids)
-            traces = run.trace.traces()
-            for row, qi in enumerate(idx):
-                answers = []
-                for val, ent in zip(top_vals[row], top_ids[row]):
-                    if not val > 0:
-                        break
-                    ent = int(ent)
-                    expl = self._explain(batch[row], (), row, ent, record) if record is not None else None
-                    answers.append(Answer(entity=names[ent], id=ent, score=float(val), explanation=expl,
-                                          provenance=expl.source if expl is not None else "kg"))
-                results[qi] = QueryResult(query=to_sexpr(named(batch[row], self.artifact)), answers=answers,
-                                          trace=traces[row])
-        return results  # type: ignore[return-value]
+        return super().answer(queries, k=k, explain=explain, batch_size=batch_size)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import atexit
 import os
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -55,14 +55,15 @@ class ShardVocabulary(Artifact):
                         "load the artifact it was written from")
 
 
-def load_sharded(artifact: Any, process_group: Any, *, verify: bool = True, timeout_s: float | None = None,
-                 **executor_kwargs: Any) -> tuple[Artifact, Any]:
+def load_sharded(artifact: Any, process_group: Any, *, open_artifact: Callable[..., Artifact], verify: bool = True,
+                 timeout_s: float | None = None, **executor_kwargs: Any) -> tuple[Artifact, Any]:
     """``(artifact, executor)``: the KG's names and this rank's :class:`~engine.exec.sharded.ShardedExecutor`
     (what ``Engine.load(..., process_group=)`` wraps).
 
     ``artifact``: a shard folder (``python -m kge.shard``; this rank reads its own shard file
-    only), an eager artifact folder or :class:`~kge.artifact.Artifact` (every rank cuts its shard
-    from the whole matrices), or ``None`` (the default KG).  Collective: a problem any rank finds
+    only), or what ``open_artifact(artifact, verify=)`` opens (:func:`engine.exec.api.open_artifact`:
+    an eager artifact folder, an :class:`~kge.artifact.Artifact`, ``None`` for the default KG),
+    from whose whole matrices every rank cuts its shard.  Collective: a problem any rank finds
     while loading (a changed or missing shard, a shard count that is not the world size) is
     raised on every rank as one :class:`~kgreason.errors.UserError` line.  ``timeout_s``: the
     group's collective timeout, for error messages (default: what :func:`init_from_env` set).
@@ -80,14 +81,7 @@ def load_sharded(artifact: Any, process_group: Any, *, verify: bool = True, time
             shard = load_shard(artifact, comm.rank, comm.size, verify=verify)
             art = ShardVocabulary.of_folder(artifact)
         else:
-            if artifact is None:
-                from engine.exec.defaults import default_artifact
-
-                art = default_artifact(verify=verify, load_embeddings=False)
-            elif isinstance(artifact, Artifact):
-                art = artifact
-            else:
-                art = Artifact.load(artifact, verify=verify, load_embeddings=False)
+            art = open_artifact(artifact, verify=verify)
             if art.is_lazy:
                 raise UserError(f"artifact {art.path or ''}: lazy artifacts do not run sharded yet; use an eager one "
                                 "(kge.materialize) or one process")
