@@ -47,7 +47,7 @@ def error_lines(stderr: str) -> list[str]:
 
 def test_shard_files_hold_only_their_block(umls_tiny_artifact, shards):
     from kge.artifact import Artifact
-    from kge.sharding import block_bounds, load_shard
+    from kge.sharding import block_bounds, column_counts, load_shard
 
     art = Artifact.load(umls_tiny_artifact, load_embeddings=False)
     n, r = art.num_entities, art.num_relations
@@ -56,7 +56,8 @@ def test_shard_files_hold_only_their_block(umls_tiny_artifact, shards):
     coo_col, coo_val = m.indices, m.data
     for p, folder in shards.items():
         meta = json.loads((folder / "meta.json").read_text())
-        assert meta["shards"] == p and meta["bounds"] == block_bounds(n, p)
+        counts = column_counts(m, n)
+        assert meta["shards"] == p and meta["bounds"] == block_bounds(n, p, counts)
         total = 0
         for k in range(p):
             s = load_shard(folder, k, p)
@@ -71,6 +72,8 @@ def test_shard_files_hold_only_their_block(umls_tiny_artifact, shards):
             # hypersparse: one key per row that has an entry in the block, none for the others
             assert np.array_equal(s.keys, np.unique(coo_row[keep])) and np.all(np.diff(s.ptr) > 0)
             total += s.nnz
+            # balanced by entries: a block is off 1/P of them by less than one column's entries
+            assert abs(s.nnz - m.nnz / p) <= counts.max()
         assert total == art.matrices.nnz
 
 

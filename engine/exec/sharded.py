@@ -1,6 +1,7 @@
 """The sharded executor: one rank's part of a query batch, bit-identical to the single-process executor.
 
-Layout: the N entities are cut into P contiguous blocks (:func:`kge.sharding.block_bounds`); rank
+Layout: the N entities are cut into P contiguous blocks (:func:`kge.sharding.block_bounds`, about
+equal entries each); rank
 k holds the entries of every relation whose *tail* lies in its block ``[lo, hi)``
 (:class:`kge.sharding.ColumnShard`, a hypersparse CSR) and every node value of a batch as its
 ``(B, N_k)`` block of columns.
@@ -36,7 +37,7 @@ import torch
 
 import ops
 from kge.rows import RowBlock
-from kge.sharding import ColumnShard, block_bounds
+from kge.sharding import ColumnShard
 from kgreason.errors import UserError
 
 from engine.exec.executor import Executor, QueryResult, _topk_stable, _Witness
@@ -163,7 +164,7 @@ class ShardedExecutor(Executor):
         self.comm = comm
         self.lo, self.hi = shard.lo, shard.hi
         self.width = shard.hi - shard.lo
-        self.bounds = block_bounds(shard.num_entities, shard.shards)
+        self.bounds = list(shard.bounds)
         self._widths = [b - a for a, b in zip(self.bounds, self.bounds[1:])]
         self._bounds_t = torch.tensor(self.bounds[1:], dtype=torch.int64)
         self.hops: list[_Hop] = []
