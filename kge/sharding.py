@@ -38,7 +38,7 @@ import numpy as np
 from kgreason.errors import UserError
 
 __all__ = ["ColumnShard", "block_bounds", "column_counts", "shard_matrices", "write_shards", "load_shard", "read_shard_meta",
-           "read_shard_vocab", "shard_file_name", "is_shard_folder", "SHARD_FORMAT"]
+           "read_shard_vocab", "shard_file_name", "is_shard_folder", "check_not_shard_folder", "SHARD_FORMAT"]
 
 #: The layout version of a shard folder (``meta.json``'s ``shard_format``).
 SHARD_FORMAT = 1
@@ -173,6 +173,19 @@ def is_shard_folder(path: str | os.PathLike) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and meta.get("kind") == _KIND
+
+
+def check_not_shard_folder(path: str | os.PathLike) -> None:
+    """A :class:`UserError` when ``path`` is a shard folder opened as a whole artifact (by one process)."""
+    if not is_shard_folder(path):
+        return
+    try:
+        meta = json.loads((Path(path) / "meta.json").read_text(encoding="utf-8"))
+        p, src = int(meta.get("shards")), (meta.get("source") or {}).get("artifact") or "the artifact it was written from"
+    except (OSError, ValueError, TypeError):
+        p, src = 0, "the artifact it was written from"
+    raise UserError(f"{path} is a shard folder for {p or 'several'} ranks (python -m kge.shard), not an artifact: "
+                    f"run it with torchrun --nproc-per-node {p or 'P'} -m engine.answer ..., or give {src}")
 
 
 def _build_id(source_sha: str, n: int, r: int, shards: int) -> str:

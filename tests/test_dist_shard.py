@@ -92,6 +92,15 @@ def test_sharded_cli_prints_what_one_process_prints(umls_tiny_artifact, shards):
     assert got[1][1] == ""  # the other ranks print nothing
 
 
+def test_a_shard_folder_in_one_process_says_what_it_is(shards, capsys):
+    """It was: '... meta.json has no format_version ...; rebuild it with python -m kge.build ... --overwrite'."""
+    from engine.answer import main
+
+    assert main(["--artifact", str(shards[2]), "--expr", EXPR]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a shard folder for 2 ranks" in err[0] and "torchrun --nproc-per-node 2" in err[0], err
+
+
 def test_shard_count_not_the_world_size(shards):
     got = answer_ranks(shards[3], 2)
     for rc, out, err in got:

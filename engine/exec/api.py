@@ -71,6 +71,9 @@ def open_artifact(artifact: "str | os.PathLike | Artifact | None", *, verify: bo
         return default_artifact(verify=verify, load_embeddings=False)
     if isinstance(artifact, Artifact):
         return artifact
+    from kge.sharding import check_not_shard_folder
+
+    check_not_shard_folder(artifact)  # its meta.json is not an artifact's: say what it is instead
     return Artifact.load(artifact, verify=verify, load_embeddings=False)
 
 
