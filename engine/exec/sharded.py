@@ -25,8 +25,8 @@ k holds the entries of every relation whose *tail* lies in its block ``[lo, hi)`
   then :meth:`Executor._explain <engine.exec.executor.Executor._explain>` builds the same
   :class:`~engine.exec.explain.Explanation` trees as one process.
 
-Not sharded yet (one clear error each): hooks (the LLM bridge), ``frontier_k``, sparse sets,
-kept trace values, lazy artifacts.
+Not sharded yet (one clear error each): CUDA devices (NCCL), hooks (the LLM bridge), ``frontier_k``,
+sparse sets, kept trace values, lazy artifacts.
 """
 from __future__ import annotations
 
@@ -158,6 +158,10 @@ class ShardedExecutor(Executor):
             raise UserError(f"the shard has {shard.num_entities} entities and {shard.num_relations} relations; "
                             f"the KG's names {artifact.num_entities} and {artifact.num_relations}")
         device = torch.device(executor_kwargs.get("device", "cpu"))
+        if device.type != "cpu":
+            # The exchanges stage small host tensors (sizes, status, explained cells), which NCCL does not
+            # take, and no multi-GPU machine has run this yet: refused rather than untested.
+            raise UserError(f"device {device}: sharded runs are CPU-only (gloo) in this version; use --device cpu")
         rows = ShardRows(shard, device)
         super().__init__(artifact, rows=cast(Any, rows), **executor_kwargs)
         self.shard = shard

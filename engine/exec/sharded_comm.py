@@ -59,7 +59,8 @@ def check_timeout(seconds: float, flag: str = "--dist-timeout") -> float:
 def init_from_env(*, timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu") -> Any:
     """The default process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR/PORT``).
 
-    gloo on CPU, NCCL on CUDA; collectives (and the rendezvous) wait at most ``timeout_s`` seconds.
+    gloo on CPU, NCCL on CUDA (the sharded executor itself runs on CPU only for now); collectives (and the
+    rendezvous) wait at most ``timeout_s`` seconds.
     Returns the group (already initialised: the default group).
     """
     check_timeout(timeout_s)
