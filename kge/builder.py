@@ -1,4 +1,5 @@
-"""Build an artifact folder: load a KG, drop edges, train ComplEx, calibrate, save.
+"""Build an artifact folder: load a KG, drop edges, train ComplEx, calibrate, save (the library code of
+``python -m kge.build``, whose thin CLI is :mod:`kge.build`; ``kge.build`` re-exports these names).
 
 Command line::
 
@@ -23,7 +24,7 @@ bit-reproducible at any thread count (docs/artifacts.md, "Reproducibility").
 
 Library::
 
-    from kge.build import BuildConfig, build_artifact
+    from kge.builder import BuildConfig, build_artifact
     artifact = build_artifact(BuildConfig(kg="umls", out="artifacts/umls"))
     artifact = build_artifact(BuildConfig(kg="umls", out="/tmp/umls-small", train=dict(rank=16, epochs=5)))
 
@@ -43,24 +44,23 @@ import time
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from .artifact import Artifact
 from .autorule import DEFAULT_EXPECTED_QUERIES, EAGER_PEAK_FACTOR, AutoInputs, decide, measure_calibrate_gflops
 from .autorule import fmt_bytes as _fmt_bytes
-from .calibrate import DEFAULT_DELTA, DEFAULT_THRESHOLD, NnzEstimate, calibrate, estimate_nnz
-from kgreason.cli import ArgumentParser
-from kgreason.errors import UserError, cli_main
+from .calibrate import DEFAULT_THRESHOLD, NnzEstimate, calibrate, estimate_nnz
+from kgreason.errors import UserError
 from kgreason.files import OutputFolder, open_output
 from kgreason.resources import available_memory_bytes
-from .graph import LOADERS, drop_edges, load_kg
-from .lazy import DEFAULT_ROW_CACHE_GB, MATRIX_MODES, LazyMatrices
-from .train import (HUGE_FROM, MAX_LR, PRESET_OVERRIDES, TRAINING_LOOPS, TrainConfig, TrainResult,
+from .graph import drop_edges, load_kg
+from .lazy import LazyMatrices
+from .train import (HUGE_FROM, MAX_LR, TrainResult,
                     check_trainable, default_train_config, size_class, train_complex)
 
-__all__ = ["BuildConfig", "build_artifact", "summarize", "main", "remove_killed_builds", "StagingLock", "LOCK_SUFFIX",
+__all__ = ["BuildConfig", "build_artifact", "summarize", "remove_killed_builds", "StagingLock", "LOCK_SUFFIX",
            "MAX_LR", "MIN_MATRIX_GB", "MAX_MATRIX_GB",
            "DEFAULT_MAX_CALIBRATE_MINUTES", "DEFAULT_EXPECTED_QUERIES", "available_memory_bytes",
            "estimate_build_memory", "EAGER_PEAK_FACTOR", "TRAIN_FLAGS", "flat_defaults"]
@@ -593,88 +593,3 @@ def summarize(artifact: Artifact) -> str:
     if "peak_rss_bytes" in m:
         lines.append(f"peak memory   {_fmt_bytes(m['peak_rss_bytes'])} (RSS)")
     return "\n".join(lines)
-
-
-def _parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m kge.build", description="Build a calibrated-matrix artifact from a knowledge graph.")
-    p.add_argument("--kg", required=True, help="TSV file, train/valid/test folder, BetaE folder, or pykeen dataset name (umls)")
-    p.add_argument("--out", required=True, help="artifact folder to write (missing parent folders are created)")
-    p.add_argument("--kg-format", choices=list(LOADERS), default=None, help="loader (default: detected)")
-    p.add_argument("--drop-edges", type=float, default=0.0, help="fraction of training edges to hold out (LGOT: 0.5)")
-    p.add_argument("--seed", type=int, default=0, help="seed of edge dropping, training and sampling (default 0)")
-    p.add_argument("--rank", type=int, default=None, help="complex embedding dimension (default: size preset)")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--lr", type=float, default=None, help=f"learning rate in (0, {MAX_LR:g}] (default: size preset)")
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--num-negatives", type=int, default=None, help="negatives per positive (sLCWA)")
-    p.add_argument("--regularizer-weight", type=float, default=None, help="N3 weight")
-    p.add_argument("--training-loop", choices=list(TRAINING_LOOPS), default=None,
-                   help="1n: the project's fast 1-N ComplEx-N3 loop (default); lcwa/slcwa: pykeen's own loops")
-    p.add_argument("--optimizer", default=None, help="adagrad (1n default), adam, or a pykeen optimizer name for lcwa/slcwa")
-    p.add_argument("--train-minutes", type=float, default=None,
-                   help=f"training time budget in minutes, rank probes and validation included, kept to the "
-                        f"batch (1n loop; large KGs: picks the rank, default "
-                        f"{PRESET_OVERRIDES['large']['train_minutes']:g})")
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
-                   help="1n loop GEMMs: bf16 where the CPU/GPU has it (auto, default) or fp32")
-    p.add_argument("--candidates", type=int, default=None,
-                   help="1n loop: score each batch against this many sampled entities (plus the batch's tails) "
-                        f"instead of all of them (default: all below {HUGE_FROM:,} entities, "
-                        f"{PRESET_OVERRIDES['huge']['candidates']} above)")
-    p.add_argument("--loss", default=None, help=f"pykeen loss name (default {TrainConfig.loss})")
-    # default None = the preset's (TrainConfig.eval_max_triples), so that meta.json records only what was given
-    p.add_argument("--eval-max-triples", type=int, default=None, help="held-out edges used for the MRR (0 = skip)")
-    p.add_argument("--threshold", type=float, default=None,
-                   help=f"drop calibrated probabilities below this (default {DEFAULT_THRESHOLD:g}; "
-                        "eager: raised if over --max-matrix-gb)")
-    p.add_argument("--max-matrix-gb", type=float, default=1.25,
-                   help=f"memory budget of the matrices in GiB, {MIN_MATRIX_GB:g} to {MAX_MATRIX_GB:g} (8 bytes per entry); "
-                        "peak RSS is about baseline + 2.5x this")
-    p.add_argument("--matrices", choices=list(MATRIX_MODES), default="auto",
-                   help="eager: compute and store every calibrated row; lazy: store none, the engine computes the "
-                        "rows a query needs from the embeddings (threshold never raised); auto (default): eager "
-                        "unless the eager matrices would exceed --max-matrix-gb or the available memory, or "
-                        "calibrating every row (at the rate measured on this KG's rows) would take longer than the "
-                        "rows --expected-queries lazy queries compute plus --max-calibrate-minutes; the log says "
-                        "which and why in one line.  A lazy artifact is made eager later with python -m kge.materialize")
-    p.add_argument("--max-calibrate-minutes", type=float, default=DEFAULT_MAX_CALIBRATE_MINUTES,
-                   help=f"--matrices auto: how much longer than the expected queries' lazy rows the eager "
-                        f"calibration may take, in minutes (default {DEFAULT_MAX_CALIBRATE_MINUTES:g})")
-    p.add_argument("--expected-queries", type=int, default=DEFAULT_EXPECTED_QUERIES,
-                   help=f"--matrices auto: queries the artifact is expected to answer, each computing about one "
-                        f"first-hop frontier of rows when lazy (default {DEFAULT_EXPECTED_QUERIES:,}: a BetaE "
-                        f"evaluation, 14 structures x 1,000)")
-    p.add_argument("--row-cache-gb", type=float, default=DEFAULT_ROW_CACHE_GB,
-                   help=f"lazy matrices: byte budget of the engine's calibrated-row cache in GiB, > 0 "
-                        f"(default {DEFAULT_ROW_CACHE_GB:g}; recorded in meta.json)")
-    p.add_argument("--delta", type=float, default=DEFAULT_DELTA)
-    p.add_argument("--chunk-rows", type=int, default=None, help="rows per calibration chunk (default: ~16 MB buffers on CPU)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto: cuda if available)")
-    p.add_argument("--embeddings", default=None,
-                   help="reuse the embeddings of an earlier artifact folder (or embeddings.npz) instead of training")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing artifact at --out (never a folder that is not an artifact)")
-    p.add_argument("--no-memory-check", dest="memory_check", action="store_false",
-                   help="build even when the up-front memory estimate exceeds MemAvailable (default: refuse)")
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    return p
-
-
-def parse_args(argv: Sequence[str] | None) -> tuple[BuildConfig, bool]:
-    ns = _parser().parse_args(argv)  # mistakes: one-line UserError (kgreason.cli.ArgumentParser)
-    names = set(flat_defaults()) | {"kg", "out"}
-    cfg = BuildConfig.from_flat({k: v for k, v in vars(ns).items() if k in names})
-    return cfg, not ns.quiet
-
-
-@cli_main
-def main(argv: Sequence[str] | None = None) -> int:
-    config, progress = parse_args(argv)
-    artifact = build_artifact(config, progress=progress)
-    if progress:
-        print(summarize(artifact))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
