@@ -1,8 +1,8 @@
 """Settings of the LLM bridge, in one place: the client's :class:`LLMConfig` and the LGOT hook's
-:class:`LGOTSettings`; every default and every range check of the bridge lives here.
+:class:`LGOTConfig`; every default and every range check of the bridge lives here.
 
 An entry point never re-checks a value: a CLI builds the settings with
-:func:`from_flags`, so a bad ``--llm-alpha 2`` and a bad ``LGOTSettings(alpha=2)``
+:func:`from_flags`, so a bad ``--llm-alpha 2`` and a bad ``LGOTConfig(alpha=2)``
 fail the same check with the same words, the message naming the flag or the field
 (``--llm-alpha must be in [0, 1], got 2.0`` / ``LGOT settings: alpha must be in [0, 1], got 2.0``).
 Help texts read their defaults from the dataclasses.
@@ -144,7 +144,7 @@ class SettingError(UserError):
 
 
 def from_flags(cls: type, values: Mapping[str, Any], flags: Mapping[str, str]) -> Any:
-    """``cls(**values)`` (:class:`LLMConfig`, :class:`LGOTSettings`) for a command line: a bad value is the
+    """``cls(**values)`` (:class:`LLMConfig`, :class:`LGOTConfig`) for a command line: a bad value is the
     dataclass's own check, its message naming the value's flag (``flags``: field -> flag) instead of the field."""
     try:
         return cls(**values)
