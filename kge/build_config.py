@@ -19,8 +19,8 @@ from .autorule import DEFAULT_EXPECTED_QUERIES
 from .calibrate import DEFAULT_DELTA, DEFAULT_THRESHOLD
 from .graph import LOADERS
 from .lazy import DEFAULT_ROW_CACHE_GB, MATRIX_MODES, check_row_cache_gb
-from .train import (HUGE_FROM, MAX_LR, PRESET_OVERRIDES, TRAINING_LOOPS, TrainConfig, check_loss, check_optimizer,
-                    check_train_values)
+from .train import (HUGE_FROM, MAX_LR, ONE_N_PRECISIONS, PRESET_OVERRIDES, TRAINING_LOOPS, TrainConfig, check_loss,
+                    check_optimizer, check_train_values)
 
 __all__ = ["BuildConfig", "BuildTrainSettings", "TRAIN_FLAGS", "MIN_MATRIX_GB", "MAX_MATRIX_GB",
            "DEFAULT_MAX_CALIBRATE_MINUTES", "flat_defaults"]
@@ -53,7 +53,7 @@ class BuildTrainSettings:
         None, shown_default=f"{PRESET_OVERRIDES['large']['train_minutes']:g} on large KGs",
         help="training time budget in minutes, rank probes and validation included, kept to the batch (1n loop; "
              "large KGs: picks the rank)")
-    precision: str | None = setting(None, choices=("auto", "bf16", "fp32"), shown_default="auto",
+    precision: str | None = setting(None, choices=ONE_N_PRECISIONS, shown_default="auto",
                                     help="1n loop GEMMs: bf16 where the CPU/GPU has it (auto) or fp32")
     candidates: int | None = setting(
         None, shown_default=f"all below {HUGE_FROM:,} entities, {PRESET_OVERRIDES['huge']['candidates']} above",
