@@ -107,46 +107,62 @@ def test_every_cli_is_listed():
     assert set(CLIS).isdisjoint(NOT_CONVERTED)
 
 
-@pytest.mark.parametrize("module", sorted(CLIS))
-def test_flags_are_the_settings_fields(module):
-    """Every flag is one settings field's (or a listed exception), and every flagged field has its flag, with
-    the field's default, type, choices and (for required fields) required."""
-    classes_of, unset_from, extras, _, _ = CLIS[module]
-    classes = classes_of()
-    unset = set(classes[1:]) if unset_from else set()
-    options = _options(_parser(module))
+def flag_problems(parser: argparse.ArgumentParser, classes, unset=(), extras=()) -> list[str]:
+    """What differs between ``parser``'s flags and the flagged fields of ``classes`` (``unset``: those whose
+    flags default to None until given; ``extras``: flags that are no settings field), one line each."""
+    problems: list[str] = []
+    options = _options(parser)
     expected = {}
     for cls in classes:
         for f in flag_fields(cls):
             name = flag_name(f)
-            assert name not in expected, f"{name} is the flag of two fields"
+            if name in expected:
+                problems.append(f"{name} is the flag of two fields")
             expected[name] = (cls, f)
-    assert set(options) - set(expected) - set(extras) == set(), "flags that are no settings field"
-    assert set(expected) - set(options) == set(), "settings fields without their flag"
+    problems += [f"{o}: no settings field" for o in sorted(set(options) - set(expected) - set(extras))]
+    problems += [f"{o}: a settings field without its flag" for o in sorted(set(expected) - set(options))]
     for name, (cls, f) in expected.items():
+        if name not in options:
+            continue
         action, spec = options[name], flag_of(f)
-        assert getattr(action, "setting", None) == (cls, f.name), name
+        if getattr(action, "setting", None) != (cls, f.name):
+            problems.append(f"{name}: not made from {cls.__name__}.{f.name}")
         default = field_default(f)
         if cls in unset:
-            assert action.default is None, name
+            want = None
         elif action.nargs in ("+", "*"):
-            assert action.default == (list(default) if default is not None else None), name
+            want = list(default) if default is not None else None
         elif isinstance(default, bool):
-            assert action.default == (default if spec.boolean_optional else False), name
+            want = default if spec.boolean_optional else False
         else:
-            assert action.default == (None if default is dataclasses.MISSING else default), name
-        assert action.required == (default is dataclasses.MISSING and cls not in unset), name
+            want = None if default is dataclasses.MISSING else default
+        if action.default != want:
+            problems.append(f"{name}: default {action.default!r}, the field's is {want!r}")
+        if action.required != (default is dataclasses.MISSING and cls not in unset):
+            problems.append(f"{name}: required is {action.required}")
         if not isinstance(default, bool):
             hint = typing.get_type_hints(cls)[f.name]
             kinds = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
             kinds = [typing.get_args(k)[0] if typing.get_origin(k) is tuple else k for k in kinds]
-            assert action.type in ([spec.type] if spec.type else kinds), f"{name}: {action.type} for {hint}"
-        if spec.choices is not None:
-            assert tuple(action.choices) == choices_of(spec), name
+            if action.type not in ([spec.type] if spec.type else kinds):
+                problems.append(f"{name}: type {action.type} for {hint}")
+        if spec.choices is not None and tuple(action.choices or ()) != choices_of(spec):
+            problems.append(f"{name}: choices {action.choices}, the field's are {choices_of(spec)}")
         shown = spec.shown_default is not None or not (default is None or default is dataclasses.MISSING
                                                       or isinstance(default, bool))
-        if shown:  # --help shows the default
-            assert "default" in action.help, f"{name}: --help does not show the default"
+        if shown and "default" not in (action.help or ""):
+            problems.append(f"{name}: --help does not show the default")
+    return problems
+
+
+@pytest.mark.parametrize("module", sorted(CLIS))
+def test_flags_are_the_settings_fields(module):
+    """Every flag is one settings field's (or a listed exception), and every flagged field has its flag, with
+    the field's default, type, choices and (for required fields) required; --help shows the default."""
+    classes_of, unset_from, extras, _, _ = CLIS[module]
+    classes = classes_of()
+    unset = set(classes[1:]) if unset_from else set()
+    assert flag_problems(_parser(module), classes, unset, extras) == []
 
 
 def _outside(spec) -> list[float]:
@@ -182,18 +198,35 @@ def test_ranges_are_checked_naming_the_flag(module, tmp_path, monkeypatch):
         assert checked > 0  # these have ranged flags: the loop above ran
 
 
-def test_an_undeclared_flag_fails_the_check():
-    """The check above fails for a flag added by hand beside the generated ones (a planted violation)."""
+def test_planted_violations_fail_the_check():
+    """The check finds a flag added by hand beside the generated ones, a flag whose default was retyped, a
+    field left without its flag, and a help without the default."""
     from engine.betae import BetaESettings
-
     from kgreason.cli import add_settings_arguments
 
     p = ArgumentParser(prog="x")
     add_settings_arguments(p, BetaESettings)
+    assert flag_problems(p, [BetaESettings]) == []
     p.add_argument("--hand-made", type=int, default=3)
-    options = _options(p)
-    declared = {flag_name(f) for f in flag_fields(BetaESettings)}
-    assert set(options) - declared == {"--hand-made"}
+    assert flag_problems(p, [BetaESettings]) == ["--hand-made: no settings field"]
+
+    p = ArgumentParser(prog="x")
+    add_settings_arguments(p, BetaESettings, skip=("negation",))
+    p.add_argument("--negation", type=str, choices=["qto", "complement"], default="complement",
+                   help="retyped (default qto)")
+    assert flag_problems(p, [BetaESettings]) == ["--negation: not made from BetaESettings.negation",
+                                                 "--negation: default 'complement', the field's is 'qto'"]
+
+    p = ArgumentParser(prog="x")
+    add_settings_arguments(p, BetaESettings, skip=("json",))
+    assert flag_problems(p, [BetaESettings]) == ["--json: a settings field without its flag"]
+
+    p = ArgumentParser(prog="x")
+    add_settings_arguments(p, BetaESettings, skip=("negation",))
+    action = p.add_argument("--negation", type=str, choices=["qto", "complement"], default="qto",
+                            help="no default shown")
+    action.setting = (BetaESettings, "negation")
+    assert flag_problems(p, [BetaESettings]) == ["--negation: --help does not show the default"]
 
 
 def test_a_setting_is_checked_the_same_from_code_and_flags():
