@@ -224,7 +224,7 @@ def test_planted_violations_fail_the_check():
     p = ArgumentParser(prog="x")
     add_settings_arguments(p, BetaESettings, skip=("negation",))
     action = p.add_argument("--negation", type=str, choices=["qto", "complement"], default="qto",
-                            help="no default shown")
+                            help="how negations become ASTs")
     action.setting = (BetaESettings, "negation")
     assert flag_problems(p, [BetaESettings]) == ["--negation: --help does not show the default"]
 
