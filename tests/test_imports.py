@@ -42,10 +42,7 @@ ALLOWED_UPWARD = {
     ("engine.ask", "llm_bridge"): "issue 33: --llm flags, client, linker and KARPA loop from llm_bridge",
 }
 #: Library modules importing an entry point, kept for now: (library module, entry point) -> why, with its issue.
-ALLOWED_ENTRY_POINT_IMPORTS = {
-    # issue 33 ("Tools beside the library"): build_artifact, library code, lives in the build CLI's module
-    ("engine.exec.defaults", "kge.build"): "issue 33: the default KG is built with kge.build.build_artifact",
-}
+ALLOWED_ENTRY_POINT_IMPORTS: dict[tuple[str, str], str] = {}
 #: Heavy or optional third-party packages no project package may load at import time.
 NEVER_AT_IMPORT = {"pykeen", "sentence_transformers"}
 #: Top-level modules importing (every module of) a package must not load, beyond NEVER_AT_IMPORT.
