@@ -86,7 +86,9 @@ setup(
         "calibrated sparse relation matrices, C++/CUDA fuzzy-set kernels and an LLM bridge."
     ),
     python_requires=">=3.10",
-    packages=find_packages(include=["kgreason*", "kge*", "ops*", "engine*", "llm_bridge*"]),
+    # The library (kgreason, ops, kge, engine, llm_bridge) and, beside it, the research tools (experiments:
+    # `python -m experiments.<tool>`; the library imports none of them, docs/layout.md).
+    packages=find_packages(include=["kgreason*", "kge*", "ops*", "engine*", "llm_bridge*", "experiments*"]),
     # The LLM bridge's prompt templates (llm_bridge/templates/*.txt) are read at run time.
     package_data={"llm_bridge": ["templates/*.txt"]},
     ext_modules=_extensions(),

@@ -3,6 +3,10 @@
 The layers, bottom to top::
 
     kgreason  <-  ops  <-  kge  <-  engine.lang, engine.paths  <-  engine.eval, engine.exec  <-  engine  <-  llm_bridge
+        <-  experiments
+
+(``experiments`` holds the research tools beside the library -- experiment runners, simulators, linkeval, the
+synthetic KG, plots: no library package (:data:`LIBRARY`) imports it, eagerly or lazily, with no allow-list.)
 
 (``kge`` sits above ``ops``: a calibration runs its post-GEMM step through ``ops.calibrate_rows``;
 ``engine.paths`` sits below ``engine.exec``: the executor's ask loop retrieves relation paths.)
@@ -28,12 +32,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP = ("kgreason", "ops", "kge", "engine", "llm_bridge")
+#: The library: the packages ``pip install`` users import (the tools beside it, TOOLS, are not part of it).
+LIBRARY = ("kgreason", "ops", "kge", "engine", "llm_bridge")
+#: Top-level packages of tools beside the library: the top layer, imported by no library module.
+TOOLS = ("experiments",)
+TOP = LIBRARY + TOOLS
 PACKAGES = ["kgreason", "ops", "kge", "engine", "engine.lang", "engine.exec", "engine.eval", "engine.paths",
-            "llm_bridge"]
+            "llm_bridge", "experiments"]
 #: Layer of each package (imports must go to a strictly lower layer).
 LAYER = {"kgreason": 0, "ops": 1, "kge": 2, "engine.lang": 3, "engine.eval": 4, "engine.exec": 4,
-         "engine.paths": 3, "engine": 5, "llm_bridge": 6}
+         "engine.paths": 3, "engine": 5, "llm_bridge": 6, "experiments": 7}
 #: Imports against the layering kept for now: (importing module, imported package) -> why, with its issue.
 ALLOWED_UPWARD = {
     # issue 33 ("Arrows down only"): the query CLIs plug the LLM bridge in by importing it (engine -> llm_bridge,
@@ -57,6 +65,9 @@ FORBIDDEN = {
     "engine.exec": {"llm_bridge"},
     "engine.paths": {"llm_bridge"},
 }
+for _p in PACKAGES:  # no library package loads a tool
+    if _p.split(".")[0] in LIBRARY:
+        FORBIDDEN.setdefault(_p, set()).update(TOOLS)
 
 
 # ------------------------------------------------------------------ the project's modules
@@ -203,6 +214,13 @@ def layer_violations(imports: Imports) -> list[str]:
     return bad
 
 
+def library_imports_of_tools(imports: Imports) -> list[str]:
+    """Imports of a tool package (:data:`TOOLS`) by a library module, lazy ones included (no allow-list)."""
+    return [f"{m} imports the tool {t}{'' if eager else ' lazily'}"
+            for m in sorted(imports) if m.split(".")[0] in LIBRARY
+            for t, eager in imports[m] if t.split(".")[0] in TOOLS]
+
+
 def entry_point_imports(imports: Imports) -> list[str]:
     """Imports of an entry point by a module that is not one (a library reaching up into a CLI)."""
     return [f"{m} imports the entry point {t}{'' if eager else ' lazily'}"
@@ -231,6 +249,12 @@ def test_no_cycle_between_packages():
 def test_imports_go_down_the_layers():
     bad = layer_violations(project_imports())
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_library_imports_no_tool():
+    """kgreason, ops, kge, engine and llm_bridge import nothing from experiments (eagerly or lazily)."""
+    bad = library_imports_of_tools(project_imports())
+    assert not bad, "library modules importing the tools beside it:\n" + "\n".join(bad)
 
 
 def test_no_library_module_imports_an_entry_point():
@@ -267,6 +291,11 @@ def test_the_rules_find_planted_violations():
     assert package_cycle(_planted("ops.projection", "kge.build", eager=False)) is not None
     # an allowed upward import counts for its own module only
     assert layer_violations(_planted("engine.evaluate", "llm_bridge.config", eager=True))
+    # issue 33: a library module reaching into the tools beside it, lazily (as the simulator's users did)
+    planted = _planted("llm_bridge.lgot", "experiments.simulate", eager=False)
+    assert library_imports_of_tools(planted) == ["llm_bridge.lgot imports the tool experiments.simulate lazily"]
+    assert any(v.startswith("llm_bridge.lgot (llm_bridge, layer 6) imports experiments.simulate")
+               for v in layer_violations(planted))
 
 
 def test_cycle_finder_finds_cycles():
