@@ -57,7 +57,7 @@ class AnswerConfig:
     frontier_k: int | None = None
     row_cache_gb: float | None = None
     row_store_gb: float | None = None
-    llm: object = None  # llm_bridge.cli.LLMOptions with --llm, else None (KG only)
+    llm: object = None  # the LLM provider's options with --llm (llm_bridge.cli.LLMOptions), else None (KG only)
     verify: bool = True  # False: --skip-artifact-checksums (finite values and shapes are checked anyway)
 
 
@@ -96,16 +96,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object per query (JSON lines)")
     p.add_argument("--trace-values", action="store_true",
                    help="keep every node's values in the trace (--json: each node's top 10 entities)")
+    from engine.providers import llm_provider
     from kge.artifact import add_checksum_argument
-    from llm_bridge.cli import add_arguments as add_llm_arguments
 
     add_checksum_argument(p)
-    add_llm_arguments(p)  # --llm and its --llm-* flags (LGOT: the LLM answers every sub-question too)
+    llm_provider().add_answer_arguments(p)  # --llm and its --llm-* flags (LGOT: the LLM answers every sub-question too)
     return p
 
 
 def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
-    from llm_bridge.cli import options_from_args
+    from engine.providers import llm_provider
 
     ns = _parser().parse_args(argv)
     given = [name for name in ("query", "expr", "queries") if getattr(ns, name) is not None]
@@ -138,7 +138,7 @@ def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
         relations=tuple(ns.relations) if ns.relations else None, expr=ns.expr, queries=ns.queries,
         top_k=ns.top_k, explain=ns.explain, tnorm=ns.tnorm, neg_scale=ns.neg_scale, negation=ns.negation,
         device=ns.device, seed=ns.seed, json=ns.json, trace_values=ns.trace_values,
-        frontier_k=ns.frontier_k, row_cache_gb=ns.row_cache_gb, row_store_gb=ns.row_store_gb, llm=options_from_args(ns, top_k=ns.top_k),
+        frontier_k=ns.frontier_k, row_cache_gb=ns.row_cache_gb, row_store_gb=ns.row_store_gb, llm=llm_provider().answer_options(ns, top_k=ns.top_k),
         verify=not ns.skip_artifact_checksums,
     )
 
@@ -241,19 +241,19 @@ def _trace_lines(trace) -> list[str]:
         if nt.row_evidence is not None:
             parts.append(f"row replaced by {nt.row_evidence.source} (others {nt.row_evidence.score:g})")
         if nt.notes:
-            from llm_bridge.cli import compact_notes  # the bridge's notes in one line (--json has them in full)
+            from engine.providers import llm_provider  # the provider's notes in one line (--json has them in full)
 
-            parts.append(compact_notes(nt.notes))
+            parts.append(llm_provider().compact_notes(nt.notes))
         lines.append(f"node {list(nt.path)} ({what}): " + "; ".join(parts))
     return ["trace:"] + ["  " + l for l in lines] if lines else []
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from llm_bridge.cli import llm_hooks
+    from engine.providers import llm_provider
 
     cfg = parse_args(argv)
-    with llm_hooks(cfg.llm) as hooks:  # () without --llm
+    with llm_provider().answer_hooks(cfg.llm) as hooks:  # () without --llm
         return run(cfg, hooks=hooks)
 
 

@@ -6,7 +6,8 @@ The layers, bottom to top::
         <-  experiments
 
 (``experiments`` holds the research tools beside the library -- experiment runners, simulators, linkeval, the
-synthetic KG, plots: no library package (:data:`LIBRARY`) imports it, eagerly or lazily, with no allow-list.)
+synthetic KG, plots: no library package (:data:`LIBRARY`) imports it, eagerly or lazily, with no allow-list.
+``engine``'s CLIs reach the LLM bridge through the provider registry it owns, :mod:`engine.providers`.)
 
 (``kge`` sits above ``ops``: a calibration runs its post-GEMM step through ``ops.calibrate_rows``;
 ``engine.paths`` sits below ``engine.exec``: the executor's ask loop retrieves relation paths.)
@@ -43,12 +44,8 @@ PACKAGES = ["kgreason", "ops", "kge", "engine", "engine.lang", "engine.exec", "e
 LAYER = {"kgreason": 0, "ops": 1, "kge": 2, "engine.lang": 3, "engine.eval": 4, "engine.exec": 4,
          "engine.paths": 3, "engine": 5, "llm_bridge": 6, "experiments": 7}
 #: Imports against the layering kept for now: (importing module, imported package) -> why, with its issue.
-ALLOWED_UPWARD = {
-    # issue 33 ("Arrows down only"): the query CLIs plug the LLM bridge in by importing it (engine -> llm_bridge,
-    # the one arrow up); the registration point the engine should own instead is that issue's larger move.
-    ("engine.answer", "llm_bridge"): "issue 33: --llm flags and hooks from llm_bridge.cli",
-    ("engine.ask", "llm_bridge"): "issue 33: --llm flags, client, linker and KARPA loop from llm_bridge",
-}
+#: (Empty since issue 33: engine.answer / engine.ask reach llm_bridge through engine.providers.)
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 #: Library modules importing an entry point, kept for now: (library module, entry point) -> why, with its issue.
 ALLOWED_ENTRY_POINT_IMPORTS = {
     # issue 33 ("Tools beside the library"): build_artifact, library code, lives in the build CLI's module
@@ -64,6 +61,7 @@ FORBIDDEN = {
     "engine.eval": {"llm_bridge"},
     "engine.exec": {"llm_bridge"},
     "engine.paths": {"llm_bridge"},
+    "engine": {"llm_bridge"},  # the CLIs find their LLM provider when called, not when imported
 }
 for _p in PACKAGES:  # no library package loads a tool
     if _p.split(".")[0] in LIBRARY:
@@ -296,6 +294,9 @@ def test_the_rules_find_planted_violations():
     assert library_imports_of_tools(planted) == ["llm_bridge.lgot imports the tool experiments.simulate lazily"]
     assert any(v.startswith("llm_bridge.lgot (llm_bridge, layer 6) imports experiments.simulate")
                for v in layer_violations(planted))
+    # and the arrow issue 33 removed: engine's CLI importing the LLM bridge again (no allow-list entry now)
+    assert layer_violations(_planted("engine.answer", "llm_bridge.cli", eager=False)) == [
+        "engine.answer (engine, layer 5) imports llm_bridge.cli (llm_bridge, layer 6) lazily"]
 
 
 def test_cycle_finder_finds_cycles():

@@ -33,8 +33,9 @@ def _adds_llm_flags(path: Path) -> bool:
 
 
 def test_the_list_holds_every_cli_with_the_llm_flags():
-    # where the flags are added
-    defining = {ROOT / "llm_bridge" / "cli.py", ROOT / "llm_bridge" / "config.py"}
+    # where the flags are added, and the provider handing over to them
+    defining = {ROOT / "llm_bridge" / "cli.py", ROOT / "llm_bridge" / "config.py", ROOT / "llm_bridge" / "provider.py",
+                ROOT / "engine" / "providers.py"}
     found = {".".join(path.relative_to(ROOT).with_suffix("").parts)
              for top in ("kgreason", "ops", "kge", "engine", "llm_bridge", "experiments")
              for path in (ROOT / top).rglob("*.py")
