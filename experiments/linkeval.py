@@ -84,7 +84,7 @@ import numpy as np
 from kgreason.cli import ArgumentParser, check_seed
 from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError, cli_main
-from kgreason.files import _check_parent, check_not_input, check_output_file, json_object, read_lines, write_output
+from kgreason.files import _check_parent, check_not_input, json_object, read_lines, write_output
 from llm_bridge.linking import DEFAULT_THRESHOLD, EntityLinker, RelationRanges, acronyms, loose_form, normalize
 
 __all__ = ["Example", "LinkingSet", "load_kb", "load_kb_names", "build_set", "evaluate", "sweep", "per_kind",
@@ -623,6 +623,7 @@ def save_results(path: Path, *, config: "Config", data: LinkingSet, result: dict
                                                       "sha256": set_fingerprint(data)},
            "threshold": result["threshold"], "seconds": result["seconds"],
            "outcomes_at_0": _outcome_rows(first), "outcomes": _outcome_rows(result["outcomes"])}
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_output(path, json.dumps(doc, indent=None, separators=(",", ":")) + "\n", what="--save-results")
 
 
@@ -892,15 +893,18 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     inputs = [("--kb", a.kb), ("--baseline", a.baseline)]
     for what, path in (("--out", a.out), ("--out's plot", plot)):
         check_not_input(path, what=what, inputs=inputs)
-    if a.save_results is not None:
-        check_output_file(a.save_results, what="--save-results", inputs=inputs)
-        for what, path in (("--out", a.out), ("--out's plot", plot)):
-            if Path(os.path.realpath(a.save_results)) == Path(os.path.realpath(path)):
-                raise UserError(f"--save-results {a.save_results!r}: is also {what}; give another file")
     if not plot_replaceable(plot, Path(a.out)):
         raise UserError(f"--out's plot: {str(plot)!r} exists and was not written by experiments.linkeval; not "
                         "replacing it (move it, or choose another --out)")
     _check_parent(Path(a.out), "--out", create=True)
+    if a.save_results is not None:  # checked as --out is: its folder may be new (made when it is written)
+        for what, path in (("--out", a.out), ("--out's plot", plot)):
+            if Path(os.path.realpath(a.save_results)) == Path(os.path.realpath(path)):
+                raise UserError(f"--save-results {a.save_results!r}: is also {what}; give another file")
+        check_not_input(a.save_results, what="--save-results", inputs=inputs)
+        if Path(a.save_results).is_dir():
+            raise UserError(f"--save-results: {a.save_results!r} is a folder; give the JSON file to write")
+        _check_parent(Path(a.save_results), "--save-results", create=True)
     if a.embedding is not None:
         from engine.paths.embeddings import ENCODERS
 

@@ -209,7 +209,7 @@ def test_linkeval_baseline_round_trip_without_git(tmp_path, capsys, monkeypatch)
     from experiments.linkeval import main
 
     kb = _kb(tmp_path)
-    saved = tmp_path / "base.json"
+    saved = tmp_path / "runs" / "base.json"  # a new folder, made as --out's is
     argv = ["--kb", str(kb), "--per-kind", "3"]
     assert main([*argv, "--out", str(tmp_path / "a.md"), "--save-results", str(saved)]) == 0
     doc = json.loads(saved.read_text(encoding="utf-8"))

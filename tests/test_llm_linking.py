@@ -522,6 +522,7 @@ def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
     (["--kb", "KB", "--out", "x.md", "--baseline", "no-such.json"], "error: --baseline 'no-such.json': no such file"),
     (["--kb", "KB", "--out", "x.md", "--save-results", "KB"], "error: --save-results KB: is the --kb input 'KB'"),
     (["--kb", "KB", "--out", "x.md", "--save-results", "x.md"], "error: --save-results 'x.md': is also --out"),
+    (["--kb", "KB", "--out", "x.md", "--save-results", "."], "error: --save-results: '.' is a folder"),
     # Regressions: the report overwrote --kb; its plot could too; a Latin-1 kb.txt, a report folder under a
     # file and an unknown --embedding (after the whole first linking run) were tracebacks.
     (["--kb", "KB", "--out", "KB"], "error: --out KB: is the --kb input 'KB'"),
