@@ -68,7 +68,7 @@ class AnswerSettings(Settings):
     frontier_k: int | None = frontier_k_setting()
     row_cache_gb: float | None = row_cache_gb_setting()
     row_store_gb: float | None = row_store_gb_setting()
-    llm: object = None  # llm_bridge.cli.LLMSettings with --llm, else None (KG only): its own flags
+    llm: object = None  # the LLM provider's settings with --llm (llm_bridge.cli.LLMSettings), else None (KG only)
     verify: bool = verify_setting()
 
     def __post_init__(self) -> None:
@@ -93,14 +93,14 @@ def _parser() -> _Parser:
     src = p.add_argument_group("what to ask (exactly one of --query, --expr, --queries)")
     add_settings_arguments(src, AnswerSettings, only=("query", "anchors", "relations", "expr", "queries"))
     add_settings_arguments(p, AnswerSettings, skip=("query", "anchors", "relations", "expr", "queries"))
-    from llm_bridge.cli import add_arguments as add_llm_arguments
+    from engine.providers import llm_provider
 
-    add_llm_arguments(p)  # --llm and its --llm-* flags (LGOT: the LLM answers every sub-question too)
+    llm_provider().add_answer_arguments(p)  # --llm and its --llm-* flags (LGOT: the LLM answers every sub-question too)
     return p
 
 
 def parse_args(argv: Sequence[str] | None) -> AnswerSettings:
-    from llm_bridge.cli import options_from_args
+    from engine.providers import llm_provider
 
     ns = _parser().parse_args(argv)
     settings = settings_from_args(AnswerSettings, ns)  # its checks first: a bad --top-k before the LLM flags
@@ -108,7 +108,7 @@ def parse_args(argv: Sequence[str] | None) -> AnswerSettings:
         from kgreason.files import check_not_input
 
         check_not_input(ns.llm_cache, what="--llm-cache", inputs=[("--artifact", ns.artifact)])
-    return dataclasses.replace(settings, llm=options_from_args(ns, top_k=settings.top_k))
+    return dataclasses.replace(settings, llm=llm_provider().answer_options(ns, top_k=settings.top_k))
 
 
 def _token(value: str) -> str | int:
@@ -209,19 +209,19 @@ def _trace_lines(trace) -> list[str]:
         if nt.row_evidence is not None:
             parts.append(f"row replaced by {nt.row_evidence.source} (others {nt.row_evidence.score:g})")
         if nt.notes:
-            from llm_bridge.cli import compact_notes  # the bridge's notes in one line (--json has them in full)
+            from engine.providers import llm_provider  # the provider's notes in one line (--json has them in full)
 
-            parts.append(compact_notes(nt.notes))
+            parts.append(llm_provider().compact_notes(nt.notes))
         lines.append(f"node {list(nt.path)} ({what}): " + "; ".join(parts))
     return ["trace:"] + ["  " + l for l in lines] if lines else []
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from llm_bridge.cli import llm_hooks
+    from engine.providers import llm_provider
 
     cfg = parse_args(argv)
-    with llm_hooks(cfg.llm) as hooks:  # () without --llm
+    with llm_provider().answer_hooks(cfg.llm) as hooks:  # () without --llm
         return run(cfg, hooks=hooks)
 
 
