@@ -38,8 +38,8 @@ trouble never raises, so a caller can fall back to KG-only answers.
 * **Budget**: ``config.budget_calls`` HTTP requests and ``config.budget_tokens``
   tokens per client; once spent every further request is an
   ``LLMFailure(reason="budget")``.  Cache hits are free.
-* **De-duplication**: identical prompts (same model, messages and parameters) are asked once per
-  client: later ones wait for the one in flight or reuse its completion (an in-memory map of
+* **De-duplication** (the bridge's one layer: the LGOT hook passes its prompts as they are):
+  identical prompts (same model, messages and parameters) are asked once per client: later ones wait for the one in flight or reuse its completion (an in-memory map of
   the last :data:`MEMO_SIZE` completions).
 * **n > 1 on servers that ignore it** (llama.cpp's server returns one choice):
   the missing samples are requested one by one, sample ``j`` with ``seed=j``
