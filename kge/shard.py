@@ -7,67 +7,56 @@
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Sequence
 
-from kgreason.cli import ArgumentParser
-from kgreason.errors import UserError, cli_main
+from kgreason.cli import (ArgumentParser, QuietSettings, Settings, add_settings_arguments, setting, settings_from_args,
+                          verify_setting)
+from kgreason.errors import cli_main
 
-__all__ = ["ShardConfig", "parse_args", "run", "main"]
-
-
-# ------------------------------------------------------------------------------------ the CLI
-@dataclass(frozen=True)
-class ShardConfig:
-    """What ``kge.shard`` was asked to do (see ``--help``)."""
-
-    artifact: str
-    shards: int
-    out: str
-    overwrite: bool = False
-    verify: bool = True
-    quiet: bool = False
+__all__ = ["ShardSettings", "parse_args", "run", "main"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    from kge.artifact import add_checksum_argument
+@dataclass(frozen=True, kw_only=True)
+class ShardSettings(Settings):
+    """What ``kge.shard`` was asked to do; each field's flag is declared with it (see ``--help``)."""
 
+    artifact: str = setting(metavar="DIR", help="the eager artifact folder to shard (left as it is)")
+    shards: int = setting(low=1, integer=True, metavar="P", help="number of shards = ranks of the sharded run")
+    out: str = setting(metavar="DIR", help="the new shard folder (missing parent folders are created)")
+    overwrite: bool = setting(False, help="replace a shard folder already there")
+    verify: bool = verify_setting()
+
+
+def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m kge.shard",
                        description="Split an eager artifact into P column shards for a sharded run "
                                    "(torchrun --nproc-per-node P -m engine.answer --artifact OUT ...).")
-    p.add_argument("--artifact", required=True, metavar="DIR", help="the eager artifact folder to shard")
-    p.add_argument("--shards", required=True, type=int, metavar="P", help="number of shards = ranks of the run")
-    p.add_argument("--out", required=True, metavar="DIR", help="the new shard folder")
-    p.add_argument("--overwrite", action="store_true", help="replace a shard folder already there")
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    add_checksum_argument(p)
+    add_settings_arguments(p, ShardSettings)
+    add_settings_arguments(p, QuietSettings)
     return p
 
 
-def parse_args(argv: Sequence[str] | None) -> ShardConfig:
+def parse_args(argv: Sequence[str] | None) -> tuple[ShardSettings, bool]:
     ns = _parser().parse_args(argv)
-    if ns.shards < 1:
-        raise UserError(f"--shards must be >= 1, got {ns.shards}")
-    return ShardConfig(artifact=ns.artifact, shards=ns.shards, out=ns.out, overwrite=ns.overwrite,
-                       verify=not ns.skip_artifact_checksums, quiet=ns.quiet)
+    return settings_from_args(ShardSettings, ns), settings_from_args(QuietSettings, ns).progress
 
 
-def run(cfg: ShardConfig) -> int:
+def run(cfg: ShardSettings, progress: bool = True) -> int:
     from kge.artifact import Artifact
-
     from kge.sharding import write_shards
 
     art = Artifact.load(cfg.artifact, verify=cfg.verify, load_embeddings=False)
-    out = write_shards(art, cfg.shards, cfg.out, overwrite=cfg.overwrite, progress=not cfg.quiet)
-    if not cfg.quiet:
+    out = write_shards(art, cfg.shards, cfg.out, overwrite=cfg.overwrite, progress=progress)
+    if progress:
         print(f"wrote {cfg.shards} shards to {out}")
     return 0
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(parse_args(argv))
+    cfg, progress = parse_args(argv)
+    return run(cfg, progress)
 
 
 if __name__ == "__main__":
