@@ -698,16 +698,12 @@ class Executor:
         for idx in self._groups(keys, batch_size):
             batch = [resolved[j] for j in idx]
             value, run = self._run_batch(batch, idx, want_arg=walk, record=walk, trace_values=trace_values)
-            top_vals, top_ids = _topk_stable(value.values, min(k, self.num_entities))
-            top_vals, top_ids = top_vals.cpu().numpy(), top_ids.cpu().numpy()
+            top_vals_t, top_ids_t = self._top_k(value.values, min(k, self.num_entities))
+            top_vals, top_ids = top_vals_t.cpu().numpy(), top_ids_t.cpu().numpy()
             cpu_record = None
             if walk:
                 assert run.record is not None
-                # numpy views on CPU: the backward pass reads single elements, which numpy does
-                # in well under a microsecond and torch indexing does not.
-                cpu_record = {p: _Witness(v.values.cpu().numpy(), None if v.argmax is None else v.argmax.cpu().numpy(),
-                                          v.evidence, v.row_evidence)
-                              for p, v in run.record.items()}
+                cpu_record = self._witness_record(batch, run.record, top_vals, top_ids)
             traces = run.trace.traces()
             for row, qi in enumerate(idx):
                 answers = []
@@ -724,6 +720,20 @@ class Executor:
         return results  # type: ignore[return-value]
 
     # ------------------------------------------------------------------------- backward pass
+    # Two steps of answer() a subclass may replace (engine.exec.sharded: values split across ranks).
+    def _top_k(self, values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top-``k`` (values, entity ids) of every row of the batch's result (ties: smaller id)."""
+        return _topk_stable(values, k)
+
+    def _witness_record(self, batch: list[Node], record: dict, top_vals: np.ndarray,
+                        top_ids: np.ndarray) -> dict[tuple[int, ...], "_Witness"]:
+        """What the backward pass reads for the answers ``top_ids`` of ``batch``: per node path, its values,
+        witnesses and evidence (here all of them, as numpy views on the CPU: the backward pass reads
+        single elements, which numpy does in well under a microsecond and torch indexing does not)."""
+        return {p: _Witness(v.values.cpu().numpy(), None if v.argmax is None else v.argmax.cpu().numpy(),
+                            v.evidence, v.row_evidence)
+                for p, v in record.items()}
+
     def _explain(self, node: Node, path: tuple[int, ...], row: int, ent: int,
                  record: dict[tuple[int, ...], "_Witness"]) -> Explanation:
         """The explanation of ``node`` (at ``path``) for entity ``ent`` of batch row ``row``: its type's
