@@ -57,6 +57,8 @@ _ROW_OVERHEAD = 32
 #: Bytes a cached entry costs: column + value (8 bytes) in the row set, and again in the prepared
 #: stack's transpose (the stack's own column/value arrays are the row set's, shared).
 _ENTRY_BYTES = 16
+#: Up to this many rows over several relations, :meth:`LazyMatrices.rows`' warm path slices row by row.
+_SLICE_ROWS = 256
 #: After an eviction the cache holds at most this share of its budget: evicting a little below the
 #: budget makes the (sort of every cached row's tick) eviction pass rare instead of once per insert.
 _EVICT_TO = 0.9
@@ -428,6 +430,9 @@ class LazyMatrices:
         """
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         self._check_keys(keys)
+        warm = self._warm_rows(keys)
+        if warm is not None:
+            return warm
         n = self.num_entities
         uniq, inv = np.unique(keys, return_inverse=True)
         groups = [g for g in np.split(uniq, np.flatnonzero(np.diff(uniq // n)) + 1) if len(g)]
@@ -444,6 +449,68 @@ class LazyMatrices:
         all_cols = np.concatenate(cols) if cols else np.zeros(0, np.int32)
         all_vals = np.concatenate(vals) if vals else np.zeros(0, np.float32)
         return take_rows(indptr, all_cols, all_vals, inv.reshape(-1))
+
+    def _warm_rows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`rows` when every key's row is in its relation's merged cached set (else ``None``): one
+        ``searchsorted`` and one gather per relation, no copy of a set and no sort of the keys.
+
+        An anchor projection asks for one row per query (``ops.project`` of a one-hot batch reads
+        nothing else); through :meth:`_row_sets` a warm batch of 16 such rows cost more than
+        the eager projection it stands for (a lookup, a subset copy and a merge per relation).
+        """
+        if not len(keys):
+            return None
+        n = self.num_entities
+        rels = keys // n
+        heads = keys - rels * n
+        r0 = int(rels[0])
+        uniq = [r0] if bool((rels == r0).all()) else np.unique(rels).tolist()
+        found = []
+        for r in uniq:
+            main = self.cache.main(int(r))
+            if main is None or not len(main):
+                return None
+            sel = None if len(uniq) == 1 else np.flatnonzero(rels == r)
+            h = heads if sel is None else heads[sel]
+            pos = np.searchsorted(main.heads, h)
+            if (pos >= len(main)).any() or (main.heads[np.minimum(pos, len(main) - 1)] != h).any():
+                return None
+            found.append((sel, main, pos))
+        tick = self.cache.next_tick()
+        st = self.stats
+        st.requests += 1
+        st.rows_requested += len(keys)
+        st.cache_hits += len(keys)
+        for _, main, pos in found:
+            main.ticks[pos] = tick
+        if len(found) == 1:
+            _, main, pos = found[0]
+            return take_rows(main.indptr, main.cols, main.vals, pos)
+        if len(keys) > _SLICE_ROWS:
+            # each relation's rows, then back into the order of keys
+            ptrs, cols, vals, where, off = [np.zeros(1, np.int64)], [], [], [], 0
+            for sel, main, pos in found:
+                p, c, v = take_rows(main.indptr, main.cols, main.vals, pos)
+                ptrs.append(p[1:] + off)
+                cols.append(c)
+                vals.append(v)
+                where.append(sel)
+                off += len(c)
+            order = np.empty(len(keys), dtype=np.int64)
+            order[np.concatenate(where)] = np.arange(len(keys))
+            return take_rows(np.concatenate(ptrs), np.concatenate(cols), np.concatenate(vals), order)
+        # few rows over several relations (an anchor batch): a slice per row is cheaper than a vectorised
+        # gather per relation (take_rows is ~8 numpy calls)
+        pieces: list = [None] * len(keys)
+        for sel, main, pos in found:
+            ptr = main.indptr
+            for k, p in zip(sel.tolist(), pos.tolist()):
+                pieces[k] = (main, int(ptr[p]), int(ptr[p + 1]))
+        lens = np.fromiter((e - s for _, s, e in pieces), dtype=np.int64, count=len(keys))
+        indptr = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(lens, out=indptr[1:])
+        return (indptr, np.concatenate([m.cols[s:e] for m, s, e in pieces]),
+                np.concatenate([m.vals[s:e] for m, s, e in pieces]))
 
     def stacks(self, wanted: Sequence[tuple[int, np.ndarray]], device: Any) -> list[Any]:
         """Per ``(r, heads)`` of ``wanted``, a one-relation ``ops.StackedMatrices`` (N, N) on ``device`` holding
