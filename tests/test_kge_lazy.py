@@ -474,7 +474,9 @@ def test_stacks_hold_the_eager_rows_over_random_requests(seed, budget_gb):
     for _ in range(12):
         wanted = [(int(rr), np.unique(rng.integers(0, n, int(rng.integers(0, n))))) for rr in
                   np.unique(rng.integers(0, r, int(rng.integers(1, r + 1))))]
-        for (rr, heads), st in zip(wanted, m.stacks(wanted, "cpu")):
+        # heads as ids or as an (N,) bool mask (what LazyRows passes for a dense batch), at random
+        asked = [(rr, _mask(heads, n) if rng.random() < 0.5 else heads) for rr, heads in wanted]
+        for (rr, heads), st in zip(wanted, m.stacks(asked, "cpu")):
             assert st.num_relations == 1 and st.n == n
             for h in heads.tolist():
                 lo, hi = int(st.crow[h]), int(st.crow[h + 1])
@@ -485,18 +487,26 @@ def test_stacks_hold_the_eager_rows_over_random_requests(seed, budget_gb):
         sets = list(m.cache._main.values()) + list(m.cache._pending.values())
         assert m.cache.bytes == sum(s.nbytes for s in sets)  # the count follows every merge, eviction, stack
     if budget_gb == 1.0:
-        # a prepared set's two row-pointer arrays count (16 MB per relation at a million entities)
+        # a prepared set's two row-pointer arrays, its membership mask and entity pointers count (25 MB per relation
+        # at a million entities)
         before = m.cache.bytes
         m.stacks([(0, np.arange(n))], "cpu")
         m.stacks([(0, np.arange(n))], "cpu")
         main = m.cache.main(0)
-        assert main is not None and main.ptr_bytes == 16 * (n + 1) and m.cache.bytes >= before
+        assert main is not None and main.ptr_bytes == 16 * (n + 1) + n + 8 * (n + 1) and m.cache.bytes >= before
         heads = np.arange(n)
         m.stacks([(0, heads)], "cpu")  # computes what is missing (the new rows may wait in the pending set)
         computed = m.stats.rows_computed
         first = m.stacks([(0, heads)], "cpu")[0]  # asked again: pending rows are merged, the set prepared
         assert m.stacks([(0, heads)], "cpu")[0] is first and m.stacks([(0, heads[::3])], "cpu")[0] is first
+        assert m.stacks([(0, _mask(heads[::2], n))], "cpu")[0] is first
         assert m.stats.rows_computed == computed
+
+
+def _mask(heads: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=bool)
+    out[heads] = True
+    return out
 
 
 # ------------------------------------------------------------------------------ one-hot (anchor) projections
@@ -509,8 +519,9 @@ def _records(ex: Executor, queries) -> dict:
     return run.record
 
 
+@pytest.mark.parametrize("negation", NEGATION_MODES)
 @pytest.mark.parametrize("slice_rows", [0, 256])
-def test_anchor_projections_from_cached_rows_equal_the_kernel(seed, monkeypatch, slice_rows):
+def test_anchor_projections_from_cached_rows_equal_the_kernel(seed, monkeypatch, slice_rows, negation):
     """Lazy anchor projections are one gather of cached rows (LazyRows.one_hot_rows), not a kernel call per
     relation: values AND witnesses of every node equal the eager kernel's bit for bit, cold, warm, with rows
     still pending in the cache, and in sparse runs (both gather branches: per-row slices and per-relation)."""
@@ -521,13 +532,14 @@ def test_anchor_projections_from_cached_rows_equal_the_kernel(seed, monkeypatch,
     n, r = int(rng.integers(20, 60)), int(rng.integers(2, 7))
     ent, rel = random_embeddings(rng, n, r, scale=float(rng.uniform(0.4, 1.2)))
     eager, lazy = artifact_pair(ent, rel, random_observed(rng, n, r, 4 * n), threshold=float(rng.choice([2e-3, 1e-2])))
-    ee, el = Executor(eager), Executor(lazy)
-    structures = [STRUCTURES[s] for s in ("1p", "2p", "2i", "pi", "up", "2in")]
+    scale = float(rng.choice([0.5, 3.0, 40.0]))  # 40: many factors are exactly 0
+    ee, el = Executor(eager, neg_scale=scale), Executor(lazy, neg_scale=scale)
+    structures = [STRUCTURES[s] for s in ("1p", "2p", "2i", "pi", "up", "2in", "3in", "pni", "pin", "inp")]
     for round_ in range(4):  # cold, then warm, then new heads of cached relations (pending), then warm again
         batch = []
         for st in structures:
-            same = [st.build(rng.integers(0, n, st.num_anchors).tolist(), rng.integers(0, r, st.num_relations).tolist())
-                    for _ in range(int(rng.integers(1, 6)))]
+            same = [st.build(rng.integers(0, n, st.num_anchors).tolist(), rng.integers(0, r, st.num_relations).tolist(),
+                             negation=negation) for _ in range(int(rng.integers(1, 6)))]
             batch += same
             got_all = _records(el, same)
             for path, want in _records(ee, same).items():
@@ -536,7 +548,7 @@ def test_anchor_projections_from_cached_rows_equal_the_kernel(seed, monkeypatch,
                 assert (got.argmax is None) == (want.argmax is None)
                 if want.argmax is not None:
                     assert torch.equal(got.argmax, want.argmax), (round_, path)
-        assert torch.equal(Executor(lazy, sparse=True).scores(batch), ee.scores(batch))
+        assert torch.equal(Executor(lazy, sparse=True, neg_scale=scale).scores(batch), ee.scores(batch))
     assert lazy.matrices.stats.cache_hits > 0
 
 
@@ -551,10 +563,16 @@ def test_warm_rows_gather_equals_the_rows_computed(seed):
     cold = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0)
     cached = rng.choice(n * r, size=int(rng.integers(1, n * r + 1)), replace=False)
     warm.rows(cached)
+    warm.rows(cached)  # rows left pending by the first call are merged
     for size in (1, 2, 5, 40, 300):
         keys = rng.choice(cached, size=size)  # repeats included
         before = warm.stats.rows_computed
-        got = warm.rows(keys)
+        slow = warm._row_sets
+        warm._row_sets = None  # type: ignore[assignment]  # the warm path must not look rows up
+        try:
+            got = warm.rows(keys)
+        finally:
+            warm._row_sets = slow  # type: ignore[method-assign]
         assert warm.stats.rows_computed == before
         want = cold.rows(keys)
         for a, b in zip(got, want):
