@@ -353,8 +353,9 @@ def test_build_cli_lazy_auto_and_eager_from_lazy_embeddings(tmp_path):
     assert lazy.is_lazy and lazy.matrices.threshold == 2e-4 and lazy.matrices.row_cache_gb == 0.125
     assert "calibrate" not in lazy.meta["timings_s"]
     # nearly flat softmax rows: every entry survives 2e-4, ~13 MB eager > 1 MiB, so auto is lazy (threshold kept)
+    # for a few expected queries (the default 14,000 would raise the threshold instead: tests/test_kge_build.py)
     assert build_main([*common, "--out", str(tmp_path / "auto"), "--embeddings", str(tmp_path / "lazy"),
-                       "--matrices", "auto", "--max-matrix-gb", str(2.0**-10)]) == 0
+                       "--matrices", "auto", "--max-matrix-gb", str(2.0**-10), "--expected-queries", "10"]) == 0
     auto = Artifact.load(tmp_path / "auto")
     assert auto.is_lazy and auto.matrices.threshold == 2e-4
     assert "lazy" in auto.meta["calibration"]["nnz_estimate"]["message"]

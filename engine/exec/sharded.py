@@ -208,6 +208,11 @@ class ShardedExecutor(Executor):
         self.hops.append(_Hop(sum(comm.received.values()) - before, dense, 0))
         return g_rows, g_ents, g_vals
 
+    def _project_one_hot(self, ents: Any, rels: Any, want_arg: bool, negated: bool, *, keep_sparse: bool) -> None:
+        """No gather fast path: an anchor's row lives on every rank that owns one of its tails, so one-hot rows
+        go through the exchange of :meth:`_project_rows` like any other."""
+        return None
+
     def _project_rows(self, x: Any, rels: list[int], negated: bool, want_arg: bool,
                       strategy: str = "auto", *, keep_sparse: bool = False):
         """Row ``b`` of the block ``x`` (B, N_k) through relation ``rels[b]``: this block of ``(y, argmax)``.
