@@ -86,9 +86,14 @@ setup(
         "calibrated sparse relation matrices, C++/CUDA fuzzy-set kernels and an LLM bridge."
     ),
     python_requires=">=3.10",
-    packages=find_packages(include=["kgreason*", "kge*", "ops*", "engine*", "llm_bridge*"]),
+    # The library (kgreason, ops, kge, engine, llm_bridge) and, beside it, the research tools (experiments:
+    # `python -m experiments.<tool>`; the library imports none of them, docs/layout.md).
+    packages=find_packages(include=["kgreason*", "kge*", "ops*", "engine*", "llm_bridge*", "experiments*"]),
     # The LLM bridge's prompt templates (llm_bridge/templates/*.txt) are read at run time.
     package_data={"llm_bridge": ["templates/*.txt"]},
+    # The engine's CLIs find their LLM provider here (engine.providers); without this metadata they import
+    # llm_bridge.provider by name.
+    entry_points={"kgreason.llm_providers": ["llm_bridge = llm_bridge.provider:PROVIDER"]},
     ext_modules=_extensions(),
     cmdclass=_cmdclass(),
     install_requires=[

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11's large-KG run: a 120,000-entity, 1,500-relation synthetic KG (kge.synthetic) end to end on a
+# Issue 11's large-KG run: a 120,000-entity, 1,500-relation synthetic KG (experiments.synthetic_kg) end to end on a
 # laptop-class CPU: generate, build with half the edges held out and the default --matrices auto (lazy here; the `huge` preset:
 # sampled-candidate training, 15-minute budget), sample 2p/2i queries, answer them (frontier k = 32, and
 # exactly on 50 per structure), and answer one query from the CLI.  Every step runs under /usr/bin/time -v
@@ -31,7 +31,7 @@ touch "$MARK"
 T="/usr/bin/time -v"
 step() { local name=$1; shift; echo "== $name" >&2; local t=$(date +%s.%N); $T "$@" > "$S/$name.log" 2>&1 || { tail -5 "$S/$name.log" >&2; exit 1; }; \
   echo "   $(python3 -c "print(f'{$(date +%s.%N) - $t:.1f} s')"), peak RSS $(grep 'Maximum resident' "$S/$name.log" | awk '{printf "%.2f GiB", $6/1048576}')" >&2; }
-step generate python -m kge.synthetic --entities "${ENTITIES:-120000}" --relations "${RELATIONS:-750}" --edges "${EDGES:-1500000}" --seed 0 --out "$S/syn120k.tsv" --stats-json "$S/syn120k.json"
+step generate python -m experiments.synthetic_kg --entities "${ENTITIES:-120000}" --relations "${RELATIONS:-750}" --edges "${EDGES:-1500000}" --seed 0 --out "$S/syn120k.tsv" --stats-json "$S/syn120k.json"
 # no --matrices: the default (auto) picks lazy here, as calibrating 1,500 x 120k rows would take days (the log says so)
 step build python -m kge.build --kg "$S/syn120k.tsv" --out "$S/art" --drop-edges 0.5 --overwrite ${TRAIN_MINUTES:+--train-minutes "$TRAIN_MINUTES"}
 step sample python -m engine.sample --artifact "$S/art" --structures 2p 2i --per-structure 500 --seed 0 --out "$S/q.jsonl" --no-progress

@@ -19,128 +19,96 @@ it and lists the nodes hooks touched.
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import re
 import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from kgreason.cli import ArgumentParser as _Parser, check_device, check_seed  # _Parser: one-line UserError, user text escaped
-from kgreason.constants import QTO_NEG_SCALE
+from kgreason.cli import (SEED_MAX, ArgumentParser as _Parser, Settings, add_settings_arguments, setting,  # _Parser: one-line UserError, user text escaped
+                          settings_from_args, verify_setting)
 from kgreason.errors import UserError, cli_main
 from kgreason.text import json_line, printable  # KG names and LLM text: escaped where printed
 
-__all__ = ["AnswerConfig", "main", "run"]
+from engine.cli_fields import (device_setting, frontier_k_setting, neg_scale_setting, row_cache_gb_setting,
+                               row_store_gb_setting, tnorm_setting)
+from engine.lang.structures import NEGATION_MODES, STRUCTURES
+
+__all__ = ["AnswerSettings", "AnswerConfig", "main", "run"]
 
 _ID = re.compile(r"#(\d+)")
+#: The flags that say what to ask (exactly one of them).
+_SOURCES = ("query", "expr", "queries")
 
 
-@dataclass(frozen=True)
-class AnswerConfig:
-    """Everything ``engine.answer`` was asked to do (see ``--help``)."""
+@dataclass(frozen=True, kw_only=True)
+class AnswerSettings(Settings):
+    """Everything ``engine.answer`` was asked to do; each field's flag is declared with it (see ``--help``)."""
 
-    artifact: str | None = None
-    query: str | None = None
-    anchors: tuple[str, ...] | None = None
-    relations: tuple[str, ...] | None = None
-    expr: str | None = None
-    queries: str | None = None
-    top_k: int = 10
-    explain: bool = True
-    tnorm: str = "product"
-    neg_scale: float = QTO_NEG_SCALE
-    negation: str = "qto"
-    device: str = "cpu"
-    seed: int = 0
-    json: bool = False
-    trace_values: bool = False
-    frontier_k: int | None = None
-    row_cache_gb: float | None = None
-    row_store_gb: float | None = None
-    llm: object = None  # llm_bridge.cli.LLMOptions with --llm, else None (KG only)
-    verify: bool = True  # False: --skip-artifact-checksums (finite values and shapes are checked anyway)
+    artifact: str | None = setting(None, metavar="DIR", shown_default="the bundled UMLS KG, built on first use",
+                                   help="artifact folder")
+    query: str | None = setting(None, metavar="STRUCTURE",
+                                help=f"a BetaE structure ({' '.join(STRUCTURES)}); without --anchors/--relations a "
+                                     "seeded example query with answers is picked from the KG")
+    anchors: tuple[str, ...] | None = setting(None, metavar="A", help="anchor entities for --query (names; #12 = id 12)")
+    relations: tuple[str, ...] | None = setting(None, metavar="R", help="relations for --query, in BetaE binding order")
+    expr: str | None = setting(None, help="a query expression, e.g. '(i (p r1 A) (np r2 B))'")
+    queries: str | None = setting(None, metavar="FILE", help="a file with one query expression per line")
+    top_k: int = setting(10, low=1, integer=True, help="answers per query")
+    explain: bool = setting(True, boolean_optional=True, help="print why each answer holds (default on)")
+    tnorm: str = tnorm_setting()
+    neg_scale: float = neg_scale_setting()
+    negation: str = setting("qto", choices=NEGATION_MODES,
+                            help="how --query structures negate: QTO's negated edge or the complement 1-x")
+    device: str = device_setting()
+    seed: int = setting(0, low=0, high=SEED_MAX, integer=True, help="seed of the example query for --query alone")
+    json: bool = setting(False, help="print one JSON object per query (JSON lines)")
+    trace_values: bool = setting(False, help="keep every node's values in the trace (--json: each node's top 10 "
+                                             "entities)")
+    frontier_k: int | None = frontier_k_setting()
+    row_cache_gb: float | None = row_cache_gb_setting()
+    row_store_gb: float | None = row_store_gb_setting()
+    llm: object = None  # the LLM provider's settings with --llm (llm_bridge.cli.LLMSettings), else None (KG only)
+    verify: bool = verify_setting()
+
+    def __post_init__(self) -> None:
+        given = [name for name in _SOURCES if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise UserError("give exactly one of --query, --expr, --queries"
+                            + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
+        if (self.anchors or self.relations) and self.query is None:
+            raise UserError("--anchors/--relations go with --query STRUCTURE")
+        if self.query is not None and bool(self.anchors) != bool(self.relations):
+            raise UserError(f"--query {self.query}: give both --anchors and --relations, or neither (for an example query)")
+        super().__post_init__()
 
 
-def _parser() -> argparse.ArgumentParser:
+#: The former name of :class:`AnswerSettings` (settings classes are named by docs/cli.md's rule).
+AnswerConfig = AnswerSettings
+
+
+def _parser() -> _Parser:
     p = _Parser(prog="python -m engine.answer", description="Answer first-order logical queries over a knowledge graph "
                 "(QTO: exact max-product over calibrated relation matrices) and explain each answer.")
     src = p.add_argument_group("what to ask (exactly one of --query, --expr, --queries)")
-    src.add_argument("--query", metavar="STRUCTURE",
-                     help="a BetaE structure (1p 2p 3p 2i 3i ip pi 2in 3in inp pin pni 2u up); without --anchors/"
-                          "--relations a seeded example query with answers is picked from the KG")
-    src.add_argument("--anchors", nargs="+", metavar="A", help="anchor entities for --query (names; #12 = id 12)")
-    src.add_argument("--relations", nargs="+", metavar="R", help="relations for --query, in BetaE binding order")
-    src.add_argument("--expr", help="a query expression, e.g. '(i (p r1 A) (np r2 B))'")
-    src.add_argument("--queries", metavar="FILE", help="a file with one query expression per line")
-    p.add_argument("--artifact", metavar="DIR", help="artifact folder (default: the bundled UMLS KG, built on first use)")
-    p.add_argument("--top-k", type=int, default=10, help="answers per query (default 10)")
-    p.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
-                   help="print why each answer holds (default on)")
-    from ops.fuzzy import TNORMS
-    from engine.lang.structures import NEGATION_MODES
+    add_settings_arguments(src, AnswerSettings, only=("query", "anchors", "relations", "expr", "queries"))
+    add_settings_arguments(p, AnswerSettings, skip=("query", "anchors", "relations", "expr", "queries"))
+    from engine.providers import llm_provider
 
-    p.add_argument("--tnorm", choices=TNORMS, default="product", help="intersection t-norm (default product)")
-    p.add_argument("--neg-scale", type=float, default=QTO_NEG_SCALE,
-                   help=f"s in QTO's negation 1-min(1, s*M) (default {QTO_NEG_SCALE})")
-    p.add_argument("--negation", choices=NEGATION_MODES, default="qto",
-                   help="how --query structures negate: QTO's negated edge or the complement 1-x (default qto)")
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the example query for --query alone (default 0)")
-    p.add_argument("--frontier-k", type=int, default=None, metavar="K",
-                   help="keep the K best entities of every projection's input (as CQD-beam; default: all, exact)")
-    p.add_argument("--row-cache-gb", type=float, default=None, metavar="G",
-                   help="lazy artifacts: calibrated-row cache budget in GiB (default: as built)")
-    p.add_argument("--row-store-gb", type=float, default=None, metavar="G",
-                   help="lazy artifacts: disk budget of the rows persisted for later runs, in GiB under "
-                        "$KGREASON_HOME/rows (default 4; 0: off)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per query (JSON lines)")
-    p.add_argument("--trace-values", action="store_true",
-                   help="keep every node's values in the trace (--json: each node's top 10 entities)")
-    from kge.artifact import add_checksum_argument
-    from llm_bridge.cli import add_arguments as add_llm_arguments
-
-    add_checksum_argument(p)
-    add_llm_arguments(p)  # --llm and its --llm-* flags (LGOT: the LLM answers every sub-question too)
+    llm_provider().add_answer_arguments(p)  # --llm and its --llm-* flags (LGOT: the LLM answers every sub-question too)
     return p
 
 
-def parse_args(argv: Sequence[str] | None) -> AnswerConfig:
-    from llm_bridge.cli import options_from_args
+def parse_args(argv: Sequence[str] | None) -> AnswerSettings:
+    from engine.providers import llm_provider
 
     ns = _parser().parse_args(argv)
-    given = [name for name in ("query", "expr", "queries") if getattr(ns, name) is not None]
-    if len(given) != 1:
-        raise UserError("give exactly one of --query, --expr, --queries" + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
-    if (ns.anchors or ns.relations) and ns.query is None:
-        raise UserError("--anchors/--relations go with --query STRUCTURE")
-    if ns.query is not None and bool(ns.anchors) != bool(ns.relations):
-        raise UserError(f"--query {ns.query}: give both --anchors and --relations, or neither (for an example query)")
-    if ns.top_k < 1:
-        raise UserError(f"--top-k must be >= 1, got {ns.top_k}")
-    check_seed(ns.seed)
-    check_device(ns.device)
-    if ns.frontier_k is not None and ns.frontier_k < 1:
-        raise UserError(f"--frontier-k must be >= 1, got {ns.frontier_k}")
-    if ns.row_cache_gb is not None:
-        from kge.lazy import check_row_cache_gb
-
-        check_row_cache_gb(ns.row_cache_gb, "--row-cache-gb")
-    if ns.row_store_gb is not None:
-        from kge.lazy import check_row_store_gb
-
-        check_row_store_gb(ns.row_store_gb, "--row-store-gb")
+    settings = settings_from_args(AnswerSettings, ns)  # its checks first: a bad --top-k before the LLM flags
     if getattr(ns, "llm_cache", None):  # the LLM's response cache is written: never into the artifact
         from kgreason.files import check_not_input
 
         check_not_input(ns.llm_cache, what="--llm-cache", inputs=[("--artifact", ns.artifact)])
-    return AnswerConfig(
-        artifact=ns.artifact, query=ns.query, anchors=tuple(ns.anchors) if ns.anchors else None,
-        relations=tuple(ns.relations) if ns.relations else None, expr=ns.expr, queries=ns.queries,
-        top_k=ns.top_k, explain=ns.explain, tnorm=ns.tnorm, neg_scale=ns.neg_scale, negation=ns.negation,
-        device=ns.device, seed=ns.seed, json=ns.json, trace_values=ns.trace_values,
-        frontier_k=ns.frontier_k, row_cache_gb=ns.row_cache_gb, row_store_gb=ns.row_store_gb, llm=options_from_args(ns, top_k=ns.top_k),
-        verify=not ns.skip_artifact_checksums,
-    )
+    return dataclasses.replace(settings, llm=llm_provider().answer_options(ns, top_k=settings.top_k))
 
 
 def _token(value: str) -> str | int:
@@ -159,7 +127,7 @@ def read_queries(path: str) -> list[tuple[str, str]]:
     return out
 
 
-def run(cfg: AnswerConfig, out=None, *, hooks: Sequence = ()) -> int:
+def run(cfg: AnswerSettings, out=None, *, hooks: Sequence = ()) -> int:
     """Answer the queries ``cfg`` describes and print them (text or JSON lines) to ``out`` (default stdout).
 
     ``hooks``: per-node executor hooks (:mod:`engine.exec.hooks`), e.g. an LLM
@@ -241,19 +209,19 @@ def _trace_lines(trace) -> list[str]:
         if nt.row_evidence is not None:
             parts.append(f"row replaced by {nt.row_evidence.source} (others {nt.row_evidence.score:g})")
         if nt.notes:
-            from llm_bridge.cli import compact_notes  # the bridge's notes in one line (--json has them in full)
+            from engine.providers import llm_provider  # the provider's notes in one line (--json has them in full)
 
-            parts.append(compact_notes(nt.notes))
+            parts.append(llm_provider().compact_notes(nt.notes))
         lines.append(f"node {list(nt.path)} ({what}): " + "; ".join(parts))
     return ["trace:"] + ["  " + l for l in lines] if lines else []
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from llm_bridge.cli import llm_hooks
+    from engine.providers import llm_provider
 
     cfg = parse_args(argv)
-    with llm_hooks(cfg.llm) as hooks:  # () without --llm
+    with llm_provider().answer_hooks(cfg.llm) as hooks:  # () without --llm
         return run(cfg, hooks=hooks)
 
 

@@ -4,7 +4,7 @@ Examples::
 
     python -m engine.ask --artifact artifacts/metaqa "which person directed the movies starred by [John Krasinski]"
     python -m engine.ask --artifact artifacts/metaqa --questions questions.jsonl --json
-    # with an LLM planner/reasoner (any OpenAI-compatible server; the simulator: llm_bridge.simulate_ask)
+    # with an LLM planner/reasoner (any OpenAI-compatible server; the simulator: experiments.simulate_ask)
     python -m engine.ask --artifact artifacts/metaqa --questions questions.jsonl --llm \\
         --llm-base-url http://127.0.0.1:8099/v1 --llm-model sim --context yaml
 
@@ -127,12 +127,12 @@ def _parser() -> argparse.ArgumentParser:
                         "and those the question names word for word (default 0.4; 0 turns it off)")
     p.add_argument("--json", action="store_true", help="print one JSON object per question (JSON lines)")
     p.add_argument("--show-context", action="store_true", help="print the KG context the reasoner sees")
+    from engine.providers import llm_provider
     from kge.artifact import add_checksum_argument
-    from llm_bridge.config import add_llm_arguments
 
     add_checksum_argument(p)
 
-    g = add_llm_arguments(p)
+    g = llm_provider().add_client_arguments(p)
     g.add_argument("--llm", action="store_true", help="plan and reason with the LLM (default: embedding-only)")
     g.add_argument("--no-llm-reasoner", dest="reasoner", action="store_false",
                    help="with --llm: the LLM plans, the best-scoring path answers")
@@ -165,13 +165,13 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
     if ns.max_hops > 6:
         raise UserError(f"--max-hops must be <= 6 (relation sequences grow exponentially), got {ns.max_hops}")
     kwargs = json_object(ns.encoder_kwargs, "--encoder-kwargs")
-    from llm_bridge.config import config_from_args, refuse_llm_flags
+    from engine.providers import llm_provider
 
     llm = None
     if ns.llm:
-        llm = config_from_args(ns)
+        llm = llm_provider().client_config(ns)
     else:  # the rule of every --llm CLI: an LLM flag without --llm is refused (--no-llm-cache too)
-        refuse_llm_flags(ns, also=[("--no-llm-reasoner", not ns.reasoner)])
+        llm_provider().refuse_llm_flags(ns, also=[("--no-llm-reasoner", not ns.reasoner)])
     return AskConfig(artifact=ns.artifact, question=ns.question, questions=ns.questions, k=ns.k, mode=ns.mode,
                      max_hops=ns.max_hops, answers=ns.answers, candidate_relations=ns.candidate_relations,
                      replan=ns.replan, context=ns.context, max_context_tokens=ns.max_context_tokens,
@@ -218,14 +218,11 @@ def _question(where: str, obj: dict) -> tuple[str, str, tuple[str, ...] | None]:
 
 def _linker(artifact):
     """The bridge's entity linker for bracketed mentions that are not exact names (None without rapidfuzz)."""
-    try:
-        import rapidfuzz  # noqa: F401
-    except ImportError:
-        return None
-    from llm_bridge.linking import EntityLinker
+    from engine.providers import llm_provider
 
-    # Topic mentions are linked with no relation (link(text)), so relation ranges would be built for nothing.
-    linker = EntityLinker.from_artifact(artifact, ranges=False)
+    linker = llm_provider().entity_linker(artifact)
+    if linker is None:
+        return None
 
     def link(text: str):
         return linker.link(text).entity
@@ -300,7 +297,9 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
     exemplars = None if cfg.exemplars is None else read_exemplars(cfg.exemplars, engine.artifact.relations)
     verbalizer = None
     if cfg.path_text == "questions":
-        from llm_bridge.prompts import fallback_template as verbalizer
+        from engine.providers import llm_provider
+
+        verbalizer = llm_provider().relation_verbalizer()
     asker = Asker(engine, engine.retriever(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_kwargs or None),
                   settings=settings, verbalizer=verbalizer, exemplars=exemplars)
     linker = _linker(engine.artifact)
@@ -340,14 +339,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
     if cfg.llm is None:
         return run(cfg)
-    from llm_bridge.client import LLMClient
-    from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
+    from engine.providers import llm_provider
 
-    # One deadline scope for the command, as engine.answer's (llm_bridge.cli.llm_hooks): a server that never
+    # One client and one deadline scope for the command (the provider's ask_session): a server that never
     # answers costs one --llm-deadline, not one per chunk and step (plan, replan, reason).
-    with LLMClient(cfg.llm) as client, client.deadline_scope():
-        return run(cfg, planner=LLMPlanner(client, max_hops=cfg.max_hops, json_output=cfg.llm_ask_json),
-                   reasoner=LLMReasoner(client, json_output=cfg.llm_ask_json) if cfg.reasoner else None)
+    with llm_provider().ask_session(cfg.llm, max_hops=cfg.max_hops, json_output=cfg.llm_ask_json,
+                                    reasoner=cfg.reasoner) as (planner, reasoner):
+        return run(cfg, planner=planner, reasoner=reasoner)
 
 
 if __name__ == "__main__":

@@ -12,40 +12,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from kgreason.cli import ArgumentParser as _Parser  # one-line UserError, user text escaped
+from kgreason.cli import ArgumentParser as _Parser, Settings, add_settings_arguments, setting, settings_from_args
 from kgreason.errors import cli_main
 from kgreason.files import check_output_file, write_output
 
-__all__ = ["BetaEArgs", "parse_args", "main"]
+from engine.lang.structures import NEGATION_MODES
+
+__all__ = ["BetaESettings", "parse_args", "main"]
 
 
-@dataclass(frozen=True)
-class BetaEArgs:
-    queries: Path
-    folder: Path
-    negation: str = "qto"
-    json: Path | None = None
-    progress: bool = True
+
+@dataclass(frozen=True, kw_only=True)
+class BetaESettings(Settings):
+    """What ``python -m engine.betae`` was asked to do; each field's flag is declared with it."""
+
+    queries: Path = setting(help="BetaE query pickle (e.g. test-queries.pkl)")
+    folder: Path = setting(help="BetaE folder with train/valid/test.txt")
+    negation: str = setting("qto", choices=NEGATION_MODES, help="how BetaE's negations become ASTs")
+    json: Path | None = setting(None, help="write the summary as JSON here")
+    progress: bool = setting(True, flag="--no-progress", negate=True, help="no progress bars")
 
 
-def parse_args(argv: Sequence[str] | None) -> BetaEArgs:
-    from engine.lang.structures import NEGATION_MODES
-
+def _parser() -> _Parser:
     p = _Parser(prog="python -m engine.betae", prefix_prog=True,
                 description="Load a BetaE query pickle, recompute easy/hard answers, print counts and timings.")
-    p.add_argument("--queries", required=True, type=Path, help="BetaE query pickle (e.g. test-queries.pkl)")
-    p.add_argument("--folder", required=True, type=Path, help="BetaE folder with train/valid/test.txt")
-    p.add_argument("--negation", choices=NEGATION_MODES, default="qto")
-    p.add_argument("--json", type=Path, help="write the summary as JSON here")
-    p.add_argument("--no-progress", action="store_true")
-    a = p.parse_args(argv)
+    add_settings_arguments(p, BetaESettings)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> BetaESettings:
+    a = _parser().parse_args(argv)
     if a.json is not None:
         check_output_file(a.json, what="--json", inputs=[("--queries", a.queries), ("--folder", a.folder)])
-    return BetaEArgs(queries=a.queries, folder=a.folder, negation=a.negation, json=a.json,
-                     progress=not a.no_progress)
+    return settings_from_args(BetaESettings, a)
 
 
-def run(args: BetaEArgs) -> int:
+def run(args: BetaESettings) -> int:
     from engine.eval.betae import load_betae_queries, read_betae_folder, summarize
 
     t0 = time.perf_counter()

@@ -15,103 +15,76 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from kgreason.cli import ArgumentParser as _Parser, check_device  # _Parser: one-line UserError, user text escaped
-from kgreason.constants import QTO_NEG_SCALE
+from kgreason.cli import ArgumentParser as _Parser, Settings, add_settings_arguments, setting, settings_from_args, verify_setting
 from kgreason.errors import UserError, cli_main, unknown_name
 from kgreason.files import check_output_file, write_output
 
-__all__ = ["EvaluateArgs", "parse_args", "main"]
+from engine.cli_fields import (device_setting, frontier_k_setting, neg_scale_setting, row_cache_gb_setting,
+                               row_store_gb_setting, tnorm_setting)
+from engine.lang.structures import NEGATION_MODES
+
+__all__ = ["EvaluateSettings", "parse_args", "main"]
 
 
-@dataclass(frozen=True)
-class EvaluateArgs:
-    artifact: Path
-    queries: Path | None
-    betae_queries: Path | None
-    betae_folder: Path | None
-    structures: tuple[str, ...] | None
-    negation: str | None
-    tnorm: str
-    neg_scale: float
-    batch_size: int
-    limit: int | None
-    ties: str
-    json: Path | None
-    device: str
-    progress: bool
-    frontier_k: int | None = None
-    row_cache_gb: float | None = None
-    row_store_gb: float | None = None
-    verify: bool = True  # False: --skip-artifact-checksums
+def _ties() -> tuple[str, ...]:
+    from engine.eval.metrics import TIES  # loads torch
+
+    return tuple(TIES)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> EvaluateArgs:
-    from engine.eval.metrics import TIES
-    from engine.exec.executor import TNORMS
-    from engine.lang.structures import NEGATION_MODES
-    from kge.artifact import add_checksum_argument
+@dataclass(frozen=True, kw_only=True)
+class EvaluateSettings(Settings):
+    """What ``python -m engine.evaluate`` was asked to do; each field's flag is declared with it."""
 
+    artifact: Path = setting(help="artifact folder")
+    queries: Path | None = setting(None, help="JSON Lines file written by `python -m engine.sample`")
+    betae_queries: Path | None = setting(None, help="BetaE query pickle (e.g. test-queries.pkl)")
+    betae_folder: Path | None = setting(None, help="BetaE folder whose triples define easy/hard answers")
+    structures: tuple[str, ...] | None = setting(None, metavar="NAME", help="evaluate only these structures")
+    negation: str | None = setting(None, choices=NEGATION_MODES,
+                                   help="write negations as QTO's negated projection (qto) or a complement "
+                                        "(complement); default: as in the JSONL file, qto for BetaE pickles")
+    tnorm: str = tnorm_setting("t-norm")
+    neg_scale: float = neg_scale_setting()
+    batch_size: int = setting(1024, low=1, integer=True, help="queries per batch")
+    limit: int | None = setting(None, low=1, integer=True,
+                                help="evaluate at most N queries per structure (the first N)")
+    ties: str = setting("average", choices=_ties,
+                        help="tie rule of the printed table (all three go to the JSON)")
+    json: Path | None = setting(None, help="write the results as JSON here")
+    device: str = device_setting()
+    progress: bool = setting(True, flag="--no-progress", negate=True, help="no progress bars")
+    frontier_k: int | None = frontier_k_setting()
+    row_cache_gb: float | None = row_cache_gb_setting()
+    row_store_gb: float | None = row_store_gb_setting()
+    verify: bool = verify_setting()
+
+    def __post_init__(self) -> None:
+        if (self.queries is None) == (self.betae_queries is None):
+            raise UserError("give exactly one of --queries FILE.jsonl or --betae-queries PKL (with --betae-folder DIR)")
+        if self.betae_queries is not None and self.betae_folder is None:
+            raise UserError("--betae-queries needs --betae-folder DIR (the triples that define easy/hard answers)")
+        if self.betae_folder is not None and self.betae_queries is None:
+            raise UserError("--betae-folder is only used with --betae-queries")
+        super().__post_init__()
+        if self.structures:
+            object.__setattr__(self, "structures", tuple(dict.fromkeys(self.structures)))
+
+
+def _parser() -> _Parser:
     p = _Parser(prog="python -m engine.evaluate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--artifact", required=True, type=Path, help="artifact folder")
-    p.add_argument("--queries", type=Path, help="JSON Lines file written by `python -m engine.sample`")
-    p.add_argument("--betae-queries", type=Path, help="BetaE query pickle (e.g. test-queries.pkl)")
-    p.add_argument("--betae-folder", type=Path, help="BetaE folder whose triples define easy/hard answers")
-    p.add_argument("--structures", nargs="+", metavar="NAME", help="evaluate only these structures")
-    p.add_argument("--negation", choices=NEGATION_MODES,
-                   help="write negations as QTO's negated projection (qto) or a complement (complement); "
-                        "default: as in the JSONL file, qto for BetaE pickles")
-    p.add_argument("--tnorm", choices=TNORMS, default="product", help="t-norm (default product)")
-    p.add_argument("--neg-scale", type=float, default=QTO_NEG_SCALE,
-                   help=f"QTO negation scale s (default {QTO_NEG_SCALE})")
-    p.add_argument("--batch-size", type=int, default=1024, help="queries per batch (default 1024)")
-    p.add_argument("--limit", type=int, help="evaluate at most N queries per structure (the first N)")
-    p.add_argument("--ties", choices=TIES, default="average",
-                   help="tie rule of the printed table (all three go to the JSON; default average)")
-    p.add_argument("--json", type=Path, help="write the results as JSON here")
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--frontier-k", type=int, default=None, metavar="K",
-                   help="keep the K best entities of every projection's input (as CQD-beam; default: all, exact)")
-    p.add_argument("--row-cache-gb", type=float, default=None, metavar="G",
-                   help="lazy artifacts: calibrated-row cache budget in GiB (default: as built)")
-    p.add_argument("--row-store-gb", type=float, default=None, metavar="G",
-                   help="lazy artifacts: disk budget of the rows persisted for later runs, in GiB under "
-                        "$KGREASON_HOME/rows (default 4; 0: off)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_checksum_argument(p)
-    a = p.parse_args(argv)
-    if (a.queries is None) == (a.betae_queries is None):
-        raise UserError("give exactly one of --queries FILE.jsonl or --betae-queries PKL (with --betae-folder DIR)")
-    if a.betae_queries is not None and a.betae_folder is None:
-        raise UserError("--betae-queries needs --betae-folder DIR (the triples that define easy/hard answers)")
-    if a.betae_folder is not None and a.betae_queries is None:
-        raise UserError("--betae-folder is only used with --betae-queries")
-    check_device(a.device)
-    if a.batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {a.batch_size}")
-    if a.limit is not None and a.limit < 1:
-        raise UserError(f"--limit must be >= 1, got {a.limit}")
-    if a.frontier_k is not None and a.frontier_k < 1:
-        raise UserError(f"--frontier-k must be >= 1, got {a.frontier_k}")
-    if a.row_cache_gb is not None:
-        from kge.lazy import check_row_cache_gb
+    add_settings_arguments(p, EvaluateSettings)
+    return p
 
-        check_row_cache_gb(a.row_cache_gb, "--row-cache-gb")
-    if a.row_store_gb is not None:
-        from kge.lazy import check_row_store_gb
 
-        check_row_store_gb(a.row_store_gb, "--row-store-gb")
-    if a.neg_scale <= 0:
-        raise UserError(f"--neg-scale must be > 0, got {a.neg_scale}")
+def parse_args(argv: Sequence[str] | None = None) -> EvaluateSettings:
+    a = _parser().parse_args(argv)
+    settings = settings_from_args(EvaluateSettings, a)
     if a.json is not None:
         check_output_file(a.json, what="--json", inputs=[("--artifact", a.artifact), ("--queries", a.queries),
                                                          ("--betae-queries", a.betae_queries),
                                                          ("--betae-folder", a.betae_folder)])
-    return EvaluateArgs(
-        a.artifact, a.queries, a.betae_queries, a.betae_folder,
-        tuple(dict.fromkeys(a.structures)) if a.structures else None,
-        a.negation, a.tnorm, a.neg_scale, a.batch_size, a.limit, a.ties, a.json, a.device, not a.no_progress,
-        a.frontier_k, a.row_cache_gb, verify=not a.skip_artifact_checksums, row_store_gb=a.row_store_gb,
-    )
+    return settings
 
 
 @cli_main

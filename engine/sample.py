@@ -14,66 +14,59 @@ and a note "K of N queries (exhausted: ...)".
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from kgreason.cli import ArgumentParser as _Parser, check_seed  # _Parser: one-line UserError, user text escaped
+from kgreason.cli import (SEED_MAX, ArgumentParser as _Parser, Settings, add_settings_arguments, setting, settings_from_args,
+                          verify_setting)
 from kgreason.errors import Terminated, UserError, cli_main, unknown_name
 from kgreason.files import check_output_file, interrupts_deferred, open_output
 
-__all__ = ["SampleArgs", "parse_args", "main"]
+from engine.lang.structures import NEGATION_MODES, STRUCTURES
+
+__all__ = ["SampleSettings", "parse_args", "main"]
 
 
-@dataclass(frozen=True)
-class SampleArgs:
-    artifact: Path
-    structures: tuple[str, ...]
-    per_structure: int
-    seed: int
-    out: Path
-    max_answers: int
-    require_hard: bool
-    negation: str
-    progress: bool
-    verify: bool = True  # False: --skip-artifact-checksums
+@dataclass(frozen=True, kw_only=True)
+class SampleSettings(Settings):
+    """What ``python -m engine.sample`` was asked to do; each field's flag is declared with it."""
+
+    artifact: Path = setting(help="artifact folder (observed + missing triples)")
+    structures: tuple[str, ...] = setting(tuple(STRUCTURES), metavar="NAME", shown_default="all 14",
+                                          help=f"structures to sample ({' '.join(STRUCTURES)})")
+    per_structure: int = setting(1000, low=1, integer=True,
+                                 help="queries per structure; a structure with fewer distinct queries stops once "
+                                      "exhausted, with what it has")
+    seed: int = setting(0, low=0, high=SEED_MAX, integer=True, help="random seed, 0 to 2**32-1")
+    out: Path = setting(help="output JSON Lines file")
+    max_answers: int = setting(100, low=1, integer=True, help="reject queries with more answers")
+    require_hard: bool = setting(True, boolean_optional=True, help="require at least one hard answer (default: yes)")
+    negation: str = setting("qto", choices=NEGATION_MODES,
+                            help="negation written as QTO's negated projection (np) or a complement (n)")
+    progress: bool = setting(True, flag="--no-progress", negate=True, help="no progress bars")
+    verify: bool = verify_setting()
+
+    def __post_init__(self) -> None:
+        for s in self.structures:
+            if s not in STRUCTURES:
+                raise unknown_name("query structure", s, list(STRUCTURES), "--structures")
+        super().__post_init__()
+        object.__setattr__(self, "structures", tuple(dict.fromkeys(self.structures)))
 
 
-def parse_args(argv: Sequence[str] | None = None) -> SampleArgs:
-    from engine.lang.structures import NEGATION_MODES, STRUCTURES
-    from kge.artifact import add_checksum_argument
-
+def _parser() -> _Parser:
     p = _Parser(prog="python -m engine.sample", description=__doc__.split("\n\n")[0])
-    p.add_argument("--artifact", required=True, type=Path, help="artifact folder (observed + missing triples)")
-    p.add_argument("--structures", nargs="+", default=list(STRUCTURES), metavar="NAME",
-                   help=f"structures to sample (default: all 14: {' '.join(STRUCTURES)})")
-    p.add_argument("--per-structure", type=int, default=1000,
-                   help="queries per structure (default 1000); a structure with fewer distinct queries stops "
-                        "once exhausted, with what it has")
-    p.add_argument("--seed", type=int, default=0, help="random seed, 0 to 2**32-1 (default 0)")
-    p.add_argument("--out", required=True, type=Path, help="output JSON Lines file")
-    p.add_argument("--max-answers", type=int, default=100, help="reject queries with more answers (default 100)")
-    p.add_argument("--require-hard", action=argparse.BooleanOptionalAction, default=True,
-                   help="require at least one hard answer (default: yes)")
-    p.add_argument("--negation", choices=NEGATION_MODES, default="qto",
-                   help="negation written as QTO's negated projection (np) or a complement (n) (default qto)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_checksum_argument(p)
-    a = p.parse_args(argv)
-    for s in a.structures:
-        if s not in STRUCTURES:
-            raise unknown_name("query structure", s, list(STRUCTURES), "--structures")
-    check_seed(a.seed)
-    if a.per_structure < 1:
-        raise UserError(f"--per-structure must be >= 1, got {a.per_structure}")
-    if a.max_answers < 1:
-        raise UserError(f"--max-answers must be >= 1, got {a.max_answers}")
-    check_output_file(a.out, what="--out", inputs=[("--artifact", a.artifact)])
-    return SampleArgs(a.artifact, tuple(dict.fromkeys(a.structures)), a.per_structure, a.seed, a.out,
-                      a.max_answers, a.require_hard, a.negation, not a.no_progress, not a.skip_artifact_checksums)
+    add_settings_arguments(p, SampleSettings)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> SampleSettings:
+    settings = settings_from_args(SampleSettings, _parser().parse_args(argv))
+    check_output_file(settings.out, what="--out", inputs=[("--artifact", settings.artifact)])
+    return settings
 
 
 @cli_main

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from kgreason.cli import SKIP_CHECKSUMS_FLAG, SKIP_CHECKSUMS_HELP  # re-exported: the one flag that skips the checksums
 from kgreason.constants import INVERSE_SUFFIX  # re-exported: kge.artifact.INVERSE_SUFFIX is public
 from kgreason.errors import UserError, unknown_name
 from kgreason.files import is_plain_name, read_lines, write_output
@@ -67,15 +68,9 @@ REQUIRED_FILES = ("entities.tsv", "relations.tsv", "matrices.npz", "observed.tsv
 LAZY_REQUIRED_FILES = ("entities.tsv", "relations.tsv", "embeddings.npz", "observed.tsv", "missing.tsv", "meta.json")
 
 
-#: The one flag by which a CLI skips the checksums (the array checks always run).
-SKIP_CHECKSUMS_FLAG = "--skip-artifact-checksums"
-
-
 def add_checksum_argument(parser) -> None:
     """Add :data:`SKIP_CHECKSUMS_FLAG` (dest ``skip_artifact_checksums``) to an argparse parser."""
-    parser.add_argument(SKIP_CHECKSUMS_FLAG, action="store_true",
-                        help="do not verify the sha256 of the artifact's files against meta.json (faster on "
-                             "large artifacts; the finite-value and shape checks still run)")
+    parser.add_argument(SKIP_CHECKSUMS_FLAG, action="store_true", help=SKIP_CHECKSUMS_HELP)
 
 
 def rebuild_command(path: str | os.PathLike, meta: Any) -> str:

@@ -12,22 +12,19 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Mapping
 
-from kgreason.cli import check_device
+from kgreason.cli import SEED_MAX, Settings, check_device, setting
 from kgreason.errors import UserError, unknown_name
 
 from .autorule import DEFAULT_EXPECTED_QUERIES
-from .calibrate import DEFAULT_DELTA
+from .calibrate import DEFAULT_DELTA, DEFAULT_THRESHOLD
+from .graph import LOADERS
 from .lazy import DEFAULT_ROW_CACHE_GB, MATRIX_MODES, check_row_cache_gb
-from .train import TrainConfig, check_loss, check_optimizer, check_train_values
+from .train import (HUGE_FROM, MAX_LR, ONE_N_PRECISIONS, PRESET_OVERRIDES, TRAINING_LOOPS, TrainConfig, check_loss,
+                    check_optimizer, check_train_values)
 
-__all__ = ["BuildConfig", "TRAIN_FLAGS", "MIN_MATRIX_GB", "MAX_MATRIX_GB", "DEFAULT_MAX_CALIBRATE_MINUTES",
-           "flat_defaults"]
+__all__ = ["BuildConfig", "BuildTrainSettings", "TRAIN_FLAGS", "MIN_MATRIX_GB", "MAX_MATRIX_GB",
+           "DEFAULT_MAX_CALIBRATE_MINUTES", "flat_defaults"]
 
-#: The :class:`kge.train.TrainConfig` fields ``kge.build`` has a flag for (``--rank`` ...): what
-#: ``BuildConfig.train`` may override, and the training keys of meta.json's ``build_config``.
-#: ``seed`` and ``device`` are :class:`BuildConfig` fields: they serve the whole build, training included.
-TRAIN_FLAGS = ("rank", "epochs", "lr", "batch_size", "num_negatives", "regularizer_weight", "training_loop",
-               "optimizer", "train_minutes", "precision", "candidates", "loss", "eval_max_triples")
 #: Range of --max-matrix-gb: 1 MiB (the tiniest KG's matrices) to 1 PiB (no machine has more).
 MIN_MATRIX_GB = 2.0**-10
 MAX_MATRIX_GB = 2.0**20
@@ -35,13 +32,66 @@ MAX_MATRIX_GB = 2.0**20
 #: more than the rows of the expected queries (:mod:`kge.autorule`).
 DEFAULT_MAX_CALIBRATE_MINUTES = 30.0
 
+
+@dataclass(frozen=True, kw_only=True)
+class BuildTrainSettings:
+    """The training flags of ``python -m kge.build`` (``--rank`` ...): overrides of the size preset's
+    :class:`kge.train.TrainConfig` fields of the same names, None = the preset's value.  Their ranges are
+    :func:`kge.train.check_train_values`' (run by :class:`BuildConfig`); a build holds them as
+    ``BuildConfig.train``."""
+
+    rank: int | None = setting(None, shown_default="size preset", help="complex embedding dimension")
+    epochs: int | None = setting(None, shown_default="size preset", help="training epochs")
+    lr: float | None = setting(None, shown_default="size preset", help=f"learning rate in (0, {MAX_LR:g}]")
+    batch_size: int | None = setting(None, shown_default="size preset", help="training batch size")
+    num_negatives: int | None = setting(None, shown_default="size preset", help="negatives per positive (sLCWA)")
+    regularizer_weight: float | None = setting(None, shown_default="size preset", help="N3 weight")
+    training_loop: str | None = setting(None, choices=tuple(TRAINING_LOOPS), shown_default="1n",
+                                        help="1n: the project's fast 1-N ComplEx-N3 loop; lcwa/slcwa: pykeen's own loops")
+    optimizer: str | None = setting(None, help="adagrad (1n default), adam, or a pykeen optimizer name for lcwa/slcwa")
+    train_minutes: float | None = setting(
+        None, shown_default=f"{PRESET_OVERRIDES['large']['train_minutes']:g} on large KGs",
+        help="training time budget in minutes, rank probes and validation included, kept to the batch (1n loop; "
+             "large KGs: picks the rank)")
+    precision: str | None = setting(None, choices=ONE_N_PRECISIONS, shown_default="auto",
+                                    help="1n loop GEMMs: bf16 where the CPU/GPU has it (auto) or fp32")
+    candidates: int | None = setting(
+        None, shown_default=f"all below {HUGE_FROM:,} entities, {PRESET_OVERRIDES['huge']['candidates']} above",
+        help="1n loop: score each batch against this many sampled entities (plus the batch's tails) instead of "
+             "all of them")
+    loss: str | None = setting(None, shown_default=TrainConfig.loss, help="pykeen loss name")
+    # default None = the preset's (TrainConfig.eval_max_triples), so that meta.json records only what was given
+    eval_max_triples: int | None = setting(None, shown_default=str(TrainConfig.eval_max_triples),
+                                           help="held-out edges used for the MRR (0 = skip)")
+
+
+#: The :class:`kge.train.TrainConfig` fields ``kge.build`` has a flag for (``--rank`` ...,
+#: :class:`BuildTrainSettings`): what ``BuildConfig.train`` may override, and the training keys of meta.json's
+#: ``build_config``.  ``seed`` and ``device`` are :class:`BuildConfig` fields: they serve the whole build,
+#: training included.
+TRAIN_FLAGS = tuple(f.name for f in fields(BuildTrainSettings))
+
+
+def _check_expected_queries(value: object, flag: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10**12:
+        raise UserError(f"{flag} must be an integer in [0, 1e12], got {value!r}")
+
+
+def _check_calibrate_minutes(value: float, flag: str) -> None:
+    if not (math.isfinite(value) and 0 < value <= 1e9):
+        raise UserError(f"{flag} must be in (0, 1e9], got {value}")
+
+
+def _check_row_cache_gb(value: float, flag: str) -> None:
+    check_row_cache_gb(value, flag)
+
 def _flag(name: str) -> str:
     """The kge.build flag of a config field: ``--max-matrix-gb`` for ``max_matrix_gb``."""
     return "--" + name.replace("_", "-")
 
 
 @dataclass(frozen=True, kw_only=True)
-class BuildConfig:
+class BuildConfig(Settings):
     """Everything a build depends on.
 
     ``train``: overrides of the size preset, by :class:`kge.train.TrainConfig` field name
@@ -79,24 +129,51 @@ class BuildConfig:
     (checked before loading or training anything).
     """
 
-    kg: str
-    out: str
-    kg_format: str | None = None
-    drop_edges: float = 0.0
-    seed: int = 0
-    train: Mapping[str, Any] = field(default_factory=dict)
-    threshold: float | None = None
-    max_matrix_gb: float = 1.25
-    matrices: str = "auto"
-    max_calibrate_minutes: float = DEFAULT_MAX_CALIBRATE_MINUTES
-    expected_queries: int = DEFAULT_EXPECTED_QUERIES
-    memory_check: bool = True
-    row_cache_gb: float = DEFAULT_ROW_CACHE_GB
-    delta: float = DEFAULT_DELTA
-    chunk_rows: int | None = None
-    device: str = "auto"
-    embeddings: str | None = None
-    overwrite: bool = False
+    kg: str = setting(help="TSV file, train/valid/test folder, BetaE folder, or pykeen dataset name (umls)")
+    out: str = setting(help="artifact folder to write (missing parent folders are created)")
+    kg_format: str | None = setting(None, choices=tuple(LOADERS), shown_default="detected", help="loader")
+    drop_edges: float = setting(0.0, low=0.0, high=1.0, high_open=True,
+                                help="fraction of training edges to hold out (LGOT: 0.5)")
+    seed: int = setting(0, low=0, high=SEED_MAX, integer=True, help="seed of edge dropping, training and sampling")
+    train: Mapping[str, Any] = field(default_factory=dict)  # the flags of BuildTrainSettings
+    threshold: float | None = setting(None, low=0.0, high=1.0, low_open=True, high_open=True,
+                                      shown_default=f"{DEFAULT_THRESHOLD:g}",
+                                      help="drop calibrated probabilities below this (eager: raised if over "
+                                           "--max-matrix-gb)")
+    max_matrix_gb: float = setting(1.25, low=MIN_MATRIX_GB, high=MAX_MATRIX_GB,
+                                   help=f"memory budget of the matrices in GiB, {MIN_MATRIX_GB:g} to {MAX_MATRIX_GB:g} "
+                                        "(8 bytes per entry); peak RSS is about baseline + 2.5x this")
+    matrices: str = setting("auto", choices=tuple(MATRIX_MODES),
+                            help="eager: compute and store every calibrated row; lazy: store none, the engine computes "
+                                 "the rows a query needs from the embeddings (threshold never raised); auto: eager "
+                                 "unless the eager matrices would exceed --max-matrix-gb or the available memory, or "
+                                 "calibrating every row (at the rate measured on this KG's rows) would take longer "
+                                 "than the rows --expected-queries lazy queries compute plus --max-calibrate-minutes; "
+                                 "the log says which and why in one line.  A lazy artifact is made eager later with "
+                                 "python -m kge.materialize")
+    max_calibrate_minutes: float = setting(DEFAULT_MAX_CALIBRATE_MINUTES, check=_check_calibrate_minutes,
+                                           help="--matrices auto: how much longer than the expected queries' lazy "
+                                                "rows the eager calibration may take, in minutes")
+    expected_queries: int = setting(DEFAULT_EXPECTED_QUERIES, check=_check_expected_queries,
+                                    help="--matrices auto: queries the artifact is expected to answer, each computing "
+                                         "about one first-hop frontier of rows when lazy (a BetaE evaluation: 14 "
+                                         "structures x 1,000)")
+    memory_check: bool = setting(True, flag="--no-memory-check", negate=True,
+                                 help="build even when the up-front memory estimate exceeds MemAvailable "
+                                      "(default: refuse)")
+    row_cache_gb: float = setting(DEFAULT_ROW_CACHE_GB, check=_check_row_cache_gb,
+                                  help="lazy matrices: byte budget of the engine's calibrated-row cache in GiB, > 0 "
+                                       "(recorded in meta.json)")
+    delta: float = setting(DEFAULT_DELTA, low=0.0, high=1.0, high_open=True,
+                           help="cap non-observed entries at 1 - delta")
+    chunk_rows: int | None = setting(None, low=1, integer=True, shown_default="~16 MB buffers on CPU",
+                                     help="rows per calibration chunk")
+    device: str = setting("auto", check=lambda value, flag: check_device(value, flag, allow_auto=True),
+                          help="auto, cpu, cuda or cuda:N (auto: cuda if available)")
+    embeddings: str | None = setting(None, help="reuse the embeddings of an earlier artifact folder (or "
+                                                "embeddings.npz) instead of training")
+    overwrite: bool = setting(False, help="replace an existing artifact at --out (never a folder that is not an "
+                                          "artifact)")
 
     def __post_init__(self) -> None:
         if not isinstance(self.train, Mapping):
@@ -115,25 +192,7 @@ class BuildConfig:
         # the default (small) preset's values stand in for the ones not given; the real preset is checked
         # again once the graph's size is known (default_train_config)
         check_train_values({**_TRAIN_DEFAULTS, **self.train, "seed": self.seed}, name=_flag)
-        if self.chunk_rows is not None and self.chunk_rows < 1:
-            raise UserError(f"--chunk-rows must be >= 1, got {self.chunk_rows}")
-        if not 0.0 <= self.drop_edges < 1.0:
-            raise UserError(f"--drop-edges must be in [0, 1), got {self.drop_edges}")
-        if not (math.isfinite(self.max_matrix_gb) and MIN_MATRIX_GB <= self.max_matrix_gb <= MAX_MATRIX_GB):
-            raise UserError(f"--max-matrix-gb must be in [{MIN_MATRIX_GB:g}, {MAX_MATRIX_GB:g}], got {self.max_matrix_gb}")
-        if self.matrices not in MATRIX_MODES:
-            raise UserError(f"--matrices must be one of {', '.join(MATRIX_MODES)}, got {self.matrices!r}")
-        check_row_cache_gb(self.row_cache_gb, "--row-cache-gb")
-        if not (math.isfinite(self.max_calibrate_minutes) and 0 < self.max_calibrate_minutes <= 1e9):
-            raise UserError(f"--max-calibrate-minutes must be in (0, 1e9], got {self.max_calibrate_minutes}")
-        if isinstance(self.expected_queries, bool) or not isinstance(self.expected_queries, int) \
-                or not 0 <= self.expected_queries <= 10**12:
-            raise UserError(f"--expected-queries must be an integer in [0, 1e12], got {self.expected_queries!r}")
-        check_device(self.device, allow_auto=True)
-        if self.threshold is not None and not 0.0 < self.threshold < 1.0:
-            raise UserError(f"--threshold must be in (0, 1), got {self.threshold}")
-        if not 0.0 <= self.delta < 1.0:
-            raise UserError(f"--delta must be in [0, 1), got {self.delta}")
+        super().__post_init__()  # every flagged field's range, choices and check (kgreason.cli.check_settings)
 
     def to_json(self) -> dict[str, Any]:
         """The flat record meta.json keeps as ``build_config``: every field, the training overrides under

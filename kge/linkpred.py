@@ -23,50 +23,47 @@ from typing import Sequence
 
 import numpy as np
 
-from kgreason.cli import ArgumentParser, check_device
+from kgreason.cli import (ArgumentParser, Settings, add_settings_arguments, check_device, setting, settings_from_args,
+                          verify_setting)
 from kgreason.errors import UserError, cli_main
 from kgreason.files import check_output_file, write_output
 
-from .artifact import add_checksum_argument, read_embeddings, read_meta
+from .artifact import read_embeddings, read_meta
 
-__all__ = ["LinkPredArgs", "parse_args", "link_prediction", "main"]
+__all__ = ["LinkPredSettings", "parse_args", "link_prediction", "main"]
 
 SPLITS = ("test", "valid", "missing")
 
 
-@dataclass(frozen=True)
-class LinkPredArgs:
-    artifact: Path
-    kg: str
-    split: str
-    limit: int | None
-    json: Path | None
-    device: str
-    progress: bool
-    verify: bool = True
+@dataclass(frozen=True, kw_only=True)
+class LinkPredSettings(Settings):
+    """What ``python -m kge.linkpred`` was asked to do; each field's flag is declared with it."""
+
+    artifact: Path = setting(help="artifact folder (its embeddings.npz is ranked)")
+    kg: str = setting(help="the KG the artifact was built from (its splits and filter)")
+    split: str = setting("test", choices=SPLITS, help="edges to rank (missing = dropped + valid + test)")
+    limit: int | None = setting(None, low=1, integer=True, shown_default="all",
+                                help="rank a seeded sample of this many edges")
+    json: Path | None = setting(None, help="also write the metrics as JSON here")
+    device: str = setting("cpu", check=check_device, help="cpu, cuda or cuda:N")
+    progress: bool = setting(True, flag="--quiet", negate=True, help="no progress bar")
+    verify: bool = verify_setting()
 
 
-def parse_args(argv: Sequence[str] | None = None) -> LinkPredArgs:
+def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m kge.linkpred", description=__doc__.split("\n\n")[0])
-    p.add_argument("--artifact", required=True, type=Path, help="artifact folder (its embeddings.npz is ranked)")
-    p.add_argument("--kg", required=True, help="the KG the artifact was built from (its splits and filter)")
-    p.add_argument("--split", choices=SPLITS, default="test", help="edges to rank (missing = dropped + valid + test)")
-    p.add_argument("--limit", type=int, default=None, help="rank a seeded sample of this many edges (default: all)")
-    p.add_argument("--json", type=Path, default=None, help="also write the metrics as JSON here")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_checksum_argument(p)
-    ns = p.parse_args(argv)
-    if ns.limit is not None and ns.limit < 1:
-        raise UserError(f"--limit must be >= 1, got {ns.limit}")
-    check_device(ns.device, "--device")
-    if ns.json is not None:
-        check_output_file(ns.json, what="--json", inputs=[("--artifact", ns.artifact), ("--kg", ns.kg)])
-    return LinkPredArgs(artifact=ns.artifact, kg=ns.kg, split=ns.split, limit=ns.limit, json=ns.json,
-                        device=ns.device, progress=not ns.quiet, verify=not ns.skip_artifact_checksums)
+    add_settings_arguments(p, LinkPredSettings)
+    return p
 
 
-def link_prediction(args: LinkPredArgs) -> dict:
+def parse_args(argv: Sequence[str] | None = None) -> LinkPredSettings:
+    settings = settings_from_args(LinkPredSettings, _parser().parse_args(argv))
+    if settings.json is not None:
+        check_output_file(settings.json, what="--json", inputs=[("--artifact", settings.artifact), ("--kg", settings.kg)])
+    return settings
+
+
+def link_prediction(args: LinkPredSettings) -> dict:
     """Metrics dict (see :func:`kge.train.pykeen_link_metrics`) of ``args.artifact`` on ``args.split``."""
     from .graph import load_kg
     from .train import pykeen_link_metrics

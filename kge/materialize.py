@@ -25,42 +25,43 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from kgreason.cli import ArgumentParser, check_device
+from kgreason.cli import (ArgumentParser, QuietSettings, Settings, add_settings_arguments, same_setting, setting,
+                          settings_from_args, verify_setting)
 from kgreason.errors import UserError, cli_main
 from kgreason.files import OutputFolder
 from kgreason.resources import available_memory_bytes
 
-from .artifact import Artifact, add_checksum_argument
+from .artifact import Artifact
 from .autorule import EAGER_PEAK_FACTOR, fmt_bytes
-from .build import (BASE_BYTES, MAX_MATRIX_GB, MIN_MATRIX_GB, StagingLock, peak_rss_bytes, remove_killed_builds,
+from .build_config import BuildConfig
+from .builder import (BASE_BYTES, StagingLock, peak_rss_bytes, remove_killed_builds,
                     summarize)
 
 __all__ = ["MaterializeConfig", "materialize_artifact", "parse_args", "main"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class MaterializeConfig:
+class MaterializeConfig(Settings):
     """``artifact``: the lazy artifact folder; ``out``: the eager artifact to write; ``max_matrix_gb``: the
     matrices' budget (8 bytes per entry); ``device``: where rows are computed (auto: cuda if available, as
     kge.build); ``chunk_rows``: rows per matmul (default as kge.build); ``memory_check``: refuse when
     :data:`~kge.autorule.EAGER_PEAK_FACTOR` x the estimated matrices exceed MemAvailable; ``verify``: check
-    the input's checksums."""
+    the input's checksums.  Each field declares its ``python -m kge.materialize`` flag; those it shares with
+    ``kge.build`` are :class:`~kge.build_config.BuildConfig`'s (:func:`~kgreason.cli.same_setting`)."""
 
-    artifact: str
-    out: str
-    max_matrix_gb: float = 1.25
-    device: str = "auto"
-    chunk_rows: int | None = None
-    memory_check: bool = True
-    overwrite: bool = False
-    verify: bool = True
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.max_matrix_gb) and MIN_MATRIX_GB <= self.max_matrix_gb <= MAX_MATRIX_GB):
-            raise UserError(f"--max-matrix-gb must be in [{MIN_MATRIX_GB:g}, {MAX_MATRIX_GB:g}], got {self.max_matrix_gb}")
-        if self.chunk_rows is not None and self.chunk_rows < 1:
-            raise UserError(f"--chunk-rows must be >= 1, got {self.chunk_rows}")
-        check_device(self.device, allow_auto=True)
+    artifact: str = setting(help="the lazy artifact folder (left as it is)")
+    out: str = setting(help="the eager artifact folder to write (missing parent folders are created)")
+    max_matrix_gb: float = same_setting(BuildConfig, "max_matrix_gb",
+                                        help="the matrices' budget in GiB (8 bytes per entry): over it, an error "
+                                             "names the size needed (the lazy artifact's threshold is kept, never "
+                                             "raised)")
+    device: str = same_setting(BuildConfig, "device")
+    chunk_rows: int | None = same_setting(BuildConfig, "chunk_rows", shown_default="as kge.build")
+    memory_check: bool = same_setting(BuildConfig, "memory_check",
+                                      help=f"compute even when {EAGER_PEAK_FACTOR:g} x the estimated matrices exceed "
+                                           "MemAvailable")
+    overwrite: bool = same_setting(BuildConfig, "overwrite")
+    verify: bool = verify_setting()
 
 
 def materialize_artifact(config: MaterializeConfig, *, progress: bool = True) -> Artifact:
@@ -158,29 +159,19 @@ def _eager_meta(lazy: Artifact, config: MaterializeConfig, device: str, stats, s
     return meta
 
 
-def parse_args(argv: Sequence[str] | None) -> tuple[MaterializeConfig, bool]:
+def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m kge.materialize", description=__doc__.split("\n\n")[0],
                        epilog="example: python -m kge.materialize --artifact artifacts/FB15k-237 --out "
                               "artifacts/FB15k-237-eager --max-matrix-gb 40 (every file but meta.json as "
                               "kge.build --embeddings LAZY --matrices eager at the same threshold writes)")
-    p.add_argument("--artifact", required=True, help="the lazy artifact folder (left as it is)")
-    p.add_argument("--out", required=True, help="the eager artifact folder to write (missing parent folders are created)")
-    p.add_argument("--max-matrix-gb", type=float, default=1.25,
-                   help="the matrices' budget in GiB (8 bytes per entry; default 1.25): over it, an error names the "
-                        "size needed (the lazy artifact's threshold is kept, never raised)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto: cuda if available)")
-    p.add_argument("--chunk-rows", type=int, default=None, help="rows per calibration chunk (default: as kge.build)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing artifact at --out (never a folder that is not an artifact)")
-    p.add_argument("--no-memory-check", dest="memory_check", action="store_false",
-                   help=f"compute even when {EAGER_PEAK_FACTOR:g} x the estimated matrices exceed MemAvailable")
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    add_checksum_argument(p)
-    ns = p.parse_args(argv)
-    cfg = MaterializeConfig(artifact=ns.artifact, out=ns.out, max_matrix_gb=ns.max_matrix_gb, device=ns.device,
-                            chunk_rows=ns.chunk_rows, memory_check=ns.memory_check, overwrite=ns.overwrite,
-                            verify=not ns.skip_artifact_checksums)
-    return cfg, not ns.quiet
+    add_settings_arguments(p, MaterializeConfig)
+    add_settings_arguments(p, QuietSettings)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[MaterializeConfig, bool]:
+    ns = _parser().parse_args(argv)
+    return settings_from_args(MaterializeConfig, ns), settings_from_args(QuietSettings, ns).progress
 
 
 @cli_main

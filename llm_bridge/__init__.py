@@ -30,5 +30,8 @@ Modules (imported on demand; ``import llm_bridge`` loads nothing else):
 * :mod:`~llm_bridge.linking`   answer strings -> KG entity ids (exact, alias, fuzzy via rapidfuzz)
 * :mod:`~llm_bridge.lgot`      the filter, the merge, LLM answer sets through i/u/n, the executor hook
 * :mod:`~llm_bridge.cli`       the ``--llm`` flags of the CLIs
-* :mod:`~llm_bridge.simulate`  a simulated OpenAI-compatible server answering from an artifact's full KG
+* :mod:`~llm_bridge.provider`  the LLM provider the engine's CLIs find through ``engine.providers``
+
+The simulated servers, the experiment runners and the linking evaluation are tools, not library:
+they live in the top-level :mod:`experiments` package (docs/layout.md).
 """

@@ -2,7 +2,7 @@
 
 A CLI adds them with :func:`add_arguments` (which also adds the client's
 ``--llm-base-url``/``--llm-model``/... flags of :mod:`llm_bridge.config`), turns
-the parsed namespace into :class:`LLMOptions` with :func:`options_from_args`
+the parsed namespace into :class:`LLMSettings` with :func:`options_from_args`
 (``None`` without ``--llm``), and runs with the hooks of :func:`llm_hooks`::
 
     p = argparse.ArgumentParser(); add_arguments(p)
@@ -24,107 +24,82 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from kgreason.cli import Settings, add_settings_arguments, flag_names, setting, settings_values
 from kgreason.errors import UserError
 
-from llm_bridge.config import (CONFIDENCE_MODES, MAX_INPUTS, MERGE_RULES, MODES, RELATION_QUESTION_MODES, LGOTSettings,
-                               LLMConfig, add_llm_arguments, config_from_args, from_flags, refuse_llm_flags)
+from llm_bridge.config import (MAX_INPUTS, LGOTConfig, LLMConfig, add_llm_arguments, config_from_args, from_flags,
+                               refuse_llm_flags)
 
-__all__ = ["LLMOptions", "add_arguments", "options_from_args", "llm_hooks", "compact_notes", "LGOT_FLAGS"]
+__all__ = ["LLMSettings", "LLMOptions", "add_arguments", "options_from_args", "llm_hooks", "compact_notes",
+           "LGOT_FLAGS"]
 
-#: The flag of each :class:`~llm_bridge.config.LGOTSettings` field (its defaults and checks are the settings').
-LGOT_FLAGS = {"mode": "--llm-mode", "theta": "--llm-theta", "alpha": "--llm-alpha", "merge": "--llm-merge",
-              "inputs": "--llm-inputs", "confidence": "--llm-confidence",
-              "relation_questions": "--llm-relation-questions", "link_threshold": "--llm-link-threshold",
-              "answer_check": "--llm-answer-check", "check_penalty": "--llm-check-penalty",
-              "input_ratio": "--llm-input-ratio"}
-_D = LGOTSettings()
+#: The flag of each :class:`~llm_bridge.config.LGOTConfig` field (declared with the fields, as are their
+#: defaults and checks).
+LGOT_FLAGS = flag_names(LGOTConfig)
 
 
-@dataclass(frozen=True)
-class LLMOptions:
-    """What ``--llm`` asked for: the client's :class:`~llm_bridge.config.LLMConfig` and the bridge's settings."""
+def _check_names_file(path: str, flag: str) -> None:
+    """A one-line error unless ``--llm-names-file`` is a readable regular file."""
+    p = Path(path).expanduser()
+    if str(path) == "":
+        raise UserError(f"{flag}: empty path")
+    if p.is_dir():
+        raise UserError(f"{flag} {path}: is a folder; give the aliases file (e.g. id2ent.tsv)")
+    if not p.exists():
+        raise UserError(f"{flag} {path}: no such file")
+    if not p.is_file():
+        raise UserError(f"{flag} {path}: not a regular file")
+    if not os.access(p, os.R_OK):
+        raise UserError(f"{flag} {path}: file is not readable")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LLMSettings(Settings):
+    """What ``--llm`` asked for: the client's :class:`~llm_bridge.config.LLMConfig` and the bridge's
+    :class:`~llm_bridge.config.LGOTConfig` (each from its own ``--llm-*`` flags), and the aliases file."""
 
     config: LLMConfig
-    settings: LGOTSettings
-    names_file: str | None = None
+    settings: LGOTConfig
+    names_file: str | None = setting(None, flag="--llm-names-file", metavar="FILE", check=_check_names_file,
+                                     shown_default="one next to the artifact's source, if any",
+                                     help="entity aliases for linking answers (e.g. FB15k-237's id2ent.tsv)")
     questions_dir: str | None = None
 
 
+#: The former name of :class:`LLMSettings` (settings classes are named by docs/cli.md's rule).
+LLMOptions = LLMSettings
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--llm`` and the bridge's flags (and the client's, :func:`~llm_bridge.config.add_llm_arguments`)."""
+    """Add ``--llm`` and the bridge's flags (:class:`~llm_bridge.config.LGOTConfig`'s and
+    :class:`LLMSettings`', declared with their fields), and the client's
+    (:func:`~llm_bridge.config.add_llm_arguments`)."""
     g = add_llm_arguments(parser)
     g.add_argument("--llm", action="store_true",
                    help="answer every sub-question with the LLM too (LGOT); see --llm-mode")
-    g.add_argument("--llm-mode", choices=MODES, default=None,
-                   help="lgot: merge filtered LLM answers into the KG's fuzzy sets; llm-only: the LLM's answers "
-                        f"alone (default {_D.mode})")
-    g.add_argument("--llm-theta", metavar="T", type=float, default=None,
-                   help=f"likelihood-ratio filter: keep an LLM answer if p(e)/p_max >= T (default {_D.theta:g})")
-    g.add_argument("--llm-alpha", metavar="A", type=float, default=None,
-                   help=f"merge weight: T[e] = max(T[e], A*p(e)) (default {_D.alpha:g})")
-    g.add_argument("--llm-merge", choices=MERGE_RULES, default=None,
-                   help="merge rule: max (default) or LGOT's additive min(1, T[e] + A*p(e))")
-    g.add_argument("--llm-inputs", metavar="K", type=int, default=None,
-                   help=f"input entities per prompt: the top K of the input node (default min(--top-k, {MAX_INPUTS}))")
-    g.add_argument("--llm-input-ratio", metavar="R", type=float, default=None,
-                   help="an entity feeds the next sub-question's prompt only if its value is >= R x the row's best "
-                        f"(default {_D.input_ratio:g}: near-zero KG predictions no longer pad the prompt; "
-                        "benchmarks/results/lgot/metaqa.md)")
-    g.add_argument("--llm-confidence", choices=CONFIDENCE_MODES, default=None,
-                   help="p(e) from sample counts (default) or token log-probabilities (needs --llm-logprobs)")
-    g.add_argument("--llm-relation-questions", choices=RELATION_QUESTION_MODES, default=None,
-                   help="relation question templates: asked of the LLM once per relation (default) or built "
-                        "from the relation's name")
-    g.add_argument("--llm-names-file", metavar="FILE", default=None,
-                   help="entity aliases for linking answers (e.g. FB15k-237's id2ent.tsv; default: one next to "
-                        "the artifact's source, if any)")
-    g.add_argument("--llm-link-threshold", metavar="S", type=float, default=None,
-                   help=f"fuzzy linking: accept a match with token-aligned score >= S in [0, 100] (default "
-                        f"{_D.link_threshold:g}, calibrated: benchmarks/results/lgot/linking.md)")
-    g.add_argument("--llm-answer-check", metavar="K", type=int, default=None,
-                   help="answer check (LGOT 3.3.1): ask the LLM whether each of the top K entities (K <= 10) of "
-                        "every projection answers its sub-question; rejected ones are scaled by --llm-check-penalty "
-                        f"(default {_D.answer_check}: off)")
-    g.add_argument("--llm-check-penalty", metavar="P", type=float, default=None,
-                   help=f"factor in [0, 1] for an entity the answer check rejects (default {_D.check_penalty:g})")
+    add_settings_arguments(g, LGOTConfig, unset=True)
+    add_settings_arguments(g, LLMSettings, unset=True)
 
 
-def options_from_args(ns: argparse.Namespace, *, top_k: int = 10) -> LLMOptions | None:
-    """The :class:`LLMOptions` of parsed flags, or ``None`` without ``--llm`` (then no LLM flag may be given:
+def options_from_args(ns: argparse.Namespace, *, top_k: int = 10) -> LLMSettings | None:
+    """The :class:`LLMSettings` of parsed flags, or ``None`` without ``--llm`` (then no LLM flag may be given:
     :func:`~llm_bridge.config.refuse_llm_flags`)."""
     if not getattr(ns, "llm", False):
         refuse_llm_flags(ns)
         return None
     config = config_from_args(ns)
-    values = {k: getattr(ns, flag[2:].replace("-", "_")) for k, flag in LGOT_FLAGS.items()}
-    if values["inputs"] is None:  # LGOT's min(k, 10): the CLI knows k
+    values = settings_values(LGOTConfig, ns)
+    if values.get("inputs") is None:  # LGOT's min(k, 10): the CLI knows k
         values["inputs"] = max(1, min(int(top_k), MAX_INPUTS))
-    # unset flags take LGOTSettings' own defaults, and its checks say what is wrong, naming the flag
-    settings = from_flags(LGOTSettings, {k: v for k, v in values.items() if v is not None}, LGOT_FLAGS)
+    # unset flags take LGOTConfig's own defaults, and its checks say what is wrong, naming the flag
+    settings = from_flags(LGOTConfig, values, LGOT_FLAGS)
     if settings.confidence in ("logprobs-first", "logprobs-mean") and not config.logprobs:
         raise UserError(f"--llm-confidence {settings.confidence} needs --llm-logprobs")
-    if ns.llm_names_file is not None:
-        _check_names_file(ns.llm_names_file)
-    return LLMOptions(config=config, settings=settings, names_file=ns.llm_names_file)
-
-
-def _check_names_file(path: str) -> None:
-    """A one-line error unless ``--llm-names-file`` is a readable regular file."""
-    p = Path(path).expanduser()
-    if str(path) == "":
-        raise UserError("--llm-names-file: empty path")
-    if p.is_dir():
-        raise UserError(f"--llm-names-file {path}: is a folder; give the aliases file (e.g. id2ent.tsv)")
-    if not p.exists():
-        raise UserError(f"--llm-names-file {path}: no such file")
-    if not p.is_file():
-        raise UserError(f"--llm-names-file {path}: not a regular file")
-    if not os.access(p, os.R_OK):
-        raise UserError(f"--llm-names-file {path}: file is not readable")
+    return LLMSettings(config=config, settings=settings, **settings_values(LLMSettings, ns))
 
 
 @contextlib.contextmanager
-def llm_hooks(options: LLMOptions | None, *, stats_out=None) -> Iterator[Sequence[Any]]:
+def llm_hooks(options: LLMSettings | None, *, stats_out=None) -> Iterator[Sequence[Any]]:
     """The executor hooks for ``options`` (``()`` for None), with the client closed on exit.
 
     Once a call ran out its ``--llm-deadline`` without any response from the server, the later calls

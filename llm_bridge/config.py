@@ -1,8 +1,8 @@
 """Settings of the LLM bridge, in one place: the client's :class:`LLMConfig` and the LGOT hook's
-:class:`LGOTSettings`; every default and every range check of the bridge lives here.
+:class:`LGOTConfig`; every default and every range check of the bridge lives here.
 
 An entry point never re-checks a value: a CLI builds the settings with
-:func:`from_flags`, so a bad ``--llm-alpha 2`` and a bad ``LGOTSettings(alpha=2)``
+:func:`from_flags`, so a bad ``--llm-alpha 2`` and a bad ``LGOTConfig(alpha=2)``
 fail the same check with the same words, the message naming the flag or the field
 (``--llm-alpha must be in [0, 1], got 2.0`` / ``LGOT settings: alpha must be in [0, 1], got 2.0``).
 Help texts read their defaults from the dataclasses.
@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
-import numbers
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from kgreason.cli import add_settings_arguments, flag_names, number_problem, setting, settings_values, value_problem
 from kgreason.errors import UserError
 from kgreason.files import user_cache_dir
 from llm_bridge.linking import DEFAULT_THRESHOLD
@@ -43,6 +42,7 @@ from llm_bridge.prompts import MAX_ANSWERS
 
 __all__ = [
     "LLMConfig",
+    "LGOTConfig",
     "LGOTSettings",
     "SettingError",
     "from_flags",
@@ -144,29 +144,12 @@ class SettingError(UserError):
 
 
 def from_flags(cls: type, values: Mapping[str, Any], flags: Mapping[str, str]) -> Any:
-    """``cls(**values)`` (:class:`LLMConfig`, :class:`LGOTSettings`) for a command line: a bad value is the
+    """``cls(**values)`` (:class:`LLMConfig`, :class:`LGOTConfig`) for a command line: a bad value is the
     dataclass's own check, its message naming the value's flag (``flags``: field -> flag) instead of the field."""
     try:
         return cls(**values)
     except SettingError as exc:
         raise exc.named({k: f for k, f in flags.items() if values.get(k) is not None}) from None
-
-
-def number_problem(value: Any, *, integer: bool, low: float, high: float = math.inf, low_open: bool = False,
-                   optional: bool = False) -> str | None:
-    """What is wrong with ``value`` as a number in ``[low, high]`` (``(low, ...`` with ``low_open``), or None.
-
-    ``must be an integer, got 2.5`` / ``must be a number, got 'x'`` for the wrong type, else
-    ``must be in [0, 1], got 1.5`` (non-finite values are out of range).  ``optional``: None is fine.
-    """
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral if integer else numbers.Real):
-        return f"must be {'an integer' if integer else 'a number'}, got {value!r}"
-    if not (math.isfinite(value) and (value > low if low_open else value >= low) and value <= high):
-        lo, hi = "(" if low_open else "[", "]" if high != math.inf else ")"
-        return f"must be in {lo}{low:g}, {high:g}{hi}, got {value!r}"
-    return None
 
 
 def _mask(key: str | None) -> str | None:
@@ -211,25 +194,46 @@ class LLMConfig:
             server that rejects it (HTTP 400/422) is asked again without it, once per client.
     """
 
-    base_url: str | None = None
-    api_key: str | None = field(default=None, repr=False)
-    model: str = DEFAULT_MODEL
-    temperature: float = 0.2
-    n: int = 6
-    max_tokens: int = 256
-    timeout_s: float = 60.0
-    deadline_s: float = 180.0
-    max_retries: int = 4
-    backoff_s: float = 0.5
-    max_backoff_s: float = 20.0
-    concurrency: int = 8
-    budget_calls: int | None = None
-    budget_tokens: int | None = None
-    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
-    cache_path: Path = field(default_factory=default_cache_path)
-    use_cache: bool = True
-    logprobs: bool = False
-    json_output: str = "off"
+    # Each field's --llm-* flag (kgreason.cli.setting), its range and help, declared once: add_llm_arguments
+    # makes the flags of them, __post_init__ checks the ranges, config_from_args names the flags in errors.
+    base_url: str | None = setting(None, flag="--llm-base-url", metavar="URL",
+                                   shown_default="$OPENAI_BASE_URL, else OpenAI",
+                                   help="endpoint including /v1, e.g. http://127.0.0.1:8080/v1")
+    api_key: str | None = dataclasses.field(default=None, repr=False)  # never a flag: --llm-api-key-env names it
+    model: str = setting(DEFAULT_MODEL, flag="--llm-model", metavar="NAME",
+                         shown_default=f"$KGREASON_LLM_MODEL, else {DEFAULT_MODEL}", help="model name")
+    temperature: float = setting(0.2, flag="--llm-temperature", metavar="T", low=0.0, high=2.0,
+                                 help="sampling temperature")
+    n: int = setting(6, flag="--llm-n", metavar="N", integer=True, low=1, high=128, help="samples per prompt")
+    max_tokens: int = setting(256, flag="--llm-max-tokens", metavar="N", integer=True, low=1,
+                              help="completion tokens per sample")
+    timeout_s: float = setting(60.0, flag="--llm-timeout", metavar="SECONDS", low=0.0, low_open=True,
+                               help="timeout of one HTTP attempt (connect, each read)")
+    deadline_s: float = setting(180.0, flag="--llm-deadline", metavar="SECONDS", low=0.0, low_open=True,
+                                help="most time one stage of LLM calls may take, retries included; unanswered "
+                                     "prompts then fall back to KG-only")
+    max_retries: int = setting(4, flag="--llm-max-retries", metavar="N", integer=True, low=0, high=100,
+                               help="retries on 408/409/429/5xx/connection errors/timeouts")
+    backoff_s: float = setting(0.5, command_line=False, low=0.0, help="first retry delay")
+    max_backoff_s: float = setting(20.0, command_line=False, low=0.0, help="longest delay between two attempts")
+    concurrency: int = setting(8, flag="--llm-concurrency", metavar="N", integer=True, low=1, high=4096,
+                               help="requests in flight at once")
+    budget_calls: int | None = setting(None, flag="--llm-budget-calls", metavar="N", integer=True, low=0,
+                                       shown_default="no limit",
+                                       help="most LLM requests per run; then the bridge falls back to KG-only")
+    budget_tokens: int | None = setting(None, flag="--llm-budget-tokens", metavar="N", integer=True, low=0,
+                                        shown_default="no limit", help="most prompt+completion tokens per run")
+    max_response_bytes: int = setting(DEFAULT_MAX_RESPONSE_BYTES, flag="--llm-max-response-bytes", metavar="N",
+                                      integer=True, low=1024,
+                                      help="largest HTTP response read; longer ones count as bad responses")
+    cache_path: Path = setting(default_factory=default_cache_path, flag="--llm-cache", metavar="PATH", type=str,
+                               shown_default=lambda: str(default_cache_path()), help="SQLite response cache")
+    use_cache: bool = setting(True, flag="--no-llm-cache", negate=True,
+                              help="read and write no LLM cache: neither the response cache nor relation-question files")
+    logprobs: bool = setting(False, flag="--llm-logprobs", help="ask the server for token log-probabilities")
+    json_output: str = setting("off", flag="--llm-json", choices=JSON_OUTPUT_MODES,
+                               help="JSON-constrained answers: 'object' sends response_format json_object, 'schema' "
+                                    "adds llama.cpp's schema (a list of strings); dropped if the server rejects it")
 
     def __post_init__(self) -> None:
         def bad(name: str, message: str) -> UserError:
@@ -250,30 +254,16 @@ class LLMConfig:
         if not isinstance(self.model, str) or not self.model.strip():
             raise bad("model", "must be a non-empty name")
 
-        def number(name: str, **bounds: Any) -> None:
-            problem = number_problem(getattr(self, name), **bounds)
-            if problem:
-                raise bad(name, problem)
-
-        number("temperature", integer=False, low=0.0, high=2.0)
-        number("n", integer=True, low=1, high=128)
-        number("max_tokens", integer=True, low=1)
-        number("timeout_s", integer=False, low=0.0, low_open=True)
-        number("deadline_s", integer=False, low=0.0, low_open=True)
-        number("max_response_bytes", integer=True, low=1024)
-        number("max_retries", integer=True, low=0, high=100)
-        number("backoff_s", integer=False, low=0.0)
-        number("max_backoff_s", integer=False, low=0.0)
-        number("concurrency", integer=True, low=1, high=4096)
-        number("budget_calls", integer=True, low=0, optional=True)
-        number("budget_tokens", integer=True, low=0, optional=True)
+        for f in fields(self):  # the ranges declared with the fields (kgreason.cli.value_problem)
+            if f.name != "cache_path":  # a path: its own words below
+                problem = value_problem(f, getattr(self, f.name))
+                if problem:
+                    raise bad(f.name, problem)
         if isinstance(self.cache_path, str):
             object.__setattr__(self, "cache_path", Path(self.cache_path))
         if not isinstance(self.cache_path, Path) or not str(self.cache_path):
             raise bad("cache_path", f"must be a file path, got {self.cache_path!r}")
         object.__setattr__(self, "cache_path", self.cache_path.expanduser())
-        if self.json_output not in JSON_OUTPUT_MODES:
-            raise bad("json_output", f"must be one of {', '.join(JSON_OUTPUT_MODES)}, got {self.json_output!r}")
         for name in ("use_cache", "logprobs"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, f"must be true or false, got {getattr(self, name)!r}")
@@ -361,7 +351,7 @@ MAX_INPUTS = 10
 
 
 @dataclass(frozen=True, kw_only=True)
-class LGOTSettings:
+class LGOTConfig:
     """How the bridge answers and merges (defaults: LGOT's), checked on construction.
 
     ``mode``: ``"lgot"`` or ``"llm-only"``; ``theta``: likelihood-ratio threshold
@@ -381,40 +371,56 @@ class LGOTSettings:
     the answers, applied to the inputs; 0 = the plain top ``inputs``).
 
     Used by :class:`llm_bridge.lgot.LGOTHook` (which re-exports it), the ``--llm-*``
-    flags of :mod:`llm_bridge.cli` and the experiments' ``--theta``/``--alpha``/...
-    flags, all through :func:`from_flags`: their defaults and checks are these.
+    flags of :mod:`llm_bridge.cli` (declared with the fields) and the experiments'
+    ``--theta``/``--alpha``/... flags, all through :func:`from_flags`: their defaults and checks are these.
+    ``LGOTSettings`` is its former name, kept for code that imports it.
     """
 
-    mode: str = "lgot"
-    theta: float = 0.3
-    alpha: float = 0.1
-    merge: str = "max"
-    inputs: int = 10
-    max_answers: int = MAX_ANSWERS
-    confidence: str = "samples"
-    relation_questions: str = "llm"
-    link_threshold: float = DEFAULT_THRESHOLD
-    answer_check: int = 0
-    check_penalty: float = 0.5
-    input_ratio: float = 0.3
+    mode: str = setting("lgot", flag="--llm-mode", choices=MODES,
+                        help="lgot: merge filtered LLM answers into the KG's fuzzy sets; llm-only: the LLM's answers alone")
+    theta: float = setting(0.3, flag="--llm-theta", metavar="T", low=0.0, high=1.0,
+                           help="likelihood-ratio filter: keep an LLM answer if p(e)/p_max >= T")
+    alpha: float = setting(0.1, flag="--llm-alpha", metavar="A", low=0.0, high=1.0,
+                           help="merge weight: T[e] = max(T[e], A*p(e))")
+    merge: str = setting("max", flag="--llm-merge", choices=MERGE_RULES,
+                         help="merge rule: max or LGOT's additive min(1, T[e] + A*p(e))")
+    inputs: int = setting(MAX_INPUTS, flag="--llm-inputs", metavar="K", integer=True, low=1, high=MAX_INPUTS,
+                          shown_default=f"min(--top-k, {MAX_INPUTS})",
+                          help="input entities per prompt: the top K of the input node")
+    max_answers: int = setting(MAX_ANSWERS, command_line=False, integer=True, low=1, high=100,
+                               help="answers asked for per prompt")
+    confidence: str = setting("samples", flag="--llm-confidence", choices=CONFIDENCE_MODES,
+                              help="p(e) from sample counts or token log-probabilities (needs --llm-logprobs)")
+    relation_questions: str = setting("llm", flag="--llm-relation-questions", choices=RELATION_QUESTION_MODES,
+                                      help="relation question templates: asked of the LLM once per relation or "
+                                           "built from the relation's name")
+    link_threshold: float = setting(DEFAULT_THRESHOLD, flag="--llm-link-threshold", metavar="S", low=0.0, high=100.0,
+                                    help="fuzzy linking: accept a match with token-aligned score >= S in [0, 100] "
+                                         "(calibrated: benchmarks/results/lgot/linking.md)")
+    answer_check: int = setting(0, flag="--llm-answer-check", metavar="K", integer=True, low=0, high=10,
+                                shown_default="0: off",
+                                help="answer check (LGOT 3.3.1): ask the LLM whether each of the top K entities "
+                                     "(K <= 10) of every projection answers its sub-question; rejected ones are "
+                                     "scaled by --llm-check-penalty")
+    check_penalty: float = setting(0.5, flag="--llm-check-penalty", metavar="P", low=0.0, high=1.0,
+                                   help="factor in [0, 1] for an entity the answer check rejects")
+    input_ratio: float = setting(0.3, flag="--llm-input-ratio", metavar="R", low=0.0, high=1.0,
+                                 help="an entity feeds the next sub-question's prompt only if its value is >= R x "
+                                      "the row's best (near-zero KG predictions no longer pad the prompt; "
+                                      "benchmarks/results/lgot/metaqa.md)")
 
     def __post_init__(self) -> None:
-        def bad(name: str, problem: str | None) -> None:
+        for f in fields(self):  # choices and ranges as declared with the fields (kgreason.cli.value_problem)
+            problem = value_problem(f, getattr(self, f.name))
             if problem:
-                raise SettingError("LGOT settings", name, problem)
-
-        for name, choices in (("mode", MODES), ("merge", MERGE_RULES), ("confidence", CONFIDENCE_MODES),
-                              ("relation_questions", RELATION_QUESTION_MODES)):
-            value = getattr(self, name)
-            bad(name, None if value in choices else f"must be one of {', '.join(choices)}, got {value!r}")
-        for name in ("theta", "alpha", "check_penalty", "input_ratio"):
-            bad(name, number_problem(getattr(self, name), integer=False, low=0.0, high=1.0))
-        for name, low, high in (("inputs", 1, MAX_INPUTS), ("max_answers", 1, 100), ("answer_check", 0, 10)):
-            bad(name, number_problem(getattr(self, name), integer=True, low=low, high=high))
-        bad("link_threshold", number_problem(self.link_threshold, integer=False, low=0.0, high=100.0))
+                raise SettingError("LGOT settings", f.name, problem)
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+#: The former name of :class:`LGOTConfig` (settings classes are named by docs/cli.md's rule).
+LGOTSettings = LGOTConfig
 
 
 def _check_names(values: Mapping[str, Any], where: str) -> None:
@@ -425,49 +431,23 @@ def _check_names(values: Mapping[str, Any], where: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ CLI
+#: The flag that names the environment variable holding the API key (the key itself is never a flag).
+API_KEY_ENV_FLAG = "--llm-api-key-env"
+
+
 def add_llm_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """Add the ``--llm-*`` flags to ``parser`` (as one argument group) and return the group.
+    """Add the ``--llm-*`` flags to ``parser`` (as one argument group) and return the group: one per flagged
+    :class:`LLMConfig` field (:func:`kgreason.cli.add_settings_arguments`), and ``--llm-api-key-env``.
 
     Every flag defaults to None so that :func:`config_from_args` can tell
-    "not given" from a value and let the environment fill the gap.
+    "not given" from a value and let the environment fill the gap; the help shows LLMConfig's default.
     """
     g = parser.add_argument_group("LLM", "OpenAI-compatible server used by the LLM bridge "
                                   "(environment: OPENAI_BASE_URL, OPENAI_API_KEY, KGREASON_LLM_MODEL)")
-    g.add_argument("--llm-base-url", metavar="URL", default=None,
-                   help="endpoint including /v1, e.g. http://127.0.0.1:8080/v1 (default: $OPENAI_BASE_URL, else OpenAI)")
-    g.add_argument("--llm-model", metavar="NAME", default=None,
-                   help=f"model name (default: $KGREASON_LLM_MODEL, else {DEFAULT_MODEL})")
-    g.add_argument("--llm-api-key-env", metavar="VAR", default=None,
+    add_settings_arguments(g, LLMConfig, unset=True)  # --llm-base-url ... --no-llm-cache, from LLMConfig's fields
+    g.add_argument(API_KEY_ENV_FLAG, metavar="VAR", default=None,
                    help="environment variable holding the API key (default: OPENAI_API_KEY); "
                         "keys are never accepted on the command line")
-    g.add_argument("--llm-temperature", metavar="T", type=float, default=None, help=f"sampling temperature (default {LLMConfig.temperature:g})")
-    g.add_argument("--llm-n", metavar="N", type=int, default=None, help=f"samples per prompt (default {LLMConfig.n})")
-    g.add_argument("--llm-max-tokens", metavar="N", type=int, default=None, help=f"completion tokens per sample (default {LLMConfig.max_tokens})")
-    g.add_argument("--llm-timeout", metavar="SECONDS", type=float, default=None,
-                   help=f"timeout of one HTTP attempt (connect, each read; default {LLMConfig.timeout_s:g})")
-    g.add_argument("--llm-deadline", metavar="SECONDS", type=float, default=None,
-                   help="most time one stage of LLM calls may take, retries included; unanswered prompts then "
-                        f"fall back to KG-only (default {LLMConfig.deadline_s:g})")
-    g.add_argument("--llm-max-response-bytes", metavar="N", type=int, default=None,
-                   help=f"largest HTTP response read; longer ones count as bad responses "
-                        f"(default {LLMConfig.max_response_bytes})")
-    g.add_argument("--llm-max-retries", metavar="N", type=int, default=None,
-                   help=f"retries on 408/409/429/5xx/connection errors/timeouts (default {LLMConfig.max_retries})")
-    g.add_argument("--llm-concurrency", metavar="N", type=int, default=None, help=f"requests in flight at once (default {LLMConfig.concurrency})")
-    g.add_argument("--llm-budget-calls", metavar="N", type=int, default=None,
-                   help="most LLM requests per run; then the bridge falls back to KG-only (default: no limit)")
-    g.add_argument("--llm-budget-tokens", metavar="N", type=int, default=None,
-                   help="most prompt+completion tokens per run (default: no limit)")
-    g.add_argument("--llm-logprobs", action="store_true", default=None,
-                   help="ask the server for token log-probabilities")
-    g.add_argument("--llm-json", choices=JSON_OUTPUT_MODES, default=None,
-                   help="JSON-constrained answers: 'object' sends response_format json_object, 'schema' adds "
-                        f"llama.cpp's schema (a list of strings); dropped if the server rejects it "
-                        f"(default {LLMConfig.json_output})")
-    g.add_argument("--llm-cache", metavar="PATH", default=None,
-                   help=f"SQLite response cache (default: {default_cache_path()})")
-    g.add_argument("--no-llm-cache", action="store_true", default=False,
-                   help="read and write no LLM cache: neither the response cache nor relation-question files")
     return g
 
 
@@ -506,32 +486,11 @@ def config_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = Non
     """The :class:`LLMConfig` of parsed :func:`add_llm_arguments` flags over the environment."""
     env = os.environ if env is None else env
     key_var = getattr(ns, "llm_api_key_env", None)
-    overrides: dict[str, Any] = {
-        "base_url": ns.llm_base_url,
-        "model": ns.llm_model,
-        "temperature": ns.llm_temperature,
-        "n": ns.llm_n,
-        "max_tokens": ns.llm_max_tokens,
-        "timeout_s": ns.llm_timeout,
-        "deadline_s": getattr(ns, "llm_deadline", None),
-        "max_response_bytes": getattr(ns, "llm_max_response_bytes", None),
-        "max_retries": getattr(ns, "llm_max_retries", None),
-        "concurrency": ns.llm_concurrency,
-        "budget_calls": ns.llm_budget_calls,
-        "budget_tokens": ns.llm_budget_tokens,
-        "logprobs": getattr(ns, "llm_logprobs", None),
-        "json_output": getattr(ns, "llm_json", None),
-        "cache_path": ns.llm_cache,
-        "use_cache": False if getattr(ns, "no_llm_cache", False) else None,
-    }
+    overrides: dict[str, Any] = settings_values(LLMConfig, ns)  # the flags given (add_llm_arguments: None if not)
+    names = flag_names(LLMConfig)
     if key_var is not None:
-        overrides["api_key"] = key_from_env(key_var, env, "--llm-api-key-env")
-    names = {"temperature": "--llm-temperature", "n": "--llm-n", "max_tokens": "--llm-max-tokens",
-             "timeout_s": "--llm-timeout", "deadline_s": "--llm-deadline",
-             "max_response_bytes": "--llm-max-response-bytes", "max_retries": "--llm-max-retries", "concurrency": "--llm-concurrency",
-             "budget_calls": "--llm-budget-calls", "budget_tokens": "--llm-budget-tokens",
-             "base_url": "--llm-base-url", "model": "--llm-model", "cache_path": "--llm-cache",
-             "api_key": f"--llm-api-key-env {key_var}:"}
+        overrides["api_key"] = key_from_env(key_var, env, API_KEY_ENV_FLAG)
+        names["api_key"] = f"{API_KEY_ENV_FLAG} {key_var}:"
     try:
         return LLMConfig.from_env(env, **overrides)
     except SettingError as exc:

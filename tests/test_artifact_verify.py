@@ -84,7 +84,7 @@ TOOLS = {
                                           "--no-progress"],
     "engine.paths.__main__": lambda art, q, tmp: ["--artifact", art, "--from", "C0", "--plan", "isa",
                                                   "--encoder", "hashing"],
-    "llm_bridge.experiment": lambda art, q, tmp: ["--artifact", art, "--out", str(tmp / "exp"), "--quiet"],
+    "experiments.lgot_eval": lambda art, q, tmp: ["--artifact", art, "--out", str(tmp / "exp"), "--quiet"],
     "kge.linkpred": lambda art, q, tmp: ["--artifact", art, "--kg", "umls", "--limit", "5", "--quiet"],
 }
 # What each damage reports: the file, and (unverified) why.
@@ -134,7 +134,7 @@ def test_skip_artifact_checksums_skips_only_the_checksums(umls_tiny_artifact, tm
 
 def test_plots_verifies_too(damaged, tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    plots = _main("kge.plots")
+    plots = _main("experiments.train_curve")
     assert plots(["--artifact", str(damaged["zero-matrices"]), "--out", str(tmp_path / "c.png")]) == 2
     assert "checksum mismatch for 'matrices.npz'" in one_error(capsys)
     assert not (tmp_path / "c.png").exists()
@@ -190,7 +190,7 @@ def test_plots_out_inside_the_artifact_is_refused(umls_tiny_artifact, tmp_path, 
     shutil.copytree(umls_tiny_artifact, art)
     (tmp_path / "link").symlink_to(art)
     before = snapshot(art)
-    plots = _main("kge.plots")
+    plots = _main("experiments.train_curve")
     for out in (art / "entities.tsv", art / "new.png", tmp_path / "link" / "entities.tsv",
                 tmp_path / "x" / ".." / "art" / "meta.json"):
         assert plots(["--artifact", str(art), "--out", str(out)]) == 2
@@ -203,7 +203,7 @@ def test_experiment_out_inside_the_artifact_is_refused(umls_tiny_artifact, tmp_p
     art = tmp_path / "art"
     shutil.copytree(umls_tiny_artifact, art)
     before = snapshot(art)
-    experiment = _main("llm_bridge.experiment")
+    experiment = _main("experiments.lgot_eval")
     for flag, extra, says in (("--out", ["--out", art], "is the --artifact input"),
                               ("--out", ["--out", art / "results"], "inside"),
                               ("--questions-dir", ["--out", tmp_path / "res", "--questions-dir", art / "q"], "inside")):
@@ -242,9 +242,9 @@ def test_check_not_input(tmp_path):
 def test_synthetic_refuses_sizes_that_cannot_fit_up_front(tmp_path, capsys, monkeypatch):
     import tracemalloc
 
-    import kge.synthetic as syn
+    import experiments.synthetic_kg as syn
 
-    main = _main("kge.synthetic")
+    main = _main("experiments.synthetic_kg")
     out = tmp_path / "big.tsv"
     monkeypatch.setattr(syn, "_mem_available", lambda: 16 * 2**30)  # the refusal must not depend on the machine
     tracemalloc.start()
@@ -263,7 +263,7 @@ def test_synthetic_refuses_sizes_that_cannot_fit_up_front(tmp_path, capsys, monk
 
 
 def test_synthetic_size_check_override_and_disk_estimate(tmp_path, capsys, monkeypatch):
-    import kge.synthetic as syn
+    import experiments.synthetic_kg as syn
 
     cfg = syn.SyntheticConfig(num_entities=300, num_relations=4, num_edges=900, seed=1)
     need = syn.estimate_peak_bytes(cfg)
@@ -366,7 +366,7 @@ def test_enospc_in_engine_sample(umls_tiny_artifact, tmp_path, capsys, disk_full
 def test_enospc_in_kge_synthetic(tmp_path, capsys, disk_full_after):
     disk_full_after(1000)
     out = tmp_path / "s.tsv"
-    rc = _main("kge.synthetic")(["--entities", "300", "--relations", "4", "--edges", "900", "--out", str(out),
+    rc = _main("experiments.synthetic_kg")(["--entities", "300", "--relations", "4", "--edges", "900", "--out", str(out),
                                  "--quiet"])
     assert rc == 2
     assert one_error(capsys).startswith(f"error: {out}: no space left on the device (ENOSPC)")
@@ -398,7 +398,7 @@ def _mount_tmpfs(folder: Path, size: str) -> bool:
 
 
 def test_real_full_tmpfs(tmp_path, capsys):
-    """A 1 MiB tmpfs: kge.synthetic's disk estimate refuses up front; past it (--skip-size-check) the real
+    """A 1 MiB tmpfs: experiments.synthetic_kg's disk estimate refuses up front; past it (--skip-size-check) the real
     ENOSPC is one line naming the output, and the partial file is gone."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -407,7 +407,7 @@ def test_real_full_tmpfs(tmp_path, capsys):
     try:
         out = mnt / "s.tsv"
         argv = ["--entities", "20000", "--relations", "5", "--edges", "40000", "--out", str(out), "--quiet"]
-        main = _main("kge.synthetic")
+        main = _main("experiments.synthetic_kg")
         assert main(argv) == 2
         assert "free in" in one_error(capsys)
         assert main(argv + ["--skip-size-check"]) == 2
@@ -425,7 +425,7 @@ def test_llm_cache_inside_the_artifact_is_refused(umls_tiny_artifact, tmp_path, 
     cache = art / "llm-cache.sqlite"
     assert _main("engine.answer")(["--artifact", str(art), "--query", "1p", "--llm", "--llm-cache", str(cache)]) == 2
     assert "error: --llm-cache " in one_error(capsys)
-    assert _main("llm_bridge.experiment")(["--artifact", str(art), "--out", str(tmp_path / "r"), "--llm-cache",
+    assert _main("experiments.lgot_eval")(["--artifact", str(art), "--out", str(tmp_path / "r"), "--llm-cache",
                                            str(cache), "--quiet"]) == 2
     assert "is inside the --artifact folder" in one_error(capsys)
     assert snapshot(art) == before

@@ -1,11 +1,10 @@
 """The KARPA ask loop (engine.exec.ask, Engine.ask, python -m engine.ask) end to end over HTTP with the
-simulated planner/reasoner (llm_bridge.simulate_ask) on a generated KG, its fallbacks, and the CLI."""
+simulated planner/reasoner (experiments.simulate_ask) on a generated KG, its fallbacks, and the CLI."""
 from __future__ import annotations
 
 import io
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +80,7 @@ def client_config(server, **kw):
 
 
 def sim(art, questions, **ask):
-    from llm_bridge.simulate_ask import AskSimConfig, start_ask_server
+    from experiments.simulate_ask import AskSimConfig, start_ask_server
 
     cfg = {"synonym_rate": 0.0, **ask}
     return start_ask_server(art, {q: p for q, p, _ in questions}, AskSimConfig(**cfg))
@@ -275,8 +274,8 @@ def test_bad_plans_degrade_to_embedding_only_with_a_warning(kg, questions, failu
 def test_timeouts_degrade_to_embedding_only(kg, questions):
     from llm_bridge.client import LLMClient
     from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
-    from llm_bridge.simulate import SimulatorConfig
-    from llm_bridge.simulate_ask import AskSimConfig, start_ask_server
+    from experiments.simulate import SimulatorConfig
+    from experiments.simulate_ask import AskSimConfig, start_ask_server
 
     few = questions[:3]
     server = start_ask_server(kg[0], {q: p for q, p, _ in few}, AskSimConfig(),
@@ -560,7 +559,7 @@ def test_cli_bad_questions_file_and_unknown_topic(kg, tmp_path, capsys):
 
 
 def test_simulator_questions_file_errors(kg, tmp_path):
-    from llm_bridge.simulate_ask import load_gold
+    from experiments.simulate_ask import load_gold
 
     p = tmp_path / "g.jsonl"
     p.write_text('{"question": "a", "path": ["directed_by", "direcVted_by"]}\n', encoding="utf-8")
@@ -681,7 +680,7 @@ def test_simulate_ask_cli_process_serves_engine_ask(kg, questions, tmp_path):
     from _llm_server import ROOT
 
     qfile = write_questions(tmp_path / "q.jsonl", questions[:4])
-    cmd = [sys.executable, "-m", "llm_bridge.simulate_ask", "--artifact", str(kg[0]), "--questions", str(qfile),
+    cmd = [sys.executable, "-m", "experiments.simulate_ask", "--artifact", str(kg[0]), "--questions", str(qfile),
            "--port", "0", "--synonym-rate", "0"]
     import os
 
@@ -719,7 +718,7 @@ def test_simulate_ask_cli_process_serves_engine_ask(kg, questions, tmp_path):
     (["--artifact", "{art}", "--questions", "{missing}"], "missing.jsonl"),
 ])
 def test_simulate_ask_cli_bad_input(kg, questions, tmp_path, capsys, argv, message):
-    from llm_bridge.simulate_ask import main
+    from experiments.simulate_ask import main
 
     q = write_questions(tmp_path / "q.jsonl", questions[:2])
     argv = [a.format(art=kg[0], q=q, missing=tmp_path / "missing.jsonl") for a in argv]
@@ -987,18 +986,12 @@ def test_cli_exemplars_and_settings(kg, questions, tmp_path):
         Asker(eng, ret, exemplars=[("q", ["nope"])])
 
 
-def test_metaqa_runner_dev_questions_use_the_weak_labels(tmp_path, monkeypatch):
-    """benchmarks/results/ask/run_metaqa.py --split dev: labelled dev questions (dev.txt only) of the hop count, a seeded
+def test_metaqa_runner_dev_questions_use_the_weak_labels(tmp_path):
+    """experiments.metaqa_ask --split dev: labelled dev questions (dev.txt only) of the hop count, a seeded
     sample kept in file order, errors naming the file; candidate_stats counts what the reasoner was shown."""
-    import importlib.util
     from types import SimpleNamespace
 
-    spec = importlib.util.spec_from_file_location(
-        "run_metaqa", Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "ask" / "run_metaqa.py")
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "run_metaqa", mod)  # its dataclasses look their module up there
-    monkeypatch.setattr(sys, "path", list(sys.path))  # it puts the repository root first
-    spec.loader.exec_module(mod)
+    import experiments.metaqa_ask as mod
     (tmp_path / "2-hop").mkdir()
     lines = [f"who directed the films of [E{i}]\tA{i}|B{i}" for i in range(30)]
     (tmp_path / "2-hop" / "dev.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -1031,17 +1024,10 @@ def test_metaqa_runner_dev_questions_use_the_weak_labels(tmp_path, monkeypatch):
 
 
 def test_metaqa_report_keeps_history_rows_in_the_tables_not_the_plot(tmp_path, monkeypatch):
-    """run_metaqa.py --report: rows marked "history" are listed (and marked) in the tables, left out of the plot."""
-    import importlib.util
-
+    """experiments.metaqa_ask --report: rows marked "history" are listed (and marked) in the tables, left out of the plot."""
     import matplotlib.axes
 
-    spec = importlib.util.spec_from_file_location(
-        "run_metaqa", Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "ask" / "run_metaqa.py")
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "run_metaqa", mod)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    spec.loader.exec_module(mod)
+    import experiments.metaqa_ask as mod
     row = {"llm_calls": 0.0, "tokens": 0.0, "seconds": 0.01, "fallbacks": 1.0}
     runs = [{"hops": h, "method": m, "hits@1": 0.5, **row, **({"history": True} if m == "old" else {})}
             for h in (1, 2) for m in ("new", "old")]

@@ -43,7 +43,7 @@ def test_karpa_with_the_simulated_planner_beats_embedding_only(metaqa):
     from llm_bridge.client import LLMClient
     from llm_bridge.config import LLMConfig
     from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
-    from llm_bridge.simulate_ask import AskSimConfig, start_ask_server
+    from experiments.simulate_ask import AskSimConfig, start_ask_server
 
     from llm_bridge.prompts import fallback_template
 

@@ -503,11 +503,11 @@ def _cli_mains():
     from engine.evaluate import main as evaluate_main
     from engine.paths.__main__ import main as paths_main
     from engine.sample import main as sample_main
-    from llm_bridge.simulate import main as simulate_main
+    from experiments.simulate import main as simulate_main
 
     return {"engine.answer": answer_main, "engine.evaluate": evaluate_main, "engine.sample": sample_main,
             "engine.betae": betae_main, "engine.paths": paths_main, "kge.build": build_main,
-            "llm_bridge.simulate": simulate_main}
+            "experiments.simulate": simulate_main}
 
 
 def test_build_creates_missing_parents_of_out(tmp_path, capsys, monkeypatch):
@@ -576,11 +576,11 @@ def test_f4_printable_escapes_control_characters():
 
 
 @pytest.mark.parametrize("cli", ["engine.answer", "engine.evaluate", "engine.sample", "engine.betae", "engine.paths",
-                                 "kge.build", "llm_bridge.simulate"])
+                                 "kge.build", "experiments.simulate"])
 def test_f4_unrecognized_arguments_are_escaped(capsys, cli):
     required = {"engine.answer": [], "engine.evaluate": ["--artifact", "a"], "engine.sample": ["--artifact", "a", "--out", "o"],
                 "engine.betae": ["--queries", "q", "--folder", "f"], "engine.paths": ["--artifact", "a", "--from", "e", "--plan", "r"],
-                "kge.build": ["--kg", "k", "--out", "o"], "llm_bridge.simulate": ["--artifact", "a"]}[cli]
+                "kge.build": ["--kg", "k", "--out", "o"], "experiments.simulate": ["--artifact", "a"]}[cli]
     assert _cli_mains()[cli]([*required, "--bogus\x1b[2J", "a\rb\u2028c"]) == 2
     err = one_error_line(capsys)
     message = err.partition("error: ")[2].rstrip("\n")
@@ -734,7 +734,7 @@ def test_f7_cuda_devices_need_cuda(tmp_path, capsys):
 def test_f8_bad_seeds_are_one_error_line(tmp_path, capsys, seed):
     from engine.answer import main as answer_main
     from engine.sample import main as sample_main
-    from llm_bridge.simulate import main as simulate_main
+    from experiments.simulate import main as simulate_main
 
     art = small_artifact(tmp_path / "art")
     expected = f"error: --seed must be in [0, 4294967295], got {int(seed)}\n"
@@ -759,7 +759,7 @@ def test_f10_max_matrix_gb_out_of_range(tmp_path, capsys, gb):
 
 
 def test_simulator_reads_artifacts_through_kge_artifact(tmp_path, capsys):
-    from llm_bridge.simulate import KnowledgeBase, main as simulate_main
+    from experiments.simulate import KnowledgeBase, main as simulate_main
 
     art = small_artifact(tmp_path / "art")
     assert len(KnowledgeBase.from_artifact(art).entities) == 6

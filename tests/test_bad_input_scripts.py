@@ -1,8 +1,8 @@
 """Issue 32's data-loss, write-outside-output and injection bugs of the research scripts, each reproduced.
 
-``benchmarks/results/ask/run_metaqa.py`` (``--export`` truncating its input, ``--build-kg-only`` writing into
-any folder, tracebacks on user mistakes), ``llm_bridge.metaqa_experiment --name`` (files outside ``--out``),
-``llm_bridge.linkeval --baseline-rev`` (an option smuggled into ``git show``), and the simulators'
+``experiments.metaqa_ask`` (``--export`` truncating its input, ``--build-kg-only`` writing into
+any folder, tracebacks on user mistakes), ``experiments.metaqa_lgot --name`` (files outside ``--out``),
+``experiments.linkeval --baseline`` (was ``--baseline-rev``: an option smuggled into ``git show``), and the simulators'
 ``--skip-artifact-checksums``.  Everything runs in process on a tiny MetaQA-format folder (< 1 s each).
 """
 from __future__ import annotations
@@ -21,13 +21,15 @@ from test_metaqa import KB, _questions, _write
 
 @pytest.fixture(scope="module")
 def rmq():
-    return load_script("benchmarks/results/ask/run_metaqa.py")
+    import experiments.metaqa_ask
+
+    return experiments.metaqa_ask
 
 
 @pytest.fixture(scope="module")
 def mqa(tmp_path_factory):
     """A tiny MetaQA folder, an artifact of it (half the edges dropped) and its questions as JSON lines
-    (what ``run_metaqa.py --export`` writes; made here without it, so that the other scripts' tests stand alone)."""
+    (what ``experiments.metaqa_ask --export`` writes; made here without it, so that the other scripts' tests stand alone)."""
     from engine.eval.metaqa import load_metaqa_questions
     from test_metaqa_experiment import _tiny_artifact
 
@@ -62,7 +64,7 @@ def _one_error(capsys) -> str:
     return err
 
 
-# ------------------------------------------------------------------------------------ run_metaqa.py --export
+# ------------------------------------------------------------------------------------ experiments.metaqa_ask --export
 def test_export_never_replaces_its_own_input(tmp_path, rmq, capsys):
     """Issue 32: ``--export 1-hop/test.txt`` truncated the questions file it was about to read (9,947 lines -> 0)."""
     data = tmp_path / "metaqa"
@@ -93,7 +95,7 @@ def test_export_replaces_only_with_overwrite_and_never_truncates_before_reading(
     assert not [p for p in tmp_path.iterdir() if ".part-" in p.name]
 
 
-# ------------------------------------------------------------------------------ run_metaqa.py --build-kg-only
+# ------------------------------------------------------------------------------ experiments.metaqa_ask --build-kg-only
 @pytest.mark.parametrize("target", ["user", "data", "artifact"])
 def test_build_kg_only_writes_no_folder_it_did_not_make(tmp_path, rmq, mqa, capsys, target):
     """Issue 32: ``--build-kg-only DIR`` wrote artifact files into a user folder, the MetaQA folder itself or an
@@ -117,7 +119,7 @@ def test_build_kg_only_writes_no_folder_it_did_not_make(tmp_path, rmq, mqa, caps
         assert sorted(os.listdir(art)) == sorted(os.listdir(mqa / "art"))
 
 
-# ------------------------------------------------------------------------------ run_metaqa.py user mistakes
+# ------------------------------------------------------------------------------ experiments.metaqa_ask user mistakes
 @pytest.mark.parametrize("argv, says", [
     (["--export", "{tmp}"], "is a folder"),
     (["--export", "{tmp}/q.jsonl", "--hops", "7"], "invalid choice: 7"),
@@ -139,7 +141,7 @@ def test_build_kg_only_writes_no_folder_it_did_not_make(tmp_path, rmq, mqa, caps
     (["--export", "{tmp}/q.jsonl", "--build-kg-only", "{tmp}/a"], "not allowed with"),
 ])
 def test_user_mistakes_are_one_error_line(tmp_path, rmq, mqa, capsys, argv, says):
-    """Issue 32: run_metaqa.py had no error wrapper (``--export`` to a folder, ``--hops 7``: tracebacks)."""
+    """Issue 32: experiments.metaqa_ask had no error wrapper (``--export`` to a folder, ``--hops 7``: tracebacks)."""
     names = {"tmp": str(tmp_path), "art": str(mqa / "art"), "data": str(mqa / "metaqa")}
     argv = [a.format(**names) if a.startswith("{") and not a.startswith('{"') else a for a in argv]
     before = snapshot(mqa)
@@ -162,11 +164,11 @@ def test_report_writes_md_and_png_replacing_only_with_overwrite(tmp_path, rmq, c
     assert "| embedding | 1 | 50.0 |" in md.read_text() and png.read_bytes()[:4] == b"\x89PNG"
 
 
-# ---------------------------------------------------------------------- llm_bridge.metaqa_experiment --name
+# ---------------------------------------------------------------------- experiments.metaqa_lgot --name
 @pytest.mark.parametrize("name", ["../userdoc", "{abs}/userdoc", "sub/x", "..", ""])
 def test_metaqa_experiment_name_never_leaves_out(tmp_path, mqa, capsys, name):
     """Issue 32: ``--name ../userdoc --overwrite`` replaced ``userdoc.md`` beside ``--out`` (``/abs/path`` too)."""
-    from llm_bridge.metaqa_experiment import main
+    from experiments.metaqa_lgot import main
 
     out = tmp_path / "out"
     out.mkdir()
@@ -181,7 +183,7 @@ def test_metaqa_experiment_name_never_leaves_out(tmp_path, mqa, capsys, name):
 
 
 def test_metaqa_experiment_cache_never_inside_an_input(tmp_path, mqa, capsys):
-    from llm_bridge.metaqa_experiment import main
+    from experiments.metaqa_lgot import main
 
     out = tmp_path / "out"
     out.mkdir()
@@ -191,52 +193,117 @@ def test_metaqa_experiment_cache_never_inside_an_input(tmp_path, mqa, capsys):
     assert "--cache" in _one_error(capsys) and snapshot(mqa) == before
 
 
-# ------------------------------------------------------------------------ llm_bridge.linkeval --baseline-rev
+# ------------------------------------------------------------------------ experiments.linkeval --baseline
+# Issue 33: --baseline-rev ran `git show REV:llm_bridge/linking.py` and imported the text (only inside a git
+# checkout, and an option smuggled into git wrote files: issue 32); the baseline is now an earlier run's
+# --save-results file, read as data.
 def _kb(tmp_path: Path) -> Path:
     kb = tmp_path / "kb.txt"
     kb.write_text("".join(f"Film {i}|directed_by|Person {i % 7}\n" for i in range(30)), encoding="utf-8")
     return kb
 
 
-@pytest.mark.parametrize("rev", ["--output={tmp}/w", "-p", "", "HEAD:README.md", "x\x1b[2J", " HEAD"])
-def test_linkeval_baseline_rev_is_never_an_option(tmp_path, capsys, rev):
-    """Issue 32: ``--baseline-rev=--output=PATH`` reached ``git show`` as an option: git wrote its diff of HEAD
-    to ``PATH:llm_bridge/linking.py`` (the folder ``PATH:llm_bridge`` existing), then an AttributeError traceback
-    on the empty "module"."""
-    from llm_bridge.linkeval import main
+def test_linkeval_baseline_round_trip_without_git(tmp_path, capsys, monkeypatch):
+    """A run saves its results; a later run, outside any git checkout and with no git on PATH, shows them side by
+    side: the baseline's row equals the saving run's `new` row (same threshold, same links)."""
+    from experiments.linkeval import main
 
     kb = _kb(tmp_path)
-    (tmp_path / "w:llm_bridge").mkdir()
-    rev = rev.format(tmp=tmp_path)
-    before = snapshot(tmp_path)
-    assert main(["--kb", str(kb), "--out", str(tmp_path / "r.md"), "--per-kind", "2", f"--baseline-rev={rev}"]) == 2
-    assert "--baseline-rev" in _one_error(capsys)
-    assert snapshot(tmp_path) == before
-
-
-def test_linkeval_missing_git_or_unknown_revision_is_one_line(tmp_path, capsys, monkeypatch):
-    from llm_bridge.linkeval import main
-
-    kb = _kb(tmp_path)
-    argv = ["--kb", str(kb), "--out", str(tmp_path / "r.md"), "--per-kind", "2"]
-    assert main([*argv, "--baseline-rev", "no-such-revision-xyz"]) == 2
-    assert "cannot read llm_bridge/linking.py from git" in _one_error(capsys)
+    saved = tmp_path / "runs" / "base.json"  # a new folder, made as --out's is
+    argv = ["--kb", str(kb), "--per-kind", "3"]
+    assert main([*argv, "--out", str(tmp_path / "a.md"), "--save-results", str(saved)]) == 0
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    assert doc["format"] == "kgreason linkeval results" and len(doc["outcomes"]) == doc["set"]["strings"] > 0
     empty = tmp_path / "bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))  # no git at all
-    assert main([*argv, "--baseline-rev", "HEAD"]) == 2
-    assert "cannot read llm_bridge/linking.py from git" in _one_error(capsys)
-    assert not (tmp_path / "r.md").exists()
+    monkeypatch.chdir(tmp_path)  # not a checkout
+    assert main([*argv, "--out", str(tmp_path / "b.md"), "--baseline", str(saved)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+    def side_by_side(md: str) -> dict[str, str]:
+        text = (tmp_path / md).read_text(encoding="utf-8").split("## Side by side")[1].split("##")[0]
+        return {row.split(" | ")[0].lstrip("| "): row.split(" | ", 1)[1].rsplit(" | ", 1)[0]
+                for row in text.splitlines() if row.startswith("| new |") or row.startswith("| baseline")}
+
+    rows = side_by_side("b.md")
+    assert rows["baseline (base.json)"] == side_by_side("a.md")["new"] == rows["new"]
+    assert "--baseline " + str(saved) in (tmp_path / "b.md").read_text(encoding="utf-8")
+
+
+def _saved(tmp_path: Path) -> Path:
+    from experiments.linkeval import main
+
+    saved = tmp_path / "base.json"
+    assert main(["--kb", str(_kb(tmp_path)), "--per-kind", "3", "--out", str(tmp_path / "a.md"),
+                 "--save-results", str(saved)]) == 0
+    return saved
+
+
+def _edit(doc: dict, case: str) -> str:
+    if case == "not json":
+        return "{not json"
+    if case == "a list":
+        return "[1, 2]"
+    if case == "another file":
+        return json.dumps({"label": "x", "runs": []})
+    if case == "newer version":
+        doc["version"] = 99
+    elif case == "short outcomes":
+        doc["outcomes"] = doc["outcomes"][:-1]
+    elif case == "bad outcome":
+        doc["outcomes_at_0"][0] = ["x", "fuzzy", "high"]
+    elif case == "no fingerprint":
+        del doc["set"]["sha256"]
+    elif case == "bad threshold":
+        doc["threshold"] = "80"
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("missing", "--baseline '{f}': no such file (an earlier run's --save-results)"),
+    ("not json", "--baseline '{f}': not JSON"),
+    ("a list", "--baseline '{f}': expected a JSON object"),
+    ("another file", "--baseline '{f}': not a results file of --save-results"),
+    ("newer version", "--baseline '{f}': results file version 99; this linkeval reads version 1"),
+    ("short outcomes", "--baseline '{f}': damaged: "),
+    ("bad outcome", "--baseline '{f}': outcomes_at_0[0] is not [name, method, score]"),
+    ("no fingerprint", "--baseline '{f}': damaged: 'set' lacks its string count and fingerprint"),
+    ("bad threshold", "--baseline '{f}': damaged: 'threshold' is not a number"),
+    ("another set", "--baseline '{f}': measured on another linking set ("),
+    ("as --out", "--out {f}: is the --baseline input"),
+    ("as --save-results", "--save-results {f}: is the --baseline input"),
+])
+def test_linkeval_bad_baseline_is_one_line_and_writes_nothing(tmp_path, capsys, case, message):
+    from experiments.linkeval import main
+
+    saved = _saved(tmp_path)
+    bad = tmp_path / "bad.json"
+    if case != "missing":
+        bad.write_text(_edit(json.loads(saved.read_text(encoding="utf-8")), case), encoding="utf-8")
+    out = tmp_path / "r.md"
+    argv = ["--kb", str(tmp_path / "kb.txt"), "--per-kind", "4" if case == "another set" else "3",
+            "--out", str(out), "--baseline", str(bad)]
+    if case == "as --out":
+        argv[argv.index("--out") + 1] = str(bad)
+    if case == "as --save-results":
+        argv += ["--save-results", str(bad)]
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = _one_error(capsys)
+    assert err.count("\n") == 1 and message.format(f=bad) in err, err
+    assert snapshot(tmp_path) == before
 
 
 # ------------------------------------------------------------------- the simulators' --skip-artifact-checksums
-@pytest.mark.parametrize("module", ["llm_bridge.simulate_ask", "llm_bridge.simulate"])
+@pytest.mark.parametrize("module", ["experiments.simulate_ask", "experiments.simulate"])
 def test_simulators_skip_artifact_checksums(tmp_path, mqa, capsys, monkeypatch, module):
     """Issue 32: ``simulate_ask`` lacked ``--skip-artifact-checksums`` (the README: every artifact reader has it).
     The serving loop is not entered (``serve_forever`` returns at once): what is tested is what happens before."""
     import importlib
 
-    from llm_bridge.simulate import SimulatorServer
+    from experiments.simulate import SimulatorServer
 
     monkeypatch.setattr(SimulatorServer, "serve_forever", lambda self, *a, **k: None)
     main = importlib.import_module(module).main
@@ -332,18 +399,6 @@ def test_large_kg_sh_never_writes_into_a_folder_it_did_not_make(tmp_path, case):
     assert ("--overwrite" in res.stderr) == (case == "earlier-run")
     assert snapshot(tmp_path) == before
     assert not (REPO / "user").exists()
-
-
-def test_linkeval_baseline_whose_linker_takes_other_arguments_is_one_error():
-    """A --baseline-rev whose EntityLinker has another signature: a UserError naming the revision, not a TypeError."""
-    from types import SimpleNamespace
-
-    from kgreason.errors import UserError
-    from llm_bridge.linkeval import baseline_linker
-
-    old = SimpleNamespace(EntityLinker=lambda entities: entities)  # an older linker's signature
-    with pytest.raises(UserError, match="--baseline-rev 'abc123': its EntityLinker cannot be built"):
-        baseline_linker(old, "abc123", ["Heat"])
 
 
 def test_export_escapes_separators_and_bidi_in_json_lines(tmp_path, rmq):

@@ -122,7 +122,7 @@ def test_queries_file_json_in_order(art_dir, tmp_path, capsys):
         (["--expr", "x", "--top-k", "0"], "error: --top-k must be >= 1, got 0"),
         (["--expr", "x", "--tnorm", "luk"], "error: argument --tnorm: invalid choice: 'luk'"),
         (["--expr", "x", "--neg-scale", "abc"], "error: argument --neg-scale: invalid float value: 'abc'"),
-        (["--expr", "x", "--neg-scale", "-1"], "error: neg_scale must be a positive number, got -1.0"),
+        (["--expr", "x", "--neg-scale", "-1"], "error: --neg-scale must be in (0, inf), got -1.0"),  # before loading the artifact
         (["--queries", "/nonexistent/q.txt"], "error: --queries: file '/nonexistent/q.txt' does not exist"),
         (["--expr", "x", "--bogus"], "error: unrecognized arguments: --bogus"),
         (["--expr", "x", "--frontier-k", "0"], "error: --frontier-k must be >= 1, got 0"),

@@ -307,9 +307,9 @@ def loop_eval(ex: Executor, node: Node) -> torch.Tensor:
         x[0, node.entity] = 1.0
         return x
     if isinstance(node, Projection):
-        return ops.project(loop_eval(ex, node.arg), ex.matrix(node.relation))
+        return ops.project(loop_eval(ex, node.arg), ex.rows.relation(node.relation))
     if isinstance(node, NegatedProjection):
-        return ops.project(loop_eval(ex, node.arg), ex.matrix(node.relation), negate=True, neg_scale=ex.neg_scale)
+        return ops.project(loop_eval(ex, node.arg), ex.rows.relation(node.relation), negate=True, neg_scale=ex.neg_scale)
     if isinstance(node, Intersection):
         return ops.intersect(*[loop_eval(ex, a) for a in node.args], tnorm=ex.tnorm)
     if isinstance(node, Union):

@@ -15,16 +15,16 @@ command line names may appear or change, and an artifact ``--overwrite`` replace
 no temporary ``.building-``/``.part-`` leftovers; everything happens inside the
 example's folder (cwd, HOME, XDG_CACHE_HOME, KGREASON_HOME, TMPDIR there).
 
-Never fuzzed: the ``--llm*`` options of engine.answer, engine.ask and llm_bridge.experiment
+Never fuzzed: the ``--llm*`` options of engine.answer, engine.ask and experiments.lgot_eval
 (they call a model server; the experiment runs its own simulator), engine.ask without
-``--encoder`` (it gets ``hashing``), llm_bridge.linkeval's ``--embedding minilm``, and
+``--encoder`` (it gets ``hashing``), experiments.linkeval's ``--embedding minilm``, and
 engine.paths' model encoders (``minilm``, ``sentence-transformers`` download
 models); ``kge.build`` only ever trains a few epochs at rank <= 8 on the
-16-entity KG (or reuses embeddings); ``kge.synthetic``'s valid sizes stay below
+16-entity KG (or reuses embeddings); ``experiments.synthetic_kg``'s valid sizes stay below
 60 entities and 200 edges (its absurd ones must be refused up front, by its
-checks or its memory and disk estimates); ``llm_bridge.experiment`` samples
+checks or its memory and disk estimates); ``experiments.lgot_eval`` samples
 at most 3 queries per structure and runs one simulator configuration; the simulators never
-enter their serving loop (``serve_forever`` returns at once); ``run_metaqa.py`` never reads
+enter their serving loop (``serve_forever`` returns at once); ``experiments.metaqa_ask`` never reads
 the real MetaQA release, loads MiniLM or writes its default ``--md``/``--png`` (in the
 repository); ``ops_cuda_bench.py`` always runs ``--quick`` and ``--root``/``executor_identity.py
 --tree`` only ever name this checkout (another one's packages would be imported).
@@ -81,18 +81,18 @@ CLIS = {
     "engine.betae": "engine.betae",
     "engine.paths": "engine.paths.__main__",
     "kge.build": "kge.build",
-    "kge.synthetic": "kge.synthetic",
-    "kge.plots": "kge.plots",
+    "experiments.synthetic_kg": "experiments.synthetic_kg",
+    "experiments.train_curve": "experiments.train_curve",
     "kge.linkpred": "kge.linkpred",
     "kge.materialize": "kge.materialize",
-    "llm_bridge.experiment": "llm_bridge.experiment",
+    "experiments.lgot_eval": "experiments.lgot_eval",
     "engine.ask": "engine.ask",
-    "llm_bridge.linkeval": "llm_bridge.linkeval",
-    "llm_bridge.simulate_ask": "llm_bridge.simulate_ask",
-    "llm_bridge.simulate": "llm_bridge.simulate",
-    "llm_bridge.metaqa_experiment": "llm_bridge.metaqa_experiment",
+    "experiments.linkeval": "experiments.linkeval",
+    "experiments.simulate_ask": "experiments.simulate_ask",
+    "experiments.simulate": "experiments.simulate",
+    "experiments.metaqa_lgot": "experiments.metaqa_lgot",
+    "experiments.metaqa_ask": "experiments.metaqa_ask",
     # the benchmark scripts the README and docs tell users to run
-    "run_metaqa": "benchmarks/results/ask/run_metaqa.py",
     "betae_1p_queries": "benchmarks/betae_1p_queries.py",
     "executor_memory": "benchmarks/executor_memory.py",
     "ops_cuda_bench": "benchmarks/ops_cuda_bench.py",
@@ -102,9 +102,9 @@ CLIS = {
 _RC1 = ("executor_identity",)
 #: CLIs that serve until Ctrl-C: their serving loop is not entered (``serve_forever`` returns at once), so a
 #: run tests everything before it (arguments, the artifact, the questions, binding the port) and ends.
-_SERVERS = ("llm_bridge.simulate_ask", "llm_bridge.simulate")
+_SERVERS = ("experiments.simulate_ask", "experiments.simulate")
 #: CLIs whose --artifact / --data / --metaqa are the tiny MetaQA world's (tests/fuzz_support.py).
-_METAQA = ("llm_bridge.simulate_ask", "llm_bridge.metaqa_experiment", "run_metaqa")
+_METAQA = ("experiments.simulate_ask", "experiments.metaqa_lgot", "experiments.metaqa_ask")
 
 
 class _Captured(Exception):
@@ -198,7 +198,7 @@ class Layout:
         self.exemplars = self.inputs / "exemplars.jsonl"
         self.exemplars.write_text('{"question": "what does [e3] r0", "path": ["r0"]}\n'
                                   '{"question": "who likes [e4]", "path": ["likes^-1"]}\n', encoding="utf-8")
-        # llm_bridge.linkeval: a MetaQA-style kb.txt (head|relation|tail) of 30 films, people and years.
+        # experiments.linkeval: a MetaQA-style kb.txt (head|relation|tail) of 30 films, people and years.
         self.metaqa_kb = self.inputs / "kb.txt"
         self.metaqa_kb.write_text("".join(f"Film {i}|directed_by|Person {i % 7}\nFilm {i}|release_year|{1990 + i % 5}\n"
                                           for i in range(30)), encoding="utf-8")
@@ -280,23 +280,23 @@ def valid_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[st
         one = st.just(lay.rel(lay.mqa_art))
     elif dest in ("data", "metaqa"):
         one = st.just(lay.rel(lay.metaqa))
-    elif cli == "llm_bridge.simulate_ask" and dest == "questions":
+    elif cli == "experiments.simulate_ask" and dest == "questions":
         one = st.just(lay.rel(lay.mqa_questions))
-    elif cli == "run_metaqa" and dest in ("exemplars", "labels", "tune_exemplars"):
+    elif cli == "experiments.metaqa_ask" and dest in ("exemplars", "labels", "tune_exemplars"):
         one = st.just(lay.rel(lay.mqa_exemplars))
-    elif cli == "run_metaqa" and dest == "report":
+    elif cli == "experiments.metaqa_ask" and dest == "report":
         one = st.just(lay.rel(lay.mqa_results))
-    elif cli == "run_metaqa" and dest in ("export", "make_exemplars", "out", "trace_out"):
+    elif cli == "experiments.metaqa_ask" and dest in ("export", "make_exemplars", "out", "trace_out"):
         one = st.sampled_from(["q.jsonl", "r.json", "outdir/x.json"])
-    elif cli == "run_metaqa" and dest == "build_kg_only":
+    elif cli == "experiments.metaqa_ask" and dest == "build_kg_only":
         one = st.sampled_from(["new_art", "deep/new_art", lay.rel(lay.inputs / "empty"), lay.rel(lay.mqa_art)])
     elif dest in ("md", "png"):
         one = st.sampled_from([f"t.{dest}", f"outdir/t.{dest}"])
     elif dest == "cache":
         one = st.sampled_from(["c.sqlite", "cache/c.sqlite"])
-    elif cli == "llm_bridge.metaqa_experiment" and dest == "out":
+    elif cli == "experiments.metaqa_lgot" and dest == "out":
         one = st.sampled_from([lay.rel(lay.inputs / "empty"), "."])
-    elif cli == "llm_bridge.metaqa_experiment" and dest == "name":
+    elif cli == "experiments.metaqa_lgot" and dest == "name":
         one = st.sampled_from(["metaqa", "run1", "a.b-c_d"])
     elif dest == "quality":
         one = st.sampled_from(["1/0", "0.5/0.2", "0.9/0.05"])
@@ -341,10 +341,12 @@ def valid_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[st
         one = st.just(lay.rel(lay.ask_questions))
     elif dest == "exemplars":
         one = st.just(lay.rel(lay.exemplars))
-    elif dest == "kb":  # llm_bridge.linkeval
+    elif dest == "kb":  # experiments.linkeval
         one = st.just(lay.rel(lay.metaqa_kb))
-    elif dest == "baseline_rev":
-        one = st.just("HEAD")
+    elif dest == "baseline":  # linkeval: an earlier run's results (none in the layout: refused, one line)
+        one = st.just("base.json")
+    elif dest == "save_results":
+        one = st.sampled_from(["res.json", "r/res.json"])
     elif dest == "embedding":  # linkeval's encoder: never a model (downloads)
         one = st.just("hashing")
     elif dest in ("betae_folder", "folder"):
@@ -357,7 +359,7 @@ def valid_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[st
         one = st.sampled_from(_STRUCTURES)
     elif dest in ("anchors", "topics"):
         one = st.sampled_from(_ENTITIES)
-    elif dest == "relations" and cli != "kge.synthetic":  # kge.synthetic --relations is a count
+    elif dest == "relations" and cli != "experiments.synthetic_kg":  # experiments.synthetic_kg --relations is a count
         one = st.sampled_from(_RELATIONS)
     elif dest == "plan":
         one = st.lists(st.sampled_from(_RELATIONS[:8]), min_size=1, max_size=3).map(", ".join)
@@ -421,7 +423,7 @@ def junk_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[str
         one = st.one_of(outputs, _hostile(lay, written=True)) if cli in _NEW else outputs
     elif dest == "expr":
         one = query_texts
-    elif cli == "kge.synthetic" and dest in ("entities", "relations", "edges", "types"):
+    elif cli == "experiments.synthetic_kg" and dest in ("entities", "relations", "edges", "types"):
         # Absurd sizes must be refused up front (checks, memory and disk estimates), never generated;
         # a mid-size valid one (300 entities, 900 edges) appears only with the others valid.
         one = st.sampled_from(["0", "1", "-1", "x", "1.5", "", "-99999999999", "1000000000", "100000000", str(2**63),
@@ -430,8 +432,6 @@ def junk_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[str
         one = st.one_of(_JUNK, st.text(max_size=6), st.sampled_from(["4p", "1P", "2u-DNF", "up-DM", "#99", "#-1"]))
     elif dest in ("encoder", "embedding"):
         one = st.sampled_from(["nope", "", "HASHING"])  # never the model encoders (they download models)
-    elif dest == "baseline_rev":
-        one = st.sampled_from(["nope", "", "-x", "HEAD~999999", "--help", "HEAD:x", "0" * 40])
     elif dest == "encoder_kwargs":
         one = st.one_of(st.sampled_from(['{"dim": 0}', '{"dim": -3}', '{"dim": "x"}', '{"seed": 1.5}', '{"bogus": 1}',
                                          '[1]', '3', 'null', '{', '{"dim": 1e999}', '{"dim": 100000000}']),
@@ -449,11 +449,11 @@ def junk_value(draw, cli: str, action: argparse.Action, lay: Layout) -> list[str
         one = st.sampled_from(["0", "-1", "x"] + (["100000"] if _SLOW_RUN else []))
     elif cli == "engine.paths" and dest in ("max_sequences", "k", "beam_width", "max_hops", "max_entity_paths"):
         one = st.sampled_from(["0", "-1", "x", "", "100", "-99999999999"])
-    elif cli == "llm_bridge.experiment" and dest in ("per_structure", "batch_size", "max_answers"):
+    elif cli == "experiments.lgot_eval" and dest in ("per_structure", "batch_size", "max_answers"):
         one = st.sampled_from(["0", "-1", "x", "", "1", "2", "-99999999999"])
-    elif cli == "llm_bridge.metaqa_experiment" and dest in ("per_hop", "samples", "batch_size"):
+    elif cli == "experiments.metaqa_lgot" and dest in ("per_hop", "samples", "batch_size"):
         one = st.sampled_from(["0", "-1", "x", "", "1", "2", "-99999999999", "99999999999", "9" * 40])
-    elif cli == "run_metaqa" and dest in ("per_hop", "first", "ks"):  # never a valid huge sample
+    elif cli == "experiments.metaqa_ask" and dest in ("per_hop", "first", "ks"):  # never a valid huge sample
         one = st.sampled_from(["-1", "x", "", "1.5", "-99999999999", "99999999999", "9" * 40])
     elif dest == "name" and cli in _NEW:  # issue 32: a name with a folder part wrote outside --out
         one = st.one_of(_JUNK, _HOSTILE_TEXT, st.sampled_from(["../inputs/user/notes", "../user/notes",
@@ -480,11 +480,11 @@ def _fuzzable(action: argparse.Action) -> bool:
 # Options of which a valid command line gives exactly one group.
 _EXCLUSIVE = {"engine.answer": [("query", "anchors", "relations"), ("expr",), ("queries",)],
               "engine.evaluate": [("queries",), ("betae_queries", "betae_folder")],
-              # run_metaqa.py's actions (argparse refuses two); () = the method rows
-              "run_metaqa": [("build_kg_only",), ("export",), ("make_exemplars",), ("tune_exemplars",), ("report",),
+              # experiments.metaqa_ask's actions (argparse refuses two); () = the method rows
+              "experiments.metaqa_ask": [("build_kg_only",), ("export",), ("make_exemplars",), ("tune_exemplars",), ("report",),
                              ()]}
 #: Issue 32's CLIs (engine.ask and linkeval were here before): their junk values include the hostile ones.
-_NEW = ("engine.ask", "llm_bridge.linkeval", "llm_bridge.simulate_ask", "llm_bridge.simulate", "llm_bridge.metaqa_experiment", "run_metaqa",
+_NEW = ("engine.ask", "experiments.linkeval", "experiments.simulate_ask", "experiments.simulate", "experiments.metaqa_lgot", "experiments.metaqa_ask",
         "betae_1p_queries", "executor_memory", "ops_cuda_bench", "executor_identity")
 
 
@@ -536,7 +536,7 @@ def argvs(draw, cli: str, parser: argparse.ArgumentParser, lay: Layout) -> list[
     if cli == "engine.sample" and "--per-structure" not in argv:
         # The default (1000 per structure) exhausts all 14 structures of the tiny KG: ~35 s a run.
         argv += ["--per-structure", "2"]
-    if cli == "llm_bridge.experiment":
+    if cli == "experiments.lgot_eval":
         # One simulator configuration on at most 3 queries per structure: a few seconds a run.
         for flag, value in (("--per-structure", "2"), ("--recall", "0.5"), ("--hallucination", "0.2"),
                             ("--structures", "1p"), ("--theta", "0.3"), ("--alpha", "0.1")):
@@ -548,7 +548,7 @@ def argvs(draw, cli: str, parser: argparse.ArgumentParser, lay: Layout) -> list[
         argv += ["--encoder", "hashing"] if "--encoder" not in argv else []
         if mode != "chaos" and "--questions" not in argv:
             argv.append(draw(st.sampled_from(["what does [e0] r0", "who likes e1", "[nope] r1", "what is part of [a b]"])))
-    if cli == "run_metaqa":
+    if cli == "experiments.metaqa_ask":
         # Never the defaults that read the real MetaQA release, load MiniLM, run three simulated LLMs, or
         # write the committed tables in the repository (--md/--png default there).
         for flag, value in (("--data", lay.rel(lay.metaqa)), ("--encoder", "hashing"), ("--per-hop", "2"), ("--hops", "1"),
@@ -558,7 +558,7 @@ def argvs(draw, cli: str, parser: argparse.ArgumentParser, lay: Layout) -> list[
                 argv += [flag] if value is None else [flag, value]
         if mode != "chaos" and "--artifact" not in argv:  # optional to argparse, needed by three of its actions
             argv += ["--artifact", lay.rel(lay.mqa_art)]
-    if cli == "llm_bridge.metaqa_experiment":
+    if cli == "experiments.metaqa_lgot":
         # One simulated quality on a few questions, a cache in the example's folder: a few seconds a run.
         for flag, value in (("--per-hop", "2"), ("--quality", "1/0"), ("--cache", "c.sqlite"), ("--samples", "2"),
                             ("--quiet", None)):
@@ -588,11 +588,11 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 # ------------------------------------------------------------------------ the property
 _OUTPUT_DESTS = ("out", "json", "stats_json", "export", "make_exemplars", "md", "png", "trace_out", "build_kg_only",
-                 "cache")
+                 "cache", "save_results")
 # Options naming files or folders a run reads (never changed).
 _INPUT_DESTS = ("artifact", "kg", "queries", "betae_queries", "betae_folder", "folder", "embeddings", "questions",
                 "exemplars", "kb", "data", "metaqa", "labels", "tune_exemplars", "report", "root", "tree", "before",
-                "after", "determinism", "determinism_with", "compare", "notes", "memory")
+                "after", "determinism", "determinism_with", "compare", "notes", "memory", "baseline")
 # Folders a run may add files to (a cache the user names), unless it lies inside one of the run's inputs.
 _CACHE_DESTS = ("questions_dir",)
 
@@ -611,7 +611,7 @@ def _named_paths(parser: argparse.ArgumentParser, argv: list[str], lay: Layout, 
         if a is None or a.nargs == 0 or k + 1 >= len(argv) or not argv[k + 1]:
             continue
         p = Path(os.path.abspath(lay.root / argv[k + 1]))
-        if a.dest == "out" and cli == "llm_bridge.metaqa_experiment":  # --out DIR: DIR/NAME.{md,json,png}
+        if a.dest == "out" and cli == "experiments.metaqa_lgot":  # --out DIR: DIR/NAME.{md,json,png}
             name = argv[argv.index("--name") + 1] if "--name" in argv[:-1] else "metaqa"
             outs += [p / f"{name}.{ext}" for ext in ("md", "json", "png")]
         elif a.dest == "save":  # executor_identity: the record and its scores file beside it
@@ -619,7 +619,7 @@ def _named_paths(parser: argparse.ArgumentParser, argv: list[str], lay: Layout, 
         elif a.dest in _OUTPUT_DESTS:
             outs.append(p)
             plot = p.with_suffix(".png")
-            if cli == "llm_bridge.linkeval" and plot != p and not plot.exists():
+            if cli == "experiments.linkeval" and a.dest == "out" and plot != p and not plot.exists():
                 outs.append(plot)  # its documented plot next to --out, when new (replacing a file is not allowed)
         elif a.dest in _CACHE_DESTS:
             outs.append(_Cache(p))
@@ -665,7 +665,7 @@ def _tree(lay: Layout) -> dict[str, bytes]:
 @contextlib.contextmanager
 def _no_serving():
     """The simulators' ``serve_forever`` returns at once (see :data:`_SERVERS`)."""
-    from llm_bridge.simulate import SimulatorServer
+    from experiments.simulate import SimulatorServer
 
     saved = SimulatorServer.serve_forever
     SimulatorServer.serve_forever = lambda self, *a, **k: None  # type: ignore[method-assign]
@@ -678,7 +678,7 @@ def _no_serving():
 def check_cli(cli: str, parser: argparse.ArgumentParser, argv: list[str], lay: Layout, hits: set[str]) -> None:
     before = _tree(lay)
     outs, ins = _named_paths(parser, argv, lay, cli)
-    may_change = _may_change(outs, ins, cli in ("kge.build", "run_metaqa") and "--overwrite" in argv)
+    may_change = _may_change(outs, ins, cli in ("kge.build", "experiments.metaqa_ask") and "--overwrite" in argv)
     t0 = time.perf_counter()
     import torch
 
@@ -762,10 +762,10 @@ def _known_finding(cli: str, argv: list[str], res) -> str | None:
 # ------------------------------------------------------------------------ the tests
 # Each CLI gets a share of the profile's budget by its cost per example.
 _SHARE = {"engine.answer": 1.0, "engine.evaluate": 0.5, "engine.sample": 0.5, "engine.betae": 0.5,
-          "engine.paths": 0.75, "kge.build": 0.4, "kge.synthetic": 0.4, "kge.plots": 0.3, "kge.linkpred": 0.3, "kge.materialize": 0.2,
-          "llm_bridge.experiment": 0.25, "engine.ask": 0.5, "llm_bridge.linkeval": 0.3,
-          "llm_bridge.simulate_ask": 0.3, "llm_bridge.simulate": 0.2, "llm_bridge.metaqa_experiment": 0.125,
-          "run_metaqa": 0.3, "executor_identity": 0.25, "betae_1p_queries": 0.2, "executor_memory": 0.2, "ops_cuda_bench": 0.15}
+          "engine.paths": 0.75, "kge.build": 0.4, "experiments.synthetic_kg": 0.4, "experiments.train_curve": 0.3, "kge.linkpred": 0.3, "kge.materialize": 0.2,
+          "experiments.lgot_eval": 0.25, "engine.ask": 0.5, "experiments.linkeval": 0.3,
+          "experiments.simulate_ask": 0.3, "experiments.simulate": 0.2, "experiments.metaqa_lgot": 0.125,
+          "experiments.metaqa_ask": 0.3, "executor_identity": 0.25, "betae_1p_queries": 0.2, "executor_memory": 0.2, "ops_cuda_bench": 0.15}
 
 
 _SLOW_RUN = False  # set while a slow-profile CLI test runs (enables the expensive values)
@@ -810,17 +810,17 @@ test_fuzz_cli_sample, test_fuzz_cli_sample_slow = _make("engine.sample")
 test_fuzz_cli_betae, test_fuzz_cli_betae_slow = _make("engine.betae")
 test_fuzz_cli_paths, test_fuzz_cli_paths_slow = _make("engine.paths")
 test_fuzz_cli_build, test_fuzz_cli_build_slow = _make("kge.build")
-test_fuzz_cli_synthetic, test_fuzz_cli_synthetic_slow = _make("kge.synthetic")
-test_fuzz_cli_plots, test_fuzz_cli_plots_slow = _make("kge.plots")
+test_fuzz_cli_synthetic, test_fuzz_cli_synthetic_slow = _make("experiments.synthetic_kg")
+test_fuzz_cli_plots, test_fuzz_cli_plots_slow = _make("experiments.train_curve")
 test_fuzz_cli_linkpred, test_fuzz_cli_linkpred_slow = _make("kge.linkpred")
 test_fuzz_cli_materialize, test_fuzz_cli_materialize_slow = _make("kge.materialize")
-test_fuzz_cli_experiment, test_fuzz_cli_experiment_slow = _make("llm_bridge.experiment")
+test_fuzz_cli_experiment, test_fuzz_cli_experiment_slow = _make("experiments.lgot_eval")
 test_fuzz_cli_ask, test_fuzz_cli_ask_slow = _make("engine.ask")
-test_fuzz_cli_linkeval, test_fuzz_cli_linkeval_slow = _make("llm_bridge.linkeval")
-test_fuzz_cli_simulate_ask, test_fuzz_cli_simulate_ask_slow = _make("llm_bridge.simulate_ask")
-test_fuzz_cli_simulate, test_fuzz_cli_simulate_slow = _make("llm_bridge.simulate")
-test_fuzz_cli_metaqa_experiment, test_fuzz_cli_metaqa_experiment_slow = _make("llm_bridge.metaqa_experiment")
-test_fuzz_cli_run_metaqa, test_fuzz_cli_run_metaqa_slow = _make("run_metaqa")
+test_fuzz_cli_linkeval, test_fuzz_cli_linkeval_slow = _make("experiments.linkeval")
+test_fuzz_cli_simulate_ask, test_fuzz_cli_simulate_ask_slow = _make("experiments.simulate_ask")
+test_fuzz_cli_simulate, test_fuzz_cli_simulate_slow = _make("experiments.simulate")
+test_fuzz_cli_metaqa_experiment, test_fuzz_cli_metaqa_experiment_slow = _make("experiments.metaqa_lgot")
+test_fuzz_cli_metaqa_ask, test_fuzz_cli_metaqa_ask_slow = _make("experiments.metaqa_ask")
 test_fuzz_cli_betae_1p_queries, test_fuzz_cli_betae_1p_queries_slow = _make("betae_1p_queries")
 test_fuzz_cli_executor_memory, test_fuzz_cli_executor_memory_slow = _make("executor_memory")
 test_fuzz_cli_ops_cuda_bench, test_fuzz_cli_ops_cuda_bench_slow = _make("ops_cuda_bench")
@@ -879,15 +879,15 @@ _EXAMPLES = [
     ("engine.evaluate", "--artifact {art} --queries {jsonl} --no-progress --json {jsonl}", None),
     ("engine.betae", "--queries {pkl} --folder {betae} --no-progress --json {betae}/train.txt", None),
     # issue 22: outputs inside the artifact, sizes that cannot fit, damaged artifacts
-    ("kge.plots", "--artifact {art} --out {art}/entities.tsv", None),
-    ("llm_bridge.experiment", "--artifact {art} --out {art} --per-structure 1 --structures 1p --quiet", None),
-    ("llm_bridge.experiment", "--artifact {art} --out {art}/results --per-structure 1 --structures 1p --quiet", None),
+    ("experiments.train_curve", "--artifact {art} --out {art}/entities.tsv", None),
+    ("experiments.lgot_eval", "--artifact {art} --out {art} --per-structure 1 --structures 1p --quiet", None),
+    ("experiments.lgot_eval", "--artifact {art} --out {art}/results --per-structure 1 --structures 1p --quiet", None),
     ("kge.linkpred", "--artifact {art} --kg {betae} --json {art}/metrics.json --quiet", None),
     ("kge.linkpred", "--artifact {art} --kg {kg} --split missing --quiet", None),
-    ("kge.synthetic", "--entities 1000000000 --relations 4 --edges 2000000000 --out big.tsv --quiet", None),
-    ("kge.synthetic", "--entities 40 --relations 3 --edges 120 --out s.tsv --stats-json s.tsv --quiet", None),
+    ("experiments.synthetic_kg", "--entities 1000000000 --relations 4 --edges 2000000000 --out big.tsv --quiet", None),
+    ("experiments.synthetic_kg", "--entities 40 --relations 3 --edges 120 --out s.tsv --stats-json s.tsv --quiet", None),
     ("engine.evaluate", "--artifact {list_meta} --queries {jsonl} --no-progress --skip-artifact-checksums", None),
-    # engine.ask and llm_bridge.linkeval: wrong kinds of files, unknown topics, bad numbers
+    # engine.ask and experiments.linkeval: wrong kinds of files, unknown topics, bad numbers
     ("engine.ask", "--artifact {art} --encoder hashing --questions {empty}", None),
     ("engine.ask", "--artifact {art} --encoder hashing --questions {empty_tsv}", None),
     ("engine.ask", "--artifact {art} --encoder hashing --questions {bad_jsonl}", None),
@@ -899,34 +899,35 @@ _EXAMPLES = [
     ("engine.ask", "--artifact {art} --encoder hashing --encoder-kwargs {{ [e0]", None),
     ("engine.ask", "--artifact {list_meta} --encoder hashing [e0]", None),
     ("engine.ask", "--artifact {art} --encoder hashing --questions {questions} --exemplars {exemplars} --json", None),
-    ("llm_bridge.linkeval", "--kb {metaqa_kb} --out {metaqa_kb}", None),
-    ("llm_bridge.linkeval", "--kb {empty_tsv} --out r.md --per-kind 2", None),
-    ("llm_bridge.linkeval", "--kb {kg} --out r.md --per-kind 2", None),
-    ("llm_bridge.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --baseline-rev nope", None),
-    ("llm_bridge.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --embedding nope", None),
-    ("llm_bridge.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --held-out nan", None),
-    ("llm_bridge.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --max-names 12", None),
+    ("experiments.linkeval", "--kb {metaqa_kb} --out {metaqa_kb}", None),
+    ("experiments.linkeval", "--kb {empty_tsv} --out r.md --per-kind 2", None),
+    ("experiments.linkeval", "--kb {kg} --out r.md --per-kind 2", None),
+    ("experiments.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --baseline nope", None),
+    ("experiments.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --baseline {metaqa_kb}", None),  # not JSON
+    ("experiments.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --embedding nope", None),
+    ("experiments.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --held-out nan", None),
+    ("experiments.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --max-names 12", None),
     # The slow fuzz run's find (CI rehearsal, stop 26): --out inputs/tiny.tsv writes its documented plot
     # inputs/tiny.png, a new file; replacing an existing one is refused (tests/test_llm_linking.py).
-    ("llm_bridge.linkeval", "--kb {metaqa_kb} --seed 0 --per-kind 2 --embedding hashing --out {kg}", None),
+    ("experiments.linkeval", "--kb {metaqa_kb} --seed 0 --per-kind 2 --embedding hashing --out {kg}", None),
     # issue 32: data loss, writes outside the output, argument injection, tracebacks of the research scripts
-    ("run_metaqa", "--data {metaqa} --export {metaqa}/1-hop/test.txt --hops 1 --overwrite", None),
-    ("run_metaqa", "--data {metaqa} --export {empty} --hops 1", None),
-    ("run_metaqa", "--data {metaqa} --export q.jsonl --hops 7", None),
-    ("run_metaqa", "--data {metaqa} --build-kg-only {user} --overwrite", None),
-    ("run_metaqa", "--data {metaqa} --build-kg-only {metaqa}/art", None),
-    ("run_metaqa", "--data {metaqa} --build-kg-only {mqa_art}", None),
-    ("run_metaqa", "--data {metaqa} --build-kg-only {mqa_art} --overwrite", None),
-    ("run_metaqa", "--data {metaqa} --artifact {mqa_art} --encoder hashing --per-hop 2 --errors 0.2 --out {mqa_art}/r.json", None),
-    ("run_metaqa", "--data {metaqa} --artifact {mqa_art} --encoder hashing --per-hop 2 --errors --out r.json --quiet", None),
-    ("llm_bridge.metaqa_experiment", "--artifact {mqa_art} --metaqa {metaqa} --out {empty} --per-hop 2 --quality 1/0 "
+    ("experiments.metaqa_ask", "--data {metaqa} --export {metaqa}/1-hop/test.txt --hops 1 --overwrite", None),
+    ("experiments.metaqa_ask", "--data {metaqa} --export {empty} --hops 1", None),
+    ("experiments.metaqa_ask", "--data {metaqa} --export q.jsonl --hops 7", None),
+    ("experiments.metaqa_ask", "--data {metaqa} --build-kg-only {user} --overwrite", None),
+    ("experiments.metaqa_ask", "--data {metaqa} --build-kg-only {metaqa}/art", None),
+    ("experiments.metaqa_ask", "--data {metaqa} --build-kg-only {mqa_art}", None),
+    ("experiments.metaqa_ask", "--data {metaqa} --build-kg-only {mqa_art} --overwrite", None),
+    ("experiments.metaqa_ask", "--data {metaqa} --artifact {mqa_art} --encoder hashing --per-hop 2 --errors 0.2 --out {mqa_art}/r.json", None),
+    ("experiments.metaqa_ask", "--data {metaqa} --artifact {mqa_art} --encoder hashing --per-hop 2 --errors --out r.json --quiet", None),
+    ("experiments.metaqa_lgot", "--artifact {mqa_art} --metaqa {metaqa} --out {empty} --per-hop 2 --quality 1/0 "
                                      "--cache c.sqlite --quiet --overwrite --name ../user/notes", None),
-    ("llm_bridge.metaqa_experiment", "--artifact {mqa_art} --metaqa {metaqa} --out {empty} --per-hop 2 --quality 1/0 "
+    ("experiments.metaqa_lgot", "--artifact {mqa_art} --metaqa {metaqa} --out {empty} --per-hop 2 --quality 1/0 "
                                      "--cache c.sqlite --quiet --overwrite --name {user}/notes", None),
-    ("llm_bridge.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --baseline-rev=--output=x", None),
-    ("llm_bridge.simulate", "--artifact {mqa_art} --port 0 --host a\\x00b", None),  # a NUL: TypeError in bind
-    ("llm_bridge.simulate_ask", "--artifact {mqa_art} --questions {mqa_questions} --port 0 --skip-artifact-checksums", None),
-    ("llm_bridge.simulate_ask", "--artifact {mqa_art} --questions {mqa_questions} --port 99999999999", None),
+    ("experiments.linkeval", "--kb {metaqa_kb} --out r.md --per-kind 2 --save-results {metaqa_kb}", None),
+    ("experiments.simulate", "--artifact {mqa_art} --port 0 --host a\\x00b", None),  # a NUL: TypeError in bind
+    ("experiments.simulate_ask", "--artifact {mqa_art} --questions {mqa_questions} --port 0 --skip-artifact-checksums", None),
+    ("experiments.simulate_ask", "--artifact {mqa_art} --questions {mqa_questions} --port 99999999999", None),
     ("executor_memory", "--artifact {art} --json x/../o.json", None),  # F12 (fixed)
     ("engine.sample", "--artifact {art} --per-structure 1 --structures 1p --no-progress --out x/../o.jsonl", None),  # F12 (fixed)
 ]

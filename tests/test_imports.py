@@ -3,6 +3,11 @@
 The layers, bottom to top::
 
     kgreason  <-  ops  <-  kge  <-  engine.lang, engine.paths  <-  engine.eval, engine.exec  <-  engine  <-  llm_bridge
+        <-  experiments
+
+(``experiments`` holds the research tools beside the library -- experiment runners, simulators, linkeval, the
+synthetic KG, plots: no library package (:data:`LIBRARY`) imports it, eagerly or lazily, with no allow-list.
+``engine``'s CLIs reach the LLM bridge through the provider registry it owns, :mod:`engine.providers`.)
 
 (``kge`` sits above ``ops``: a calibration runs its post-GEMM step through ``ops.calibrate_rows``;
 ``engine.paths`` sits below ``engine.exec``: the executor's ask loop retrieves relation paths.)
@@ -28,24 +33,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP = ("kgreason", "ops", "kge", "engine", "llm_bridge")
+#: The library: the packages ``pip install`` users import (the tools beside it, TOOLS, are not part of it).
+LIBRARY = ("kgreason", "ops", "kge", "engine", "llm_bridge")
+#: Top-level packages of tools beside the library: the top layer, imported by no library module.
+TOOLS = ("experiments",)
+TOP = LIBRARY + TOOLS
 PACKAGES = ["kgreason", "ops", "kge", "engine", "engine.lang", "engine.exec", "engine.eval", "engine.paths",
-            "llm_bridge"]
+            "llm_bridge", "experiments"]
 #: Layer of each package (imports must go to a strictly lower layer).
 LAYER = {"kgreason": 0, "ops": 1, "kge": 2, "engine.lang": 3, "engine.eval": 4, "engine.exec": 4,
-         "engine.paths": 3, "engine": 5, "llm_bridge": 6}
+         "engine.paths": 3, "engine": 5, "llm_bridge": 6, "experiments": 7}
 #: Imports against the layering kept for now: (importing module, imported package) -> why, with its issue.
-ALLOWED_UPWARD = {
-    # issue 33 ("Arrows down only"): the query CLIs plug the LLM bridge in by importing it (engine -> llm_bridge,
-    # the one arrow up); the registration point the engine should own instead is that issue's larger move.
-    ("engine.answer", "llm_bridge"): "issue 33: --llm flags and hooks from llm_bridge.cli",
-    ("engine.ask", "llm_bridge"): "issue 33: --llm flags, client, linker and KARPA loop from llm_bridge",
-}
+#: (Empty since issue 33: engine.answer / engine.ask reach llm_bridge through engine.providers.)
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 #: Library modules importing an entry point, kept for now: (library module, entry point) -> why, with its issue.
-ALLOWED_ENTRY_POINT_IMPORTS = {
-    # issue 33 ("Tools beside the library"): build_artifact, library code, lives in the build CLI's module
-    ("engine.exec.defaults", "kge.build"): "issue 33: the default KG is built with kge.build.build_artifact",
-}
+ALLOWED_ENTRY_POINT_IMPORTS: dict[tuple[str, str], str] = {}
 #: Heavy or optional third-party packages no project package may load at import time.
 NEVER_AT_IMPORT = {"pykeen", "sentence_transformers"}
 #: Top-level modules importing (every module of) a package must not load, beyond NEVER_AT_IMPORT.
@@ -56,7 +58,11 @@ FORBIDDEN = {
     "engine.eval": {"llm_bridge"},
     "engine.exec": {"llm_bridge"},
     "engine.paths": {"llm_bridge"},
+    "engine": {"llm_bridge"},  # the CLIs find their LLM provider when called, not when imported
 }
+for _p in PACKAGES:  # no library package loads a tool
+    if _p.split(".")[0] in LIBRARY:
+        FORBIDDEN.setdefault(_p, set()).update(TOOLS)
 
 
 # ------------------------------------------------------------------ the project's modules
@@ -203,6 +209,13 @@ def layer_violations(imports: Imports) -> list[str]:
     return bad
 
 
+def library_imports_of_tools(imports: Imports) -> list[str]:
+    """Imports of a tool package (:data:`TOOLS`) by a library module, lazy ones included (no allow-list)."""
+    return [f"{m} imports the tool {t}{'' if eager else ' lazily'}"
+            for m in sorted(imports) if m.split(".")[0] in LIBRARY
+            for t, eager in imports[m] if t.split(".")[0] in TOOLS]
+
+
 def entry_point_imports(imports: Imports) -> list[str]:
     """Imports of an entry point by a module that is not one (a library reaching up into a CLI)."""
     return [f"{m} imports the entry point {t}{'' if eager else ' lazily'}"
@@ -231,6 +244,12 @@ def test_no_cycle_between_packages():
 def test_imports_go_down_the_layers():
     bad = layer_violations(project_imports())
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_library_imports_no_tool():
+    """kgreason, ops, kge, engine and llm_bridge import nothing from experiments (eagerly or lazily)."""
+    bad = library_imports_of_tools(project_imports())
+    assert not bad, "library modules importing the tools beside it:\n" + "\n".join(bad)
 
 
 def test_no_library_module_imports_an_entry_point():
@@ -267,6 +286,14 @@ def test_the_rules_find_planted_violations():
     assert package_cycle(_planted("ops.projection", "kge.build", eager=False)) is not None
     # an allowed upward import counts for its own module only
     assert layer_violations(_planted("engine.evaluate", "llm_bridge.config", eager=True))
+    # issue 33: a library module reaching into the tools beside it, lazily (as the simulator's users did)
+    planted = _planted("llm_bridge.lgot", "experiments.simulate", eager=False)
+    assert library_imports_of_tools(planted) == ["llm_bridge.lgot imports the tool experiments.simulate lazily"]
+    assert any(v.startswith("llm_bridge.lgot (llm_bridge, layer 6) imports experiments.simulate")
+               for v in layer_violations(planted))
+    # and the arrow issue 33 removed: engine's CLI importing the LLM bridge again (no allow-list entry now)
+    assert layer_violations(_planted("engine.answer", "llm_bridge.cli", eager=False)) == [
+        "engine.answer (engine, layer 5) imports llm_bridge.cli (llm_bridge, layer 6) lazily"]
 
 
 def test_cycle_finder_finds_cycles():

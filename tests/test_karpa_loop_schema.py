@@ -15,9 +15,10 @@ from _llm_server import chat_reply, scripted_server  # tests/ is on sys.path
 
 from engine.exec.ask import PlanRequest, ReasonRequest
 from engine.exec.context import ContextPath
+from experiments.simulate_ask import parse_plan_prompt
 from llm_bridge.client import LLMClient
 from llm_bridge.config import LLMConfig
-from llm_bridge.karpa_loop import (MAX_ENUM_ANSWERS, SCHEMA_MAX_ANSWERS, SCHEMA_MAX_PATHS, LLMPlanner, LLMReasoner, parse_plan_prompt,
+from llm_bridge.karpa_loop import (MAX_ENUM_ANSWERS, SCHEMA_MAX_ANSWERS, SCHEMA_MAX_PATHS, LLMPlanner, LLMReasoner,
                                    parse_plan_reply, parse_reason_reply, plan_messages, plan_response_format,
                                    reason_response_format)
 
@@ -282,7 +283,7 @@ def test_the_simulator_ignores_response_format(small_kg):
     """The simulated planner answers the schema-carrying prompts as before (it emulates a model that writes
     what it likes, paraphrases included, so the loop's handling of unconstrained replies stays tested)."""
     from engine.exec.api import Engine
-    from llm_bridge.simulate_ask import AskSimConfig, start_ask_server
+    from experiments.simulate_ask import AskSimConfig, start_ask_server
 
     eng = Engine.load(small_kg)
     topic = eng.artifact.entities[0]

@@ -244,7 +244,7 @@ def test_auto_picks_lazy_when_the_calibration_would_take_too_long(umls_artifact,
 
 def test_auto_picks_lazy_when_the_matrices_exceed_the_budget_or_the_memory(umls_artifact, tmp_path, capsys,
                                                                            monkeypatch):
-    import kge.build
+    import kge.builder
 
     # UMLS's eager matrices at 2e-4 hold ~1.7 M entries (13 MiB): over a 1 MiB budget
     assert main(_reuse(umls_artifact, tmp_path, "--max-matrix-gb", str(2.0**-10))) == 0
@@ -252,7 +252,7 @@ def test_auto_picks_lazy_when_the_matrices_exceed_the_budget_or_the_memory(umls_
     assert line.startswith("--matrices auto: lazy (calibrating") and "> --max-matrix-gb 0.000976562, x2.5" in line
     assert Artifact.load(tmp_path / "o").is_lazy
     # within the budget, but 2.5 x 13 MiB is more than the (injected) 20 MiB available
-    monkeypatch.setattr(kge.build, "available_memory_bytes", lambda: 20 << 20)
+    monkeypatch.setattr(kge.builder, "available_memory_bytes", lambda: 20 << 20)
     assert main(_reuse(umls_artifact, tmp_path, "--overwrite", "--no-memory-check")) == 0
     line = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("--matrices auto:"))
     assert line.endswith(", x2.5 at peak > 20.0 MiB available)"), line
@@ -266,9 +266,9 @@ def test_auto_picks_lazy_when_the_matrices_exceed_the_budget_or_the_memory(umls_
 
 
 def test_memory_estimate_over_available_is_one_line_refusal(tmp_path, capsys, monkeypatch):
-    import kge.build
+    import kge.builder
 
-    monkeypatch.setattr(kge.build, "available_memory_bytes", lambda: 300 << 20)
+    monkeypatch.setattr(kge.builder, "available_memory_bytes", lambda: 300 << 20)
     out = tmp_path / "o"
     assert main(["--kg", "umls", "--out", str(out), "--rank", "8", "--epochs", "1", "--quiet"]) == 2
     err = capsys.readouterr().err
@@ -286,7 +286,7 @@ def test_memory_estimate_over_available_is_one_line_refusal(tmp_path, capsys, mo
 
 
 def test_memory_estimate_components():
-    from kge.build import BASE_BYTES, EAGER_PEAK_FACTOR, estimate_build_memory
+    from kge.builder import BASE_BYTES, EAGER_PEAK_FACTOR, estimate_build_memory
 
     kw = dict(num_entities=1000, num_relations=20, num_triples=10_000, rank=32, batch_size=100, candidates=None,
               matrices="lazy", max_matrix_gb=1.0)
@@ -355,7 +355,7 @@ def test_without_flock_the_pid_decides(tmp_path, monkeypatch):
     import errno
     import fcntl
 
-    from kge.build import _owner_alive
+    from kge.builder import _owner_alive
 
     def no_flock(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")

@@ -247,7 +247,7 @@ def test_linkpred_and_plots_clis(tmp_path, capsys):
 
     from kge.build import main as build_main
     from kge.linkpred import main as linkpred_main
-    from kge.plots import main as plots_main
+    from experiments.train_curve import main as plots_main
 
     art = tmp_path / "nations"
     assert build_main(["--kg", "nations", "--out", str(art), "--quiet", "--rank", "8", "--epochs", "10"]) == 0

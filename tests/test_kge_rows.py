@@ -127,7 +127,7 @@ def test_eager_rows_hold_the_kg_once():
     for f in ("tcrow", "trow", "tval"):
         assert torch.equal(getattr(stack, f), getattr(ref, f))
     # per-relation matrices are views of the stack: no second transposed copy
-    p = ex1.matrix(2)
+    p = ex1.rows.relation(2)
 
     def inside(view, base):
         return base.data_ptr() <= view.data_ptr() <= base.data_ptr() + base.numel() * base.element_size()
@@ -136,7 +136,7 @@ def test_eager_rows_hold_the_kg_once():
     assert inside(p.tval, stack.tval) and inside(p.row, stack.trow)
     assert torch.equal(p.to_sparse_csr().to_dense(), torch.from_numpy(art.relation_block(2).toarray()))
     with pytest.raises(IndexError, match=r"relation id 4 out of range \[0, 4\)"):  # as before the refactor
-        ex1.matrix(4)
+        ex1.rows.relation(4)
 
 
 def test_eager_rows_one_block_and_weights():

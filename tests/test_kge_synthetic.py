@@ -1,4 +1,4 @@
-"""``kge.synthetic``: the synthetic Freebase-like KG generator and its CLI (small sizes: seconds)."""
+"""``experiments.synthetic_kg``: the synthetic Freebase-like KG generator and its CLI (small sizes: seconds)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kge.graph import load_kg
-from kge.synthetic import KINDS, SyntheticConfig, generate, main
+from experiments.synthetic_kg import KINDS, SyntheticConfig, generate, main
 from kgreason.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,7 +220,7 @@ def test_library_errors_name_the_field():
 
 def test_module_entry_point_reports_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "kge.synthetic", "--entities", "5", "--relations", "1", "--edges",
+    res = subprocess.run([sys.executable, "-m", "experiments.synthetic_kg", "--entities", "5", "--relations", "1", "--edges",
                           "2", "--out", str(tmp_path / "o.tsv")], capture_output=True, text=True, env=env,
                          cwd=tmp_path, timeout=300)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--edges 2 is too small" in res.stderr

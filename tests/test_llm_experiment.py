@@ -1,4 +1,4 @@
-"""``python -m llm_bridge.experiment``: KG-only vs LLM-only vs LGOT on a generated artifact (simulator on 127.0.0.1)."""
+"""``python -m experiments.lgot_eval``: KG-only vs LLM-only vs LGOT on a generated artifact (simulator on 127.0.0.1)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from _llm_server import simulator
-from llm_bridge.experiment import main, output_paths, parse_args
+from experiments.lgot_eval import main, output_paths, parse_args
 
 GRID = ["--structures", "1p", "2p", "pin", "--per-structure", "5", "--recall", "1.0", "0.5",
         "--hallucination", "0", "0.3", "--batch-size", "8", "--quiet"]

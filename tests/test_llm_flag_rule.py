@@ -11,25 +11,34 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: Every CLI with the client's flags (llm_bridge.config.add_llm_arguments, --no-llm-cache among them):
 #: module -> whether it has an --llm switch (the rule applies) or always runs an LLM.
-CLIS = {"engine.answer": True, "engine.ask": True, "llm_bridge.experiment": False}
+CLIS = {"engine.answer": True, "engine.ask": True, "experiments.lgot_eval": False}
 #: Arguments each switch CLI parses up to its LLM checks (no artifact is loaded before them).
 BASE = {"engine.answer": ["--expr", "(p r A)"], "engine.ask": ["who is [A]?"]}
 
 
+#: The methods of the engine's LLM provider (engine.providers) that add the flags.
+PROVIDER_ADDERS = ("add_answer_arguments", "add_client_arguments")
+
+
 def _adds_llm_flags(path: Path) -> bool:
-    """Whether the module calls add_llm_arguments or llm_bridge.cli.add_arguments (imported under any name)."""
+    """Whether the module calls add_llm_arguments or llm_bridge.cli.add_arguments (imported under any name),
+    or an LLM provider's adders (``llm_provider().add_answer_arguments(p)``: the engine's CLIs)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
              and n.module in ("llm_bridge.config", "llm_bridge.cli", "config", "cli") for a in n.names
              if a.name in ("add_llm_arguments", "add_arguments")}
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names
+    return any(isinstance(n, ast.Call) and ((isinstance(n.func, ast.Name) and n.func.id in names)
+                                            or (isinstance(n.func, ast.Attribute) and n.func.attr in PROVIDER_ADDERS))
                for n in ast.walk(tree))
 
 
 def test_the_list_holds_every_cli_with_the_llm_flags():
-    defining = {ROOT / "llm_bridge" / "cli.py", ROOT / "llm_bridge" / "config.py"}  # where the flags are added
+    # where the flags are added, and the provider handing over to them
+    defining = {ROOT / "llm_bridge" / "cli.py", ROOT / "llm_bridge" / "config.py", ROOT / "llm_bridge" / "provider.py",
+                ROOT / "engine" / "providers.py"}
     found = {".".join(path.relative_to(ROOT).with_suffix("").parts)
-             for top in ("kgreason", "ops", "kge", "engine", "llm_bridge") for path in (ROOT / top).rglob("*.py")
+             for top in ("kgreason", "ops", "kge", "engine", "llm_bridge", "experiments")
+             for path in (ROOT / top).rglob("*.py")
              if path not in defining and _adds_llm_flags(path)}
     assert found == set(CLIS), f"CLIs with the LLM flags: {sorted(found)}; the rule's list: {sorted(CLIS)}"
 
@@ -62,7 +71,7 @@ def test_no_llm_cache_with_llm_turns_the_cache_off(module):
 
 
 def test_a_cli_that_always_runs_an_llm_takes_no_llm_cache(tmp_path):
-    from llm_bridge.experiment import parse_args
+    from experiments.lgot_eval import parse_args
 
     art = tmp_path / "art"
     art.mkdir()

@@ -27,7 +27,6 @@ from llm_bridge.lgot import (
     LLMSet,
     combine_sets,
     likelihood_filter,
-    merge_value,
 )
 from llm_bridge.parse import Confidence
 from llm_bridge.relations import RelationQuestions
@@ -62,13 +61,21 @@ def test_filter_every_count_ratio_at_its_boundary(n):
                 assert conf[-1] not in kept
 
 
-def test_merge_value():
-    assert merge_value(0.5, 0.8, alpha=0.1, rule="max") == 0.5
-    assert merge_value(0.02, 0.8, alpha=0.1, rule="max") == pytest.approx(0.08)
-    assert merge_value(0.5, 0.8, alpha=0.1, rule="add") == pytest.approx(0.58)
-    assert merge_value(0.97, 0.8, alpha=0.1, rule="add") == 1.0
+def test_merge_rules_of_the_hook_path():
+    """The hook merges ``alpha * p`` into a node's value by ``ValueEdit.merge`` (max, or add capped at 1):
+    the scalar rule of the module doc on the real path (``lgot.merge_value``, a test-only copy, is gone)."""
+    import torch
+
+    from engine.exec.hooks import NodeValue, merge_scores
+
+    alpha, p = 0.1, 0.8
+    kg = NodeValue(torch.tensor([[0.5, 0.02, 0.97]]))
+    got = {rule: merge_scores(kg, 0, [0, 1, 2], [alpha * p] * 3, source="llm", merge=rule).values[0].tolist()
+           for rule in ("max", "add")}
+    assert got["max"] == pytest.approx([0.5, 0.08, 0.97])
+    assert got["add"] == pytest.approx([0.58, 0.1, 1.0])
     with pytest.raises(ValueError):
-        merge_value(0.1, 0.1, alpha=0.1, rule="min")
+        merge_scores(kg, 0, [0], [alpha * p], source="llm", merge="min")
 
 
 def test_combine_sets():

@@ -367,7 +367,7 @@ def _write_kb(path, seed=0, films=300, people=200):
 
 
 def test_linking_set_is_deterministic_and_labelled_right(tmp_path):
-    from llm_bridge import linkeval
+    from experiments import linkeval
 
     kb = _write_kb(tmp_path / "kb.txt")
     names, persons, years = linkeval.load_kb_names(kb)
@@ -389,7 +389,7 @@ def test_linking_set_is_deterministic_and_labelled_right(tmp_path):
 def test_linking_set_with_relations_and_wrong_kind_strings(tmp_path):
     from dataclasses import replace
 
-    from llm_bridge import linkeval
+    from experiments import linkeval
 
     kb = _write_kb(tmp_path / "kb.txt")
     with kb.open("a", encoding="utf-8") as f:  # an all-capitals title, for person_acronym
@@ -425,7 +425,7 @@ def test_linking_set_with_relations_and_wrong_kind_strings(tmp_path):
 
 
 def test_per_kind_precision_and_recall():
-    from llm_bridge.linkeval import Example, Outcome, counts, per_kind
+    from experiments.linkeval import Example, Outcome, counts, per_kind
 
     ex = [Example("a", "A", "typo", "A"), Example("b", "B", "typo", "B"), Example("b2", "B", "typo", "B"),
           Example("c", None, "placeholder", "c"), Example("d", None, "placeholder", "d"),
@@ -445,7 +445,7 @@ def test_per_kind_precision_and_recall():
 
 
 def test_evaluate_passes_each_strings_relation():
-    from llm_bridge.linkeval import Example, evaluate
+    from experiments.linkeval import Example, evaluate
 
     calls = []
 
@@ -461,7 +461,7 @@ def test_evaluate_passes_each_strings_relation():
 
 
 def test_range_coverage_rules_are_ordered(tmp_path):
-    from llm_bridge import linkeval
+    from experiments import linkeval
 
     names, _, _, triples = linkeval.load_kb(_write_kb(tmp_path / "kb.txt"))
     rows = linkeval.range_coverage(names, triples, seed=0)
@@ -473,7 +473,7 @@ def test_range_coverage_rules_are_ordered(tmp_path):
 
 
 def test_counts_sweep_and_threshold_choice():
-    from llm_bridge.linkeval import Example, Outcome, choose_threshold, counts, sweep
+    from experiments.linkeval import Example, Outcome, choose_threshold, counts, sweep
 
     ex = [Example("a", "A", "typo", "A"), Example("b", "B", "typo", "B"), Example("c", None, "held_out", "c"),
           Example("d", "D", "case", "D")]
@@ -489,7 +489,7 @@ def test_counts_sweep_and_threshold_choice():
 
 
 def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
-    from llm_bridge import linkeval
+    from experiments import linkeval
 
     kb = _write_kb(tmp_path / "kb.txt")
     out = tmp_path / "res" / "linking.md"
@@ -519,7 +519,10 @@ def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
     (["--kb", "KB", "--out", "x.md", "--seed", "-1"], "error: --seed must be in"),
     (["--kb", "BAD", "--out", "x.md"], "BAD.txt:2: expected head|relation|tail, got 2 field(s)"),
     (["--kb", "KB", "--out", "."], "error: --out: '.' is a folder"),
-    (["--kb", "KB", "--out", "x.md", "--baseline-rev", "no-such-rev"], "error: --baseline-rev 'no-such-rev': cannot read"),
+    (["--kb", "KB", "--out", "x.md", "--baseline", "no-such.json"], "error: --baseline 'no-such.json': no such file"),
+    (["--kb", "KB", "--out", "x.md", "--save-results", "KB"], "error: --save-results KB: is the --kb input 'KB'"),
+    (["--kb", "KB", "--out", "x.md", "--save-results", "x.md"], "error: --save-results 'x.md': is also --out"),
+    (["--kb", "KB", "--out", "x.md", "--save-results", "."], "error: --save-results: '.' is a folder"),
     # Regressions: the report overwrote --kb; its plot could too; a Latin-1 kb.txt, a report folder under a
     # file and an unknown --embedding (after the whole first linking run) were tracebacks.
     (["--kb", "KB", "--out", "KB"], "error: --out KB: is the --kb input 'KB'"),
@@ -531,11 +534,11 @@ def test_linkeval_cli_writes_report_and_plot(tmp_path, capsys):
      "error: --embedding: unknown encoder 'nosuch'; known: minilm"),
     # Regression (CI fuzzing): the plot's derived name replaced an unrelated file; --out x.png was both.
     (["--kb", "KB", "--out", "OTHER.md"],
-     "error: --out's plot: 'OTHER.png' exists and was not written by llm_bridge.linkeval; not replacing it"),
+     "error: --out's plot: 'OTHER.png' exists and was not written by experiments.linkeval; not replacing it"),
     (["--kb", "KB", "--out", "r.png"], "error: --out: 'r.png' ends in .png, the name of its plot"),
 ])
 def test_linkeval_cli_errors(tmp_path, capsys, monkeypatch, argv, message):
-    from llm_bridge import linkeval
+    from experiments import linkeval
 
     monkeypatch.chdir(tmp_path)
     _write_kb(tmp_path / "KB")

@@ -61,7 +61,7 @@ def test_each_bad_lgot_value_fails_one_check_from_every_entry_point(field, flag,
     (["--answer-check", "11"], "--answer-check must be in [0, 10], got 11"),
 ])
 def test_experiment_flags_use_the_settings_checks(argv, message, tmp_path):
-    from llm_bridge.experiment import parse_args
+    from experiments.lgot_eval import parse_args
 
     with pytest.raises(UserError) as exc:
         parse_args(["--artifact", str(tmp_path), "--out", str(tmp_path / "o"), *argv])
@@ -74,7 +74,7 @@ def test_experiment_flags_use_the_settings_checks(argv, message, tmp_path):
     (["--input-ratio", "-0.2"], "--input-ratio must be in [0, 1], got -0.2"),
 ])
 def test_metaqa_experiment_flags_use_the_settings_checks(argv, message, tmp_path):
-    from llm_bridge.metaqa_experiment import parse_args
+    from experiments.metaqa_lgot import parse_args
 
     with pytest.raises(UserError) as exc:
         parse_args(["--artifact", str(tmp_path), "--metaqa", str(tmp_path), "--out", str(tmp_path / "o"), *argv])
@@ -82,7 +82,7 @@ def test_metaqa_experiment_flags_use_the_settings_checks(argv, message, tmp_path
 
 
 def test_every_entry_point_takes_the_settings_defaults(tmp_path):
-    from llm_bridge import experiment, metaqa_experiment
+    from experiments import lgot_eval as experiment, metaqa_lgot as metaqa_experiment
 
     d = LGOTSettings()
     assert _engine_options(BASE).settings == d

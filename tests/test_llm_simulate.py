@@ -14,7 +14,7 @@ import pytest
 from _llm_server import ROOT, generate_kg, simulator, simulator_process
 from kgreason.errors import UserError
 from llm_bridge import prompts
-from llm_bridge.simulate import KnowledgeBase, SimulatedLLM, SimulatorConfig, main, simulator_question
+from experiments.simulate import KnowledgeBase, SimulatedLLM, SimulatorConfig, main, simulator_question
 
 
 @pytest.fixture(scope="module")
@@ -330,7 +330,7 @@ def test_cli_process_serves_and_rejects_bad_flags(llm_artifact, kb):
         tails = {kb.entities[t] for t in kb.tails(3, kb.relations.index("likes"))}
         got = json.loads(out["choices"][0]["message"]["content"]) if tails else []
         assert set(got) == tails
-    proc = subprocess.run([sys.executable, "-m", "llm_bridge.simulate", "--artifact", str(llm_artifact),
+    proc = subprocess.run([sys.executable, "-m", "experiments.simulate", "--artifact", str(llm_artifact),
                            "--recall", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr == "error: argument --recall: expected a finite number in [0, 1], got '2'\n"
     assert main(["--artifact", "/nonexistent/artifact"]) == 2

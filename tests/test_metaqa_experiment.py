@@ -1,4 +1,4 @@
-"""llm_bridge.metaqa_experiment: tie-aware Hits@k, and the whole run on a tiny MetaQA-format folder."""
+"""experiments.metaqa_lgot: tie-aware Hits@k, and the whole run on a tiny MetaQA-format folder."""
 from __future__ import annotations
 
 import itertools
@@ -11,7 +11,7 @@ import scipy.sparse as sp
 
 from kge.artifact import Artifact
 from kge.graph import drop_edges, load_kg
-from llm_bridge.metaqa_experiment import hits_at_k, main
+from experiments.metaqa_lgot import hits_at_k, main
 from test_metaqa import KB, _questions, _write
 
 

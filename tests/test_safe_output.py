@@ -244,7 +244,7 @@ def _spelled_reply(body: dict, headers: dict):
     """The planner gets plans whose steps spell control characters, the reasoner answer names that do,
     LGOT's sub-questions answer lists that do; every reply is ASCII JSON (``\\u001b``: no raw character
     reaches the client, whose cleaning therefore cannot remove them)."""
-    from llm_bridge.karpa_loop import parse_plan_prompt
+    from experiments.simulate_ask import parse_plan_prompt
 
     text = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
     pp = parse_plan_prompt(body["messages"])
@@ -360,8 +360,8 @@ def test_base_url_errors_and_repr_mask_secrets(url, shown):
 
 @pytest.mark.parametrize("key", KEYS)
 def test_a_key_given_as_the_simulators_api_key_env_flag_is_not_echoed(key, llm_artifact, monkeypatch):
-    """The same regression in ``llm_bridge.simulate --api-key-env`` (one shared check: config.key_from_env)."""
-    from llm_bridge.simulate import main
+    """The same regression in ``experiments.simulate --api-key-env`` (one shared check: config.key_from_env)."""
+    from experiments.simulate import main
 
     monkeypatch.delenv(key, raising=False)
     rc, out, err = _main(main, ["--artifact", str(llm_artifact), "--port", "0", "--api-key-env", key])

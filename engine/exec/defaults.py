@@ -35,10 +35,10 @@ def default_artifact_path() -> Path:
 def _build(out: Path) -> None:
     """Build the default KG's artifact into the (empty) folder ``out`` (imports pykeen: only on the first run)."""
     try:
-        from kge import build
+        from kge import builder  # the library code of python -m kge.build
     except ImportError as exc:
         raise UserError(f"cannot build the default knowledge graph ({exc}); pass --artifact DIR instead") from None
-    build.build_artifact(build.BuildConfig(kg=DEFAULT_KG, out=str(out)))
+    builder.build_artifact(builder.BuildConfig(kg=DEFAULT_KG, out=str(out)))
 
 
 def default_artifact(*, verify: bool = True, load_embeddings: bool = True, builder=None) -> Artifact:

@@ -363,7 +363,6 @@ class Executor:
         if pass_rows is None and self.device.type == "cpu":
             pass_rows = max(16, (1 << 20) // max(1, artifact.num_entities))
         self.pass_rows = pass_rows
-        self._prepared: dict[int, Any] = {}
         self._hooks: list[_HookEntry] = []
         for h in hooks:
             self.add_hook(h)
@@ -411,18 +410,6 @@ class Executor:
         return [e for e in self._hooks if op in e.ops]
 
     # ------------------------------------------------------------------------------ helpers
-    def matrix(self, r: int):
-        """M_r as a one-relation ``ops.StackedMatrices`` on this executor's device (cached; projections do not use it).
-
-        Eager rows: a view of the one prepared stack (no copy of the KG).  With a lazy artifact
-        this computes all N rows of M_r.
-        """
-        m = self._prepared.get(r)
-        if m is None:
-            m = self.rows.relation(r)
-            self._prepared[r] = m
-        return m
-
     def _prepare(self, queries: Sequence[Node]) -> tuple[list[Node], list[tuple]]:
         """The resolved queries and, per query, ``(shape key, relations in pre-order)`` for grouping.
 

@@ -14,83 +14,59 @@ folder (:func:`engine.paths.embeddings.relation_embeddings_cache_path`).
 """
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-from kgreason.cli import ArgumentParser as _Parser  # one-line UserError, user text escaped
+from kgreason.cli import ArgumentParser as _Parser, Settings, add_settings_arguments, setting, settings_from_args, verify_setting
 from kgreason.errors import cli_main
 from kgreason.files import json_object
 from kgreason.text import json_line, printable
 
 from .karpa import MODES
 
-__all__ = ["PathsArgs", "parse_args", "run", "main"]
+__all__ = ["PathsSettings", "parse_args", "run", "main"]
 
 
-@dataclass(frozen=True)
-class PathsArgs:
-    """Parsed command line of ``python -m engine.paths``."""
+@dataclass(frozen=True, kw_only=True)
+class PathsSettings(Settings):
+    """What ``python -m engine.paths`` was asked to do; each field's flag is declared with it.
 
-    artifact: str
-    topics: tuple[str, ...]
-    plan: str
-    mode: str = "pathfinding"
-    k: int = 16
-    json: bool = False
-    max_hops: int | None = None
-    beam_width: int = 16
-    encoder: str = "minilm"
-    encoder_kwargs: dict[str, Any] = field(default_factory=dict)
-    max_sequences: int = 20_000
-    max_entity_paths: int = 3
-    verify: bool = True  # False: --skip-artifact-checksums
+    ``encoder_kwargs`` may be given as the flag's JSON text (an object); it is parsed on construction."""
+
+    artifact: str = setting(help="artifact folder (python -m kge.build ...)")
+    topics: tuple[str, ...] = setting(flag="--from", repeat=True, help="topic entity name (or id); repeat for several topics")
+    plan: str = setting(help='planned relation path, e.g. "r1, r2" (names or free text)')
+    mode: str = setting("pathfinding", choices=MODES, help="KARPA-P, KARPA-H or KARPA-B")
+    k: int = setting(16, low=1, integer=True, help="relation paths per topic")
+    json: bool = setting(False, help="print JSON instead of text")
+    max_hops: int | None = setting(None, low=1, integer=True, shown_default="the plan's length",
+                                   help="heuristic mode: longest path enumerated")
+    beam_width: int = setting(16, low=1, integer=True, metavar="W", help="beam mode's width W")
+    encoder: str = setting("minilm", help="encoder registry name (minilm, sentence-transformers, hashing)")
+    encoder_kwargs: dict[str, Any] = setting(default_factory=dict, type=str, shown_default="{}",
+                                             help='encoder kwargs as JSON, e.g. \'{"model": "path"}\'')
+    max_sequences: int = setting(20_000, low=1, integer=True, help="heuristic mode's enumeration cap per topic")
+    max_entity_paths: int = setting(3, low=0, integer=True, help="entity-level paths shown per relation path")
+    verify: bool = verify_setting()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.encoder_kwargs, str):
+            object.__setattr__(self, "encoder_kwargs", json_object(self.encoder_kwargs, "--encoder-kwargs"))
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> _Parser:
     p = _Parser(prog="python -m engine.paths", description="KARPA relation-path retrieval.")
-    p.add_argument("--artifact", required=True, help="artifact folder (python -m kge.build ...)")
-    p.add_argument("--from", dest="topics", action="append", required=True,
-                   help="topic entity name (or id); repeat for several topics")
-    p.add_argument("--plan", required=True, help='planned relation path, e.g. "r1, r2" (names or free text)')
-    p.add_argument("--mode", default="pathfinding", choices=MODES)
-    p.add_argument("--k", type=int, default=16, help="relation paths per topic (default 16)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.add_argument("--max-hops", type=int, default=None,
-                   help="heuristic mode: longest path enumerated (default: the plan's length)")
-    p.add_argument("--beam-width", type=int, default=16, help="beam mode's width W (default 16)")
-    p.add_argument("--encoder", default="minilm", help="encoder registry name (minilm, sentence-transformers, hashing)")
-    p.add_argument("--encoder-kwargs", default="{}", help='encoder kwargs as JSON, e.g. \'{"model": "path"}\'')
-    p.add_argument("--max-sequences", type=int, default=20_000, help="heuristic mode's enumeration cap per topic")
-    p.add_argument("--max-entity-paths", type=int, default=3, help="entity-level paths shown per relation path")
-    from kge.artifact import add_checksum_argument
-
-    add_checksum_argument(p)
+    add_settings_arguments(p, PathsSettings)
     return p
 
 
-def parse_args(argv: Sequence[str] | None) -> PathsArgs:
-    """Parse ``argv`` into :class:`PathsArgs` (usage errors are :class:`UserError`)."""
-    ns = _parser().parse_args(argv)
-    kwargs = json_object(ns.encoder_kwargs, "--encoder-kwargs")
-    return PathsArgs(
-        artifact=ns.artifact,
-        topics=tuple(ns.topics),
-        plan=ns.plan,
-        mode=ns.mode,
-        k=ns.k,
-        json=ns.json,
-        max_hops=ns.max_hops,
-        beam_width=ns.beam_width,
-        encoder=ns.encoder,
-        encoder_kwargs=kwargs,
-        max_sequences=ns.max_sequences,
-        max_entity_paths=ns.max_entity_paths,
-        verify=not ns.skip_artifact_checksums,
-    )
+def parse_args(argv: Sequence[str] | None) -> PathsSettings:
+    """Parse ``argv`` into :class:`PathsSettings` (usage errors are :class:`UserError`)."""
+    return settings_from_args(PathsSettings, _parser().parse_args(argv))
 
 
-def run(args: PathsArgs):
+def run(args: PathsSettings):
     """Load the artifact and retrieve; returns ``(retriever, [RetrievalResult, ...])``."""
     from kge.artifact import Artifact
 

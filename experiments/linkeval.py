@@ -52,20 +52,26 @@ linked at or above a linker's threshold by the run at 0 is linked again at it.
 
 Run (writes the Markdown table and the PNG next to it)::
 
-    python -m llm_bridge.linkeval --kb ../shared/data/metaqa/kb.txt \\
-        --out benchmarks/results/lgot/linking.md --baseline-rev 0467476
+    python -m experiments.linkeval --kb ../shared/data/metaqa/kb.txt \\
+        --out benchmarks/results/lgot/linking.md --save-results linking.json
+    # later, after changing the linker: the saved run side by side with the new one
+    python -m experiments.linkeval --kb ../shared/data/metaqa/kb.txt \\
+        --out /tmp/linking.md --baseline linking.json
 
-``--baseline-rev`` measures the linker of that git revision side by side (its
-``llm_bridge/linking.py`` is loaded from ``git show`` into a temporary module).
+``--save-results FILE`` writes the linker's outcome on every labelled string (at
+threshold 0 and at its chosen threshold) with a fingerprint of the set;
+``--baseline FILE`` reads such a file and shows that run's linker side by side.
+A baseline measured on another set (another ``--kb``, ``--seed``, ``--per-kind``,
+``--held-out`` or ``--max-names``, or a changed set builder) is refused: its
+outcomes would not belong to these strings.  No git checkout is needed.
 """
 from __future__ import annotations
 
-import importlib.util
+import hashlib
+import json
+import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 import unicodedata
 from collections import Counter
@@ -78,7 +84,7 @@ import numpy as np
 from kgreason.cli import ArgumentParser, check_seed
 from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError, cli_main
-from kgreason.files import _check_parent, check_not_input, read_lines
+from kgreason.files import _check_parent, check_not_input, json_object, read_lines, write_output
 from llm_bridge.linking import DEFAULT_THRESHOLD, EntityLinker, RelationRanges, acronyms, loose_form, normalize
 
 __all__ = ["Example", "LinkingSet", "load_kb", "load_kb_names", "build_set", "evaluate", "sweep", "per_kind",
@@ -585,62 +591,125 @@ def range_coverage(names: Sequence[str], triples: Sequence[tuple[str, str, str]]
     return out
 
 
-def check_revision(rev: str) -> str:
-    """``rev`` if it can only be read by git as a revision, else a one-line :class:`UserError`: a value
-    starting with '-' would be taken as an option (``--output=FILE`` writes a file), and an empty one, one
-    holding ':' (``rev:path`` syntax) or a control character never names a commit."""
-    if not rev or rev.startswith("-") or ":" in rev or not rev.isprintable() or rev != rev.strip():
-        raise UserError(f"--baseline-rev {rev!r}: not a git revision (a commit, branch or tag name, such as "
-                        "HEAD~1 or 0a51aa3)")
-    return rev
+#: What a results file of :func:`save_results` says it is (``"format"``), and its layout's version.
+RESULTS_FORMAT = "kgreason linkeval results"
+RESULTS_VERSION = 1
 
 
-def _load_revision(rev: str) -> Any:
-    """``llm_bridge/linking.py`` of git revision ``rev``, as a module (``rev`` checked by :func:`check_revision`).
+def set_fingerprint(data: LinkingSet) -> str:
+    """SHA-256 of the name table and the labelled strings (text, kind, label, relation, in order): two runs
+    with the same fingerprint linked the same strings against the same table, so their outcomes line up."""
+    h = hashlib.sha256()
+    h.update(json.dumps(data.names, ensure_ascii=True).encode())
+    h.update(json.dumps([[e.text, e.kind, e.target, e.relation] for e in data.examples], ensure_ascii=True).encode())
+    return h.hexdigest()
 
-    git gets ``--end-of-options`` before the revision, so that nothing in it is read as an option; a
-    missing git, an unknown revision, or a file there without an ``EntityLinker`` is a :class:`UserError`.
-    """
-    check_revision(rev)
-    repo = Path(__file__).resolve().parent.parent
+
+def _set_options(config: "Config") -> dict[str, Any]:
+    return {"kb": str(config.kb), "seed": config.seed, "per_kind": config.per_kind, "held_out": config.held_out,
+            "max_names": config.max_names}
+
+
+def _outcome_rows(outcomes: Sequence[Outcome]) -> list[list[Any]]:
+    return [[o.name, o.method, o.score] for o in outcomes]
+
+
+def save_results(path: Path, *, config: "Config", data: LinkingSet, result: dict[str, Any],
+                 first: list[Outcome]) -> None:
+    """Write the ``new`` linker's outcomes (``first``: the run at threshold 0 the sweep is read from;
+    ``result["outcomes"]``: at its chosen threshold) and the set's fingerprint, for a later ``--baseline``."""
+    doc = {"format": RESULTS_FORMAT, "version": RESULTS_VERSION, "command": command_line(config),
+           "date": time.strftime("%Y-%m-%d"), "set": {**_set_options(config), "strings": len(data.examples),
+                                                      "sha256": set_fingerprint(data)},
+           "threshold": result["threshold"], "seconds": result["seconds"],
+           "outcomes_at_0": _outcome_rows(first), "outcomes": _outcome_rows(result["outcomes"])}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_output(path, json.dumps(doc, indent=None, separators=(",", ":")) + "\n", what="--save-results")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A results file of an earlier run (:func:`save_results`), checked by :func:`read_baseline`."""
+
+    path: Path
+    options: dict[str, Any]
+    strings: int
+    sha256: str
+    threshold: float
+    seconds: float
+    outcomes_at_0: list[Outcome]
+    outcomes: list[Outcome]
+
+    def check_matches(self, data: LinkingSet) -> None:
+        """A :class:`UserError` unless the baseline was measured on exactly ``data``'s strings and table."""
+        if self.strings == len(data.examples) and self.sha256 == set_fingerprint(data):
+            return
+        opts = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in self.options.items() if v is not None)
+        raise UserError(f"--baseline {str(self.path)!r}: measured on another linking set ({self.strings:,} strings "
+                        f"from {opts}; this run has {len(data.examples):,}); run with its options, or save a new "
+                        "baseline with --save-results")
+
+
+def _outcomes(rows: Any, key: str, where: str) -> list[Outcome]:
+    if not isinstance(rows, list):
+        raise UserError(f"{where}: {key!r} is not a list of outcomes")
+    out = []
+    for k, row in enumerate(rows):
+        ok = (isinstance(row, list) and len(row) == 3 and (row[0] is None or isinstance(row[0], str))
+              and (row[1] is None or isinstance(row[1], str)) and isinstance(row[2], (int, float))
+              and not isinstance(row[2], bool))
+        if not ok:
+            raise UserError(f"{where}: {key}[{k}] is not [name, method, score]")
+        out.append(Outcome(row[0], row[1], float(row[2])))
+    return out
+
+
+def read_baseline(path: str | Path) -> Baseline:
+    """The results file ``path`` (``--baseline``); anything else -- missing, unreadable, not JSON, another
+    kind of file, a damaged field -- is a one-line :class:`UserError` naming the file and what is wrong."""
+    where = f"--baseline {str(path)!r}"
     try:
-        src = subprocess.run(["git", "show", "--end-of-options", f"{rev}:llm_bridge/linking.py"], cwd=repo,
-                             capture_output=True, text=True, check=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        detail = " ".join(str(getattr(exc, "stderr", "") or exc).split())
-        raise UserError(f"--baseline-rev {rev!r}: cannot read llm_bridge/linking.py from git ({detail})") from None
-    folder = Path(tempfile.mkdtemp(prefix="linking_baseline_"))
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise UserError(f"{where}: cannot read it ({exc.strerror or exc})") from None
     try:
-        path = folder / "linking_baseline.py"
-        path.write_text(src, encoding="utf-8")
-        spec = importlib.util.spec_from_file_location("linking_baseline", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-        try:
-            spec.loader.exec_module(mod)  # type: ignore[union-attr]
-        except Exception as exc:  # noqa: BLE001 - that revision's code, not ours: report which and why
-            raise UserError(f"--baseline-rev {rev!r}: its llm_bridge/linking.py does not load "
-                            f"({type(exc).__name__}: {exc})") from None
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    if not hasattr(mod, "EntityLinker") or not isinstance(getattr(mod, "DEFAULT_THRESHOLD", None), (int, float)):
-        raise UserError(f"--baseline-rev {rev!r}: its llm_bridge/linking.py has no EntityLinker and "
-                        "DEFAULT_THRESHOLD to compare with")
-    return mod
-
-
-def baseline_linker(mod: Any, rev: str, names: Sequence[str], *, threshold: float = 0.0) -> Any:
-    """``mod.EntityLinker(names=..., threshold=threshold)`` of the ``--baseline-rev`` module; a revision whose
-    linker takes other arguments is a one-line :class:`UserError`, not a TypeError out of that revision's code."""
-    try:
-        return mod.EntityLinker(names=names, threshold=threshold)
-    except TypeError as exc:
-        raise UserError(f"--baseline-rev {rev!r}: its EntityLinker cannot be built as this tool builds it ({exc})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{where}: not UTF-8 text, so not a results file of --save-results") from None
+    doc = json_object(text, where, shape="(a results file of --save-results)")
+    if doc.get("format") != RESULTS_FORMAT:
+        raise UserError(f"{where}: not a results file of --save-results (no \"format\": {RESULTS_FORMAT!r})")
+    if doc.get("version") != RESULTS_VERSION:
+        raise UserError(f"{where}: results file version {doc.get('version')!r}; this linkeval reads version "
+                        f"{RESULTS_VERSION}")
+    st = doc.get("set")
+    if not (isinstance(st, dict) and isinstance(st.get("strings"), int) and isinstance(st.get("sha256"), str)):
+        raise UserError(f"{where}: damaged: 'set' lacks its string count and fingerprint")
+    for key in ("threshold", "seconds"):
+        if not isinstance(doc.get(key), (int, float)) or isinstance(doc.get(key), bool):
+            raise UserError(f"{where}: damaged: {key!r} is not a number")
+    first, settled = _outcomes(doc.get("outcomes_at_0"), "outcomes_at_0", where), _outcomes(
+        doc.get("outcomes"), "outcomes", where)
+    if not len(first) == len(settled) == st["strings"]:
+        raise UserError(f"{where}: damaged: {len(first)} and {len(settled)} outcomes for {st['strings']} strings")
+    options = {k: st.get(k) for k in ("kb", "seed", "per_kind", "held_out", "max_names")}
+    return Baseline(Path(path), options, st["strings"], st["sha256"], float(doc["threshold"]),
+                    float(doc["seconds"]), first, settled)
 
 
 # ------------------------------------------------------------------------------------- report
 def _fmt(x: float) -> str:
     return f"{x:.3f}"
+
+
+def command_line(config: "Config") -> str:
+    """The command of this run, as the report and the results file record it."""
+    return (f"python -m experiments.linkeval --kb {config.kb} --seed {config.seed} --per-kind {config.per_kind}"
+            + (f" --baseline {config.baseline}" if config.baseline else "")
+            + (f" --save-results {config.save_results}" if config.save_results else "")
+            + (f" --embedding {config.embedding}" if config.embedding else "")
+            + (f" --max-names {config.max_names}" if config.max_names else "") + f" --out {config.out}")
 
 
 def write_report(path: Path, *, config: "Config", data: LinkingSet, results: dict[str, dict[str, Any]],
@@ -651,11 +720,7 @@ def write_report(path: Path, *, config: "Config", data: LinkingSet, results: dic
     lines = [
         "# Entity linking on a labelled MetaQA set",
         "",
-        f"Produced by `python -m llm_bridge.linkeval --kb {config.kb} --seed {config.seed} --per-kind "
-        f"{config.per_kind}" + (f" --baseline-rev {config.baseline_rev}" if config.baseline_rev else "")
-        + (f" --embedding {config.embedding}" if config.embedding else "")
-        + (f" --max-names {config.max_names}" if config.max_names else "") + f" --out {config.out}`"
-        f" ({time.strftime('%Y-%m-%d')}).",
+        f"Produced by `{command_line(config)}` ({time.strftime('%Y-%m-%d')}).",
         "",
         f"Name table: {len(data.names):,} names (MetaQA kb.txt"
         + (f", a random {config.max_names:,} of its names," if config.max_names else "")
@@ -669,7 +734,7 @@ def write_report(path: Path, *, config: "Config", data: LinkingSet, results: dic
         f"{len(ex):,}); the table's KG is kb.txt's triples over the table ({len(data.triples):,} with the inverses, "
         f"{len(data.relations)} relations). `new` is called with the relation and respects its range "
         "(`RelationRanges` of the table's KG); `new, no relation` is the same linker called without it; "
-        "an `old` linker is called without it.",
+        "a `baseline` (an earlier run's saved results) is shown as it was measured.",
         "",
         "| kind | strings | label |",
         "|---|---:|---|",
@@ -758,7 +823,7 @@ def write_plot(path: Path, results: dict[str, dict[str, Any]], chosen: dict[str,
 
 # The plot's name is derived from --out, not given by the user, so it may only replace a file this tool
 # wrote: one carrying this PNG "Software" text, or the plot an existing linkeval report beside it links to.
-PLOT_MARK = "kgreason llm_bridge.linkeval"
+PLOT_MARK = "kgreason experiments.linkeval"
 
 
 def plot_replaceable(plot: Path, report: Path) -> bool:
@@ -783,21 +848,22 @@ def plot_replaceable(plot: Path, report: Path) -> bool:
 # ---------------------------------------------------------------------------------------- CLI
 @dataclass(frozen=True)
 class Config:
-    """``python -m llm_bridge.linkeval`` options (defaults as documented in ``--help``)."""
+    """``python -m experiments.linkeval`` options (defaults as documented in ``--help``)."""
 
     kb: str
     out: str
     seed: int = 0
     per_kind: int = 400
     held_out: float = 0.05
-    baseline_rev: str | None = None
+    baseline: str | None = None
+    save_results: str | None = None
     embedding: str | None = None
     min_precision: float = 0.95
     max_names: int | None = None
 
 
 def parse_args(argv: Sequence[str] | None) -> Config:
-    p = ArgumentParser(prog="python -m llm_bridge.linkeval",
+    p = ArgumentParser(prog="python -m experiments.linkeval",
                        description="Build a labelled linking set from MetaQA's kb.txt and measure linking "
                                    "precision/recall over the fuzzy threshold.")
     p.add_argument("--kb", required=True, help="MetaQA kb.txt (head|relation|tail lines)")
@@ -805,15 +871,18 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument("--seed", type=int, default=0, help="random seed of the set (default 0)")
     p.add_argument("--per-kind", type=int, default=400, help="strings per kind of perturbation (default 400)")
     p.add_argument("--held-out", type=float, default=0.05, help="share of names held out as negatives (default 0.05)")
-    p.add_argument("--baseline-rev", default=None, help="git revision whose linker to measure side by side")
+    p.add_argument("--baseline", default=None, metavar="RESULTS.json",
+                   help="an earlier run's --save-results file, shown side by side (the same set options)")
+    p.add_argument("--save-results", default=None, metavar="RESULTS.json",
+                   help="also write the linker's outcomes, a later run's --baseline")
     p.add_argument("--embedding", default=None, help="also measure the embedding matcher with this encoder (minilm)")
     p.add_argument("--min-precision", type=float, default=0.95, help="precision the chosen threshold keeps (0.95)")
     p.add_argument("--max-names", type=int, default=None,
                    help="use a seeded random sample of this many KB names (default: all), e.g. to afford --embedding")
     a = p.parse_args(argv)
     check_seed(a.seed)
-    if a.baseline_rev is not None:
-        check_revision(a.baseline_rev)
+    if a.baseline is not None and not Path(a.baseline).is_file():
+        raise UserError(f"--baseline {a.baseline!r}: no such file (an earlier run's --save-results)")
     if Path(a.out).is_dir():
         raise UserError(f"--out: {a.out!r} is a folder; give the Markdown file to write")
     # Before any linking: the report and its plot never replace --kb, and their folder can be made.
@@ -821,12 +890,21 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     if plot == Path(a.out):
         raise UserError(f"--out: {a.out!r} ends in .png, the name of its plot; give the Markdown report's name "
                         "(the plot is written next to it as .png)")
+    inputs = [("--kb", a.kb), ("--baseline", a.baseline)]
     for what, path in (("--out", a.out), ("--out's plot", plot)):
-        check_not_input(path, what=what, inputs=[("--kb", a.kb)])
+        check_not_input(path, what=what, inputs=inputs)
     if not plot_replaceable(plot, Path(a.out)):
-        raise UserError(f"--out's plot: {str(plot)!r} exists and was not written by llm_bridge.linkeval; not "
+        raise UserError(f"--out's plot: {str(plot)!r} exists and was not written by experiments.linkeval; not "
                         "replacing it (move it, or choose another --out)")
     _check_parent(Path(a.out), "--out", create=True)
+    if a.save_results is not None:  # checked as --out is: its folder may be new (made when it is written)
+        for what, path in (("--out", a.out), ("--out's plot", plot)):
+            if Path(os.path.realpath(a.save_results)) == Path(os.path.realpath(path)):
+                raise UserError(f"--save-results {a.save_results!r}: is also {what}; give another file")
+        check_not_input(a.save_results, what="--save-results", inputs=inputs)
+        if Path(a.save_results).is_dir():
+            raise UserError(f"--save-results: {a.save_results!r} is a folder; give the JSON file to write")
+        _check_parent(Path(a.save_results), "--save-results", create=True)
     if a.embedding is not None:
         from engine.paths.embeddings import ENCODERS
 
@@ -841,13 +919,13 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     if a.max_names is not None and a.max_names < 10:
         raise UserError(f"--max-names must be >= 10, got {a.max_names}")
     return Config(kb=a.kb, out=a.out, seed=a.seed, per_kind=a.per_kind, held_out=a.held_out,
-                  baseline_rev=a.baseline_rev, embedding=a.embedding, min_precision=a.min_precision,
+                  baseline=a.baseline, save_results=a.save_results, embedding=a.embedding, min_precision=a.min_precision,
                   max_names=a.max_names)
 
 
 def run(config: Config) -> dict[str, Any]:
     """Build the set, measure the linkers, write the report and plot; returns the chosen row."""
-    old = _load_revision(config.baseline_rev) if config.baseline_rev else None  # a bad revision fails first
+    old = read_baseline(config.baseline) if config.baseline else None  # a bad baseline fails before any linking
     names, persons, years, triples = load_kb(config.kb)
     if config.max_names is not None and config.max_names < len(names):
         keep = np.random.default_rng([config.seed, 1]).permutation(len(names))[: config.max_names]
@@ -856,6 +934,8 @@ def run(config: Config) -> dict[str, Any]:
         triples = [t for t in triples if t[0] in kept and t[2] in kept]
     data = build_set(names, persons, years, seed=config.seed, per_kind=config.per_kind, held_out=config.held_out,
                      triples=triples)
+    if old is not None:
+        old.check_matches(data)
     ranges = data.ranges()
     rel_ids = {r: k for k, r in enumerate(data.relations)}
     results: dict[str, dict[str, Any]] = {}
@@ -886,13 +966,14 @@ def run(config: Config) -> dict[str, Any]:
         r.update(outcomes=outcomes, threshold=threshold, seconds=r["seconds"] + time.perf_counter() - t0)
 
     measure("new", lambda th: EntityLinker(names=data.names, threshold=th, ranges=ranges), None, True)
+    first = results["new"]["outcomes"]  # at threshold 0: what a later run's --baseline sweeps
     chosen = choose_threshold(results["new"]["sweep"], min_precision=config.min_precision)
     settle("new", DEFAULT_THRESHOLD if chosen is None else chosen["threshold"])
     measure("new, no relation", lambda th: EntityLinker(names=data.names, threshold=th), DEFAULT_THRESHOLD)
     if old is not None:
-        measure(f"old ({config.baseline_rev})",
-                lambda th: baseline_linker(old, config.baseline_rev, data.names, threshold=th),
-                float(old.DEFAULT_THRESHOLD))
+        results[f"baseline ({old.path.name})"] = {"outcomes": old.outcomes, "threshold": old.threshold,
+                                                  "seconds": old.seconds, "sweep": sweep(data.examples,
+                                                                                         old.outcomes_at_0)}
     if config.embedding:
         th = results["new"]["threshold"]
         t0 = time.perf_counter()
@@ -906,11 +987,13 @@ def run(config: Config) -> dict[str, Any]:
     plot = out.with_suffix(".png")
     write_plot(plot, results, chosen)
     write_report(out, config=config, data=data, results=results, chosen=chosen, plot=plot, coverage=coverage)
+    if config.save_results:
+        save_results(Path(config.save_results), config=config, data=data, result=results["new"], first=first)
     for name, r in results.items():
         c = counts(data.examples, r["outcomes"], r["threshold"])
         print(f"{name}: threshold {r['threshold']:g}: precision {c['precision']:.3f}, recall {c['recall']:.3f} "
               f"({c['correct']}/{c['positives']} positives, {c['links']} links), {r['seconds']:.1f} s")
-    print(f"wrote {out} and {plot}")
+    print(f"wrote {out} and {plot}" + (f", and the results {config.save_results}" if config.save_results else ""))
     return {"chosen": chosen, "results": results}
 
 

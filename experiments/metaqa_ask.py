@@ -1,15 +1,15 @@
 """MetaQA Hits@1 of the ask loop (engine.exec.ask) against its baselines; writes a JSON of the runs.
 
-    python benchmarks/results/ask/run_metaqa.py --build-kg-only artifacts/metaqa-kgonly   # ~10 s
-    python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa-kgonly --label "full KG" \\
+    python -m experiments.metaqa_ask --build-kg-only artifacts/metaqa-kgonly   # ~10 s
+    python -m experiments.metaqa_ask --artifact artifacts/metaqa-kgonly --label "full KG" \\
         --per-hop 1000 --errors 0.2 0.5 --out benchmarks/results/ask/metaqa_full.json
-    python benchmarks/results/ask/run_metaqa.py --report benchmarks/results/ask/metaqa_*.json --overwrite  # tables + plot
-    python benchmarks/results/ask/run_metaqa.py --export questions.jsonl --hops 2 --per-hop 100  # a questions file
-    python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa-kgonly --make-exemplars \
+    python -m experiments.metaqa_ask --report benchmarks/results/ask/metaqa_*.json --overwrite  # tables + plot
+    python -m experiments.metaqa_ask --export questions.jsonl --hops 2 --per-hop 100  # a questions file
+    python -m experiments.metaqa_ask --artifact artifacts/metaqa-kgonly --make-exemplars \
         artifacts/metaqa-dev-exemplars.jsonl --split dev --per-hop 3000     # weakly supervised exemplars
-    python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa-kgonly \
+    python -m experiments.metaqa_ask --artifact artifacts/metaqa-kgonly \
         --tune-exemplars artifacts/metaqa-dev-exemplars.jsonl              # k / weight on held-out dev exemplars
-    python benchmarks/results/ask/run_metaqa.py --artifact artifacts/metaqa-drop50 --split dev --per-hop 300 \
+    python -m experiments.metaqa_ask --artifact artifacts/metaqa-drop50 --split dev --per-hop 300 \
         --labels artifacts/metaqa-dev-exemplars.jsonl --errors 0.2 --karpa-only --out /tmp/dev.json  # choose settings
 
 Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, seeded sample):
@@ -18,7 +18,7 @@ Methods, on the same ``--per-hop`` test questions per hop (engine.eval.metaqa, s
   cost AskSettings.length_penalty), the answers by the vote of the top candidate paths
   (AskSettings.vote_paths / vote_temperature); paths read as their relations' questions
   (llm_bridge.prompts.fallback_template, centred embeddings; ``--path-text names``: the relation names);
-* ``karpa-eE``: the loop with the simulated planner/reasoner (llm_bridge.simulate_ask) over HTTP on
+* ``karpa-eE``: the loop with the simulated planner/reasoner (experiments.simulate_ask) over HTTP on
   127.0.0.1, plan error = reason error = E; paraphrased plans (synonym rate 0.5), one re-plan;
 * ``embedding+exemplars (dev)`` (with ``--exemplars FILE``): the same, plus the kNN vote of exemplar
   questions (Asker(exemplars=...)); the exemplars come from ``--make-exemplars`` on the DEV split;
@@ -55,13 +55,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
+from kgreason.cli import ArgumentParser, check_seed
+from kgreason.errors import UserError, cli_main
+from kgreason.files import OutputFolder, check_output_file, json_object, loads_json, open_output, write_output
+from kgreason.text import json_line  # JSON lines: controls, bidi and U+2028/9 escaped
 
-from kgreason.cli import ArgumentParser, check_seed  # noqa: E402 - after the path of a run from anywhere
-from kgreason.errors import UserError, cli_main  # noqa: E402
-from kgreason.files import OutputFolder, check_output_file, json_object, loads_json, open_output, write_output  # noqa: E402
-from kgreason.text import json_line  # noqa: E402 - JSON lines: controls, bidi and U+2028/9 escaped
+#: The checkout the defaults are relative to (MetaQA beside it in ../shared/data, results in benchmarks/).
+ROOT = Path(__file__).resolve().parents[1]
+#: Where the committed MetaQA results, tables and plot live.
+RESULTS = ROOT / "benchmarks" / "results" / "ask"
 
 
 def run(args) -> dict:
@@ -71,8 +73,8 @@ def run(args) -> dict:
     from llm_bridge.client import LLMClient
     from llm_bridge.config import LLMConfig
     from llm_bridge.karpa_loop import LLMPlanner, LLMReasoner
-    from llm_bridge.simulate import KnowledgeBase
-    from llm_bridge.simulate_ask import AskSimConfig, start_ask_server
+    from experiments.simulate import KnowledgeBase
+    from experiments.simulate_ask import AskSimConfig, start_ask_server
 
     eng = Engine.load(args.artifact, verify=args.verify)
     ret = eng.retriever(encoder=args.encoder)
@@ -469,8 +471,8 @@ class Settings:
     report: tuple[Path, ...] = ()
     build_kg_only: Path | None = None
     export: Path | None = None
-    md: Path = Path(__file__).with_name("metaqa_tables.md")
-    png: Path = Path(__file__).with_name("metaqa.png")
+    md: Path = RESULTS / "metaqa_tables.md"
+    png: Path = RESULTS / "metaqa.png"
     encoder: str = "minilm"
     verify: bool = True  # False: --skip-artifact-checksums
     overwrite: bool = False
@@ -481,7 +483,7 @@ def _parser() -> argparse.ArgumentParser:
     from engine.paths import ENCODERS
     from kge.artifact import add_checksum_argument
 
-    p = ArgumentParser(prog="python benchmarks/results/ask/run_metaqa.py", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m experiments.metaqa_ask", description=__doc__.splitlines()[0])
     p.add_argument("--artifact", type=Path, metavar="DIR", help="the artifact (the method rows, --make-exemplars, "
                    "--tune-exemplars)")
     p.add_argument("--label", default="full")
@@ -536,7 +538,7 @@ def _parser() -> argparse.ArgumentParser:
     actions.add_argument("--build-kg-only", type=Path, metavar="DIR", help="write a KG-only artifact of MetaQA's "
                          "kb.txt (observed edges, weight 1, no training: the 'full KG' runs) to DIR and stop")
     actions.add_argument("--export", type=Path, metavar="FILE", help="write the sampled questions as JSON lines "
-                         "(question, path, answers: what engine.ask --questions and llm_bridge.simulate_ask read) "
+                         "(question, path, answers: what engine.ask --questions and experiments.simulate_ask read) "
                          "and stop")
     actions.add_argument("--make-exemplars", type=Path, metavar="OUT",
                          help="write weakly supervised exemplars of --split to OUT")

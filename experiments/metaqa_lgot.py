@@ -4,7 +4,7 @@
 
     python -m kge.build --kg ../shared/data/metaqa --out artifacts/metaqa-drop50 --drop-edges 0.5 --seed 0 \\
         --train-minutes 6 --matrices auto
-    python -m llm_bridge.metaqa_experiment --artifact artifacts/metaqa-drop50 --metaqa ../shared/data/metaqa \\
+    python -m experiments.metaqa_lgot --artifact artifacts/metaqa-drop50 --metaqa ../shared/data/metaqa \\
         --per-hop 1000 --quality 0.5/0.2 0.9/0.05 --out benchmarks/results/lgot/
 
 Protocol (LGOT's Table 1 on MetaQA): the engine's KG is the artifact (50% of
@@ -20,7 +20,7 @@ averaged over the questions of a hop.
 
 Methods: **KG-only** (the executor, no hook), **LLM-only** and **LGOT**
 (:class:`llm_bridge.lgot.LGOTHook`) against the simulated LLM of
-:mod:`llm_bridge.simulate`, which knows the artifact's *full* KG (observed +
+:mod:`experiments.simulate`, which knows the artifact's *full* KG (observed +
 missing), for every ``--quality RECALL/HALLUCINATION`` pair.  ``--messy``
 (default on) makes it write names the way models do (lower case, a leading
 "the", fences, prose), so linking matters.  Each run reports LGOT − KG-only per
@@ -53,8 +53,9 @@ import numpy as np
 from kgreason.cli import ArgumentParser as _Parser, check_seed  # one-line UserError parser
 from kgreason.errors import UserError, cli_main
 from kgreason.files import check_not_input, check_output_file, write_output
-from .config import MERGE_RULES, LGOTSettings, from_flags
-from .experiment import check_name, jsonable
+from llm_bridge.config import MERGE_RULES, LGOTSettings, from_flags
+
+from .lgot_eval import check_name, jsonable
 
 __all__ = ["MetaQAArgs", "parse_args", "run", "hits_at_k", "main", "PAPER"]
 
@@ -108,7 +109,7 @@ LGOT_FLAGS = {"theta": "--theta", "alpha": "--alpha", "merge": "--merge", "input
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m llm_bridge.metaqa_experiment",
+    p = _Parser(prog="python -m experiments.metaqa_lgot",
                 description="LGOT Table 1 on MetaQA: KG-only, LLM-only and LGOT (simulated LLM), Hits@1/3/10 per hop.")
     p.add_argument("--artifact", required=True, type=Path, help="artifact of MetaQA's KB (LGOT: --drop-edges 0.5)")
     p.add_argument("--metaqa", required=True, type=Path, help="MetaQA folder (kb.txt, {1,2,3}-hop/test.txt)")
@@ -293,7 +294,7 @@ def run(args: MetaQAArgs, on_quality=None) -> dict[str, Any]:
     from llm_bridge.lgot import LGOTHook, LGOTSettings
     from llm_bridge.linking import EntityLinker
     from llm_bridge.relations import RelationQuestions
-    from llm_bridge.simulate import KnowledgeBase, SimulatorConfig, start_server
+    from experiments.simulate import KnowledgeBase, SimulatorConfig, start_server
 
     t_start = time.perf_counter()
     torch.manual_seed(args.seed)
@@ -480,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_file(p, what="--out", inputs=inputs)
         if p.exists() and not args.overwrite:
             raise UserError(f"--out: {p} exists (pass --overwrite to replace it)")
-    command = "python -m llm_bridge.metaqa_experiment " + " ".join(argv)
+    command = "python -m experiments.metaqa_lgot " + " ".join(argv)
 
     def save(record: dict) -> None:
         write_output(paths["json"], json.dumps(jsonable(record), indent=1, allow_nan=False) + "\n")

@@ -2,7 +2,7 @@
 
 ::
 
-    python -m llm_bridge.simulate --artifact artifacts/umls-drop50 --port 8099 \\
+    python -m experiments.simulate --artifact artifacts/umls-drop50 --port 8099 \\
         --recall 0.7 --hallucination 0.2 --noise 0.1 --seed 0
     # then: --llm-base-url http://127.0.0.1:8099/v1 --llm-model sim
 
@@ -80,8 +80,8 @@ from kgreason.cli import ArgumentParser as _Parser, check_seed  # _Parser: one-l
 from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError, cli_main
 
-from . import prompts
-from .nested import unnest
+from llm_bridge import prompts
+from llm_bridge.nested import unnest
 
 __all__ = ["SimulatorConfig", "SimulatedLLM", "SimulatorServer", "KnowledgeBase", "start_server", "serve", "main"]
 
@@ -141,11 +141,14 @@ def _seed_of(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
 
 
-def _rng(*parts: Any) -> np.random.Generator:
+def seeded_rng(*parts: Any) -> np.random.Generator:
+    """A generator seeded by ``parts`` (the run's seed, the prompt's key, what is drawn): the same draw for
+    the same prompt in every run and process, whatever was asked before (shared with :mod:`.simulate_ask`)."""
     return np.random.default_rng(_seed_of(*parts))
 
 
-def _uniform(*parts: Any) -> float:
+def seeded_uniform(*parts: Any) -> float:
+    """A number in [0, 1) fixed by ``parts``, as :func:`seeded_rng` (one draw, no generator)."""
     return _seed_of(*parts) / 2.0**64
 
 
@@ -176,7 +179,7 @@ class KnowledgeBase:
         self._relation_index = {name: i for i, name in enumerate(self.relations)}
         # The bridge's fallback templates (unique per artifact: colliding ones carry a qualifier)
         # and the simulator's own rewrites (made unique the same way).
-        from .relations import RelationQuestions
+        from llm_bridge.relations import RelationQuestions
 
         fallbacks = RelationQuestions(relations=self.relations)
         groups: dict[str, list[int]] = {}
@@ -298,7 +301,7 @@ class SimulatedLLM:
         rq = prompts.parse_relation_question_prompt(messages)
         if rq is not None:
             return [self._relation_question(rq[0]) for _ in indices]
-        user = _user_text(messages)
+        user = user_text(messages)
         check = _match_template(user, "answer_check.user", "question", "answer")
         if check is not None:
             return [self._answer_check(*check) for _ in indices]
@@ -333,7 +336,7 @@ class SimulatedLLM:
         r, truth = self.truth(question, entities)
         if not truth:
             return truth, np.zeros(0), [], np.zeros(0), 0.0
-        rng = _rng(cfg.seed, question, list(entities), "prompt")  # drawn in a fixed order: z, pool, weights
+        rng = seeded_rng(cfg.seed, question, list(entities), "prompt")  # drawn in a fixed order: z, pool, weights
         z = rng.standard_normal(len(truth))
         recall = self.recall_of(question)
         pi = np.clip(recall + cfg.noise * z, 0.0, 1.0)
@@ -362,7 +365,7 @@ class SimulatedLLM:
                     cand: tuple | None = None) -> Choice:
         cfg = self.config
         truth, pi, pool, weights, lam = cand if cand is not None else self.candidates(question, entities)
-        rng = _rng(cfg.seed, question, entities, "choice", choice)
+        rng = seeded_rng(cfg.seed, question, entities, "choice", choice)
         if not truth:
             return self._render([], {}, rng, refuse=True)
         picked: list[tuple[float, int]] = []  # (sort key, id)
@@ -476,7 +479,8 @@ def _mess_name(name: str, rng: np.random.Generator) -> str:
     return name
 
 
-def _user_text(messages: list[dict[str, Any]]) -> str:
+def user_text(messages: Sequence[dict[str, Any]]) -> str:
+    """The content of the last user message of a chat request ("" without one)."""
     for m in reversed(messages):
         if m.get("role") == "user" and isinstance(m.get("content"), str):
             return m["content"]
@@ -646,10 +650,10 @@ class _Handler(BaseHTTPRequestHandler):
             digest = hashlib.sha256(raw).hexdigest()
             with srv.lock:
                 seen = srv.seen[digest] = srv.seen.get(digest, 0) + 1
-            if _uniform(cfg.seed, "fail", digest, seen) < cfg.fail_rate:
+            if seeded_uniform(cfg.seed, "fail", digest, seen) < cfg.fail_rate:
                 mode = cfg.fail_mode
                 if mode == "mixed":
-                    mode = "hang" if _uniform(cfg.seed, "mode", digest, seen) < 0.5 else "status"
+                    mode = "hang" if seeded_uniform(cfg.seed, "mode", digest, seen) < 0.5 else "status"
                 if mode == "status":
                     with srv.lock:
                         srv.stats["injected_status"] += 1
@@ -733,7 +737,7 @@ def _ranged(name: str):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m llm_bridge.simulate",
+    p = _Parser(prog="python -m experiments.simulate",
                 description="Simulated OpenAI-compatible LLM answering from an artifact's full KG.")
     p.add_argument("--artifact", required=True, metavar="DIR", help="artifact folder (observed + missing = its knowledge)")
     p.add_argument("--host", default="127.0.0.1")

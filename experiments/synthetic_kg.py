@@ -1,6 +1,6 @@
 """Synthetic Freebase-like knowledge graphs: a generator and a CLI that writes a TSV for ``kge.build``.
 
-    python -m kge.synthetic --entities 120000 --relations 750 --edges 1500000 --seed 0 --out /tmp/syn120k.tsv
+    python -m experiments.synthetic_kg --entities 120000 --relations 750 --edges 1500000 --seed 0 --out /tmp/syn120k.tsv
 
 The file holds ``head<TAB>relation<TAB>tail`` names (``person_000123``,
 ``person_r0017_film``), one edge a line, every edge once.  ``kge.graph.load_kg``
@@ -218,7 +218,7 @@ def _check_config(c: SyntheticConfig, flags: Mapping[str, str] | None = None) ->
 
 # ------------------------------------------------------------------ size estimates
 # A lower bound of the peak resident memory of generate() + write_tsv(), fitted to /usr/bin/time's
-# maximum RSS of sparse `python -m kge.synthetic` runs: 273 MB at 400k entities / 1M edges, 642 MB at
+# maximum RSS of sparse `python -m experiments.synthetic_kg` runs: 273 MB at 400k entities / 1M edges, 642 MB at
 # 2M / 2.2M (the interpreter and numpy, per-entity arrays and names, per-edge keys and the sort; table
 # in docs/artifacts.md).  Denser graphs need more per edge (candidate batches of the rejection rounds:
 # 1.44 GB at 100k / 4M, 2.6x this bound), so only requests that cannot fit are refused.
@@ -950,7 +950,7 @@ class SyntheticArgs:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> SyntheticArgs:
-    p = ArgumentParser(prog="python -m kge.synthetic", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m experiments.synthetic_kg", description=__doc__.split("\n\n")[0])
     p.add_argument("--entities", required=True, type=int, help="number of entities (all of them occur)")
     p.add_argument("--relations", required=True, type=int,
                    help="number of relations before inverses (the loader adds X^-1: twice as many)")

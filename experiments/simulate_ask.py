@@ -1,8 +1,8 @@
-"""A simulated KARPA planner/reasoner, served over HTTP by the simulator (:mod:`llm_bridge.simulate`).
+"""A simulated KARPA planner/reasoner, served over HTTP by the simulator (:mod:`experiments.simulate`).
 
 ::
 
-    python -m llm_bridge.simulate_ask --artifact artifacts/metaqa --questions questions.jsonl \\
+    python -m experiments.simulate_ask --artifact artifacts/metaqa --questions questions.jsonl \\
         --plan-error 0.2 --reason-error 0.1 --port 8099
     python -m engine.ask --artifact artifacts/metaqa --questions questions.jsonl \\
         --llm-base-url http://127.0.0.1:8099/v1 --llm-model sim
@@ -48,10 +48,11 @@ from kgreason.cli import ArgumentParser as _Parser, check_seed
 from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError, cli_main
 
-from .karpa_loop import parse_plan_prompt, parse_reason_prompt
-from .simulate import Choice, KnowledgeBase, SimulatedLLM, SimulatorConfig, SimulatorServer, _rng, _uniform, serve
+from .simulate import (Choice, KnowledgeBase, SimulatedLLM, SimulatorConfig, SimulatorServer, seeded_rng, seeded_uniform,
+                       serve, user_text)
 
-__all__ = ["AskSimConfig", "AskSimulatedLLM", "load_gold", "paraphrase", "start_ask_server", "main"]
+__all__ = ["AskSimConfig", "AskSimulatedLLM", "load_gold", "paraphrase", "start_ask_server", "main",
+           "parse_plan_prompt", "parse_reason_prompt", "PlanPrompt", "ReasonPrompt"]
 
 _TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
 #: Words a paraphrase may swap (MetaQA's and generic relation vocabulary).
@@ -82,6 +83,81 @@ class AskSimConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
                 raise UserError(f"--{name.replace('_', '-')} must be in [0, 1], got {v!r}")
+
+
+# ------------------------------------------------------------------ the KARPA prompts, read back
+# The prompts are llm_bridge.karpa_loop's (PLAN_USER, REASON_USER); only this simulator reads them back,
+# so the readers live here, beside it, not in the library.
+_QUESTION = re.compile(r"^Question: (.*)$", re.MULTILINE)
+_TOPIC = re.compile(r"^Topic entity: (.*)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class PlanPrompt:
+    """A planner prompt read back: question, topic, candidate relations, previous plans (None in round 1)."""
+
+    question: str
+    topic: str
+    relations: tuple[str, ...]
+    previous: tuple[tuple[str, ...], ...] | None
+
+
+@dataclass(frozen=True)
+class ReasonPrompt:
+    """A reasoner prompt read back: question, topic, candidate paths (relation names)."""
+
+    question: str
+    topic: str
+    paths: tuple[tuple[str, ...], ...]
+
+
+def _block(text: str, start: str, stop: str) -> list[str]:
+    i = text.find(start)
+    if i < 0:
+        return []
+    body = text[i + len(start):]
+    j = body.find(stop)
+    return [l for l in (body if j < 0 else body[:j]).splitlines() if l.strip()]
+
+
+def parse_plan_prompt(messages: Sequence[dict[str, Any]]) -> PlanPrompt | None:
+    """The fields of a :func:`~llm_bridge.karpa_loop.plan_messages` prompt, or None for any other prompt."""
+    text = user_text(messages)
+    if not text.startswith("Task: plan relation paths."):
+        return None
+    q, t = _QUESTION.search(text), _TOPIC.search(text)
+    if q is None or t is None:
+        return None
+    rels = tuple(l[2:].strip() for l in _block(text, "Candidate relations:\n", "\nReply with") if l.startswith("- "))
+    previous = None
+    if "Your previous plans:\n" in text:
+        prev = []
+        for l in _block(text, "Your previous plans:\n", "\nRevise them"):
+            try:
+                p = json.loads(l[2:])
+            except ValueError:
+                continue
+            if isinstance(p, list):
+                prev.append(tuple(str(x) for x in p))
+        previous = tuple(prev)
+        rels = tuple(r for r in rels if not r.startswith("["))
+    return PlanPrompt(q.group(1), t.group(1), rels, previous)
+
+
+def parse_reason_prompt(messages: Sequence[dict[str, Any]]) -> ReasonPrompt | None:
+    """The fields of a :func:`~llm_bridge.karpa_loop.reason_messages` prompt, or None for any other prompt."""
+    text = user_text(messages)
+    if not text.startswith("Task: choose reasoning paths."):
+        return None
+    q, t = _QUESTION.search(text), _TOPIC.search(text)
+    if q is None or t is None:
+        return None
+    paths = []
+    for l in _block(text, "Candidate paths:\n", "\nKnowledge ("):
+        m = re.match(r"(\d+)\. (.*)$", l)
+        if m:
+            paths.append(tuple(x.strip() for x in m.group(2).split(" -> ")))
+    return ReasonPrompt(q.group(1), t.group(1), tuple(paths))
 
 
 def _fold(q: str) -> str:
@@ -152,7 +228,7 @@ class AskSimulatedLLM(SimulatedLLM):
         return super().respond(messages, n=n, temperature=temperature, seed=seed)
 
     def _draw(self, question: str, what: str) -> float:
-        return _uniform(self.config.seed, "ask", _fold(question), what)
+        return seeded_uniform(self.config.seed, "ask", _fold(question), what)
 
     def _plan(self, pp) -> str:
         gold = self.gold.get(_fold(pp.question))
@@ -168,7 +244,7 @@ class AskSimulatedLLM(SimulatedLLM):
             return json.dumps([["zzglorp_quuxify"] + list(gold[1:])])
         path = list(gold)
         if self._draw(pp.question, "plan") < a.plan_error:
-            rng = _rng(self.config.seed, "ask-wrong", _fold(pp.question))
+            rng = seeded_rng(self.config.seed, "ask-wrong", _fold(pp.question))
             j = int(rng.integers(len(path)))
             others = [r for r in self.kb.relations if r != path[j]]
             if others:
@@ -179,7 +255,7 @@ class AskSimulatedLLM(SimulatedLLM):
             if round2 and a.exact_replan and r in pp.relations:
                 steps.append(r)
             else:
-                steps.append(paraphrase(r, _rng(self.config.seed, "para", _fold(pp.question), j, round2),
+                steps.append(paraphrase(r, seeded_rng(self.config.seed, "para", _fold(pp.question), j, round2),
                                         a.synonym_rate))
         return json.dumps([steps], ensure_ascii=False)
 
@@ -191,7 +267,7 @@ class AskSimulatedLLM(SimulatedLLM):
         if right is None:
             return json.dumps({"paths": [1], "answers": []})
         if len(rp.paths) > 1 and self._draw(rp.question, "reason") < self.ask.reason_error:
-            rng = _rng(self.config.seed, "ask-reason", _fold(rp.question))
+            rng = seeded_rng(self.config.seed, "ask-reason", _fold(rp.question))
             others = [i for i in range(1, len(rp.paths) + 1) if i != right]
             return json.dumps({"paths": [others[int(rng.integers(len(others)))]], "answers": []})
         return json.dumps({"paths": [right], "answers": []})
@@ -214,7 +290,7 @@ def start_ask_server(artifact: str | Path | KnowledgeBase, gold: Mapping[str, Se
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m llm_bridge.simulate_ask",
+    p = _Parser(prog="python -m experiments.simulate_ask",
                 description="Simulated KARPA planner/reasoner (OpenAI-compatible HTTP) that knows each "
                             "benchmark question's gold relation path.")
     p.add_argument("--artifact", required=True, metavar="DIR", help="artifact folder (its relations and full KG)")

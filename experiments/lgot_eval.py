@@ -3,10 +3,10 @@
 ::
 
     python -m kge.build --kg umls --out /tmp/umls-drop50 --drop-edges 0.5 --seed 0
-    python -m llm_bridge.experiment --artifact /tmp/umls-drop50 --structures 1p 2p 3p 2i 2u pin \\
+    python -m experiments.lgot_eval --artifact /tmp/umls-drop50 --structures 1p 2p 3p 2i 2u pin \\
         --per-structure 300 --out benchmarks/results/lgot/
     # a real OpenAI-compatible server instead of the simulator grid:
-    python -m llm_bridge.experiment --artifact /tmp/umls-drop50 --structures 1p 2p --per-structure 100 \\
+    python -m experiments.lgot_eval --artifact /tmp/umls-drop50 --structures 1p 2p --per-structure 100 \\
         --theta 0 0.3 --llm-base-url http://127.0.0.1:8080/v1 --llm-model SmolLM2 --out benchmarks/results/lgot/
 
 Protocol (BetaE's, :mod:`engine.eval`): queries are sampled from the artifact
@@ -23,7 +23,7 @@ Methods: **KG-only** (the executor, no hook; computed once), **LLM-only** and
 **LGOT** (:class:`llm_bridge.lgot.LGOTHook` in ``"llm-only"`` / ``"lgot"``
 mode).  Simulator mode (default) runs LLM-only and LGOT for every (recall,
 hallucination, theta, alpha) of the grid against the simulated LLM of
-:mod:`llm_bridge.simulate`, started in this process on 127.0.0.1 with a fixed
+:mod:`experiments.simulate`, started in this process on 127.0.0.1 with a fixed
 seed; its knowledge is the artifact's *full* KG.  Server mode
 (``--llm-base-url``) evaluates one OpenAI-compatible server instead, for each
 theta and alpha.
@@ -125,7 +125,7 @@ def _probability(text: str) -> float:
 def _parser() -> argparse.ArgumentParser:
     from llm_bridge.config import add_llm_arguments
 
-    p = _Parser(prog="python -m llm_bridge.experiment",
+    p = _Parser(prog="python -m experiments.lgot_eval",
                 description="KG-only vs LLM-only vs LGOT on an artifact with dropped edges, graded against the full "
                             "KG (BetaE protocol: filtered Hits@1/3/10 on hard answers).")
     p.add_argument("--artifact", required=True, type=Path, metavar="DIR",
@@ -472,7 +472,7 @@ def run_experiment(args: ExperimentArgs) -> dict[str, Any]:
                     _log(args, f"{desc}: {_fmt(res)}")
             first = dict(grid[0], method="lgot")
         else:
-            from llm_bridge.simulate import KnowledgeBase, SimulatorConfig, start_server
+            from experiments.simulate import KnowledgeBase, SimulatorConfig, start_server
 
             kb = KnowledgeBase.from_artifact(args.artifact)
             if args.llm.use_cache and args.llm.cache_path == _default_cache():
@@ -533,7 +533,7 @@ def replay(executor, artifact, queries, args: ExperimentArgs, first: dict, runs:
     Cold: that run of the grid, or (simulator with ``--sim-latency-ms``) the same configuration against a
     simulator answering with that latency, into fresh cache entries.  Warm: the same run again.
     """
-    from llm_bridge.simulate import SimulatorConfig, start_server
+    from experiments.simulate import SimulatorConfig, start_server
 
     config = first.get("config", args.llm)
     point = {k: first[k] for k in ("theta", "alpha")}
@@ -846,7 +846,7 @@ def jsonable(x: Any, *, drop: frozenset[str] = frozenset()) -> Any:
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python -m llm_bridge.experiment " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m experiments.lgot_eval " + " ".join(sys.argv[1:] if argv is None else argv)
     record = run_experiment(args)
     record["command"] = command
     record["args"] = {k: v for k, v in asdict(args).items() if k != "llm"}

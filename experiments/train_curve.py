@@ -1,6 +1,6 @@
 """CLI: PNG of an artifact's training curve (validation MRR and loss per epoch, from meta.json).
 
-    python -m kge.plots --artifact artifacts/FB15k-237 --out benchmarks/results/kge_curve_fb15k237.png
+    python -m experiments.train_curve --artifact artifacts/FB15k-237 --out benchmarks/results/kge_curve_fb15k237.png
 
 Needs the ``plots`` extra (matplotlib).  The artifact is verified as every tool
 verifies it (:func:`kge.artifact.read_meta`; ``--skip-artifact-checksums``), and
@@ -85,9 +85,9 @@ class PlotArgs:
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from .artifact import add_checksum_argument, read_meta
+    from kge.artifact import add_checksum_argument, read_meta
 
-    p = ArgumentParser(prog="python -m kge.plots", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m experiments.train_curve", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifact", required=True, type=Path, help="artifact folder")
     p.add_argument("--out", required=True, type=Path, help="PNG file to write (not inside the artifact)")
     add_checksum_argument(p)
