@@ -298,7 +298,7 @@ def test_stop_returns_without_waiting_for_a_poll(llm_artifact, kb):
     simulator (an experiment's configurations, most LLM tests) half a second of idle waiting."""
     import time
 
-    from llm_bridge.simulate import start_server
+    from experiments.simulate import start_server
 
     body = {"model": "m", "messages": _projection("likes", [kb.entities[3]])}
     took = []
