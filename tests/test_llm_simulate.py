@@ -302,13 +302,14 @@ def test_stop_returns_without_waiting_for_a_poll(llm_artifact, kb):
 
     body = {"model": "m", "messages": _projection("likes", [kb.entities[3]])}
     took = []
-    for _ in range(3):  # the fastest of three: a loaded machine may delay one
+    for _ in range(3):  # the median of three: a loaded machine may delay one
         srv = start_server(llm_artifact, SimulatorConfig(seed=0))
         assert _post(srv.base_url, body)[0] == 200
+        time.sleep(0.1)  # the serving loop is back waiting (a stop racing the reply's loop turn returns at once)
         t0 = time.perf_counter()
         srv.stop()
         took.append(time.perf_counter() - t0)
-    assert min(took) < 0.25, took
+    assert sorted(took)[1] < 0.25, took
 
 
 def test_http_ignore_n_and_api_key(llm_artifact, kb, monkeypatch):
