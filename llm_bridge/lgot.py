@@ -11,7 +11,7 @@ op); the executor still walks the query.  Three configurations of one path:
   LLM's scores alone (the LLM answer set as a fuzzy vector).
 
 At a projection node ``(p r q)``, for each of the B rows (all rows in one
-``complete_many`` call; identical prompts are sent once):
+``complete_many`` call; the client asks identical prompts once):
 
 1. inputs: the top ``min(inputs, 10)`` entities of the input node ``q``'s value
    (after its own merge: LGOT feeds the merged answers forward), value > 0 and
@@ -62,7 +62,7 @@ merge at a ``p`` node, for each row with a sub-question, its top ``K`` entities
 by merged value (value > 0, ties by id) are checked with the answer-check
 prompt (:func:`~llm_bridge.prompts.answer_check_messages`: the row's filled
 sub-question and the entity's name), all rows' checks in one ``complete_many``
-call (identical prompts once), with the client's n samples and temperature.
+call (the client asks identical prompts once), with the client's n samples and temperature.
 ``p_yes`` = yes votes / valid votes (:func:`~llm_bridge.parse.parse_yes_no`;
 undecided replies are not votes).  An entity the LLM rejects (``p_yes < 0.5``
 with at least one valid vote) has its value multiplied by ``check_penalty``
@@ -242,7 +242,7 @@ class HookStats:
     ``unusable_rows``: no sample of the reply could be read), LLM entities merged;
     ``nested``: projection rows asked with an empty input (a nested sub-question), ``skipped``:
     rows with an empty input and no sub-question to nest (nothing asked);
-    answer checks asked (``checks``, per row and entity; ``unique_checks``: distinct prompts sent),
+    answer checks asked (``checks``, per row and entity; ``unique_checks``: distinct prompts among them),
     ``failed_checks`` (entities whose check failed) and ``penalised`` (entities scaled)."""
 
     nodes: int = 0
@@ -383,7 +383,7 @@ class LGOTHook:
 
     def _ask(self, ctx: NodeContext) -> tuple[list[list[int]], list[str | None], list[Any],
                                               list[tuple[str, list[str]] | None], list[str | None], list[int]]:
-        """Build every row's prompt and send the distinct ones in one ``complete_many`` call.
+        """Build every row's prompt and send them in one ``complete_many`` call (identical ones asked once).
 
         Returns per row: the input entity ids, the filled sub-question (None: nothing
         asked), the LLM result, ``(template, names)`` the question was asked with, and for
@@ -426,14 +426,9 @@ class LGOTHook:
             asked.append((template, in_names))
             questions.append(fill_question(template, in_names))
             prompts.append(projection_messages(template, in_names, max_answers=s.max_answers))
-        distinct: dict[str, int] = {}
-        batch = []
-        for p in prompts:
-            if p is not None:
-                key = json.dumps(p, sort_keys=True, ensure_ascii=False)
-                if key not in distinct:
-                    distinct[key] = len(batch)
-                    batch.append(p)
+        # Every row's prompt goes to the client as it is: the client asks identical prompts once (the
+        # bridge's one de-duplication layer), so rows sharing a sub-question share one request.
+        batch = [p for p in prompts if p is not None]
         fmt = projection_response_format(getattr(getattr(self.client, "config", None), "json_output", "off"),
                                          max_answers=s.max_answers)
         if not batch:
@@ -442,10 +437,10 @@ class LGOTHook:
             results = self.client.complete_many_sync(batch)
         else:
             results = self.client.complete_many_sync(batch, response_format=fmt)
-        self.stats.prompts += sum(p is not None for p in prompts)
-        self.stats.unique_prompts += len(batch)
-        per_row = [None if p is None else results[distinct[json.dumps(p, sort_keys=True, ensure_ascii=False)]]
-                   for p in prompts]
+        self.stats.prompts += len(batch)
+        self.stats.unique_prompts += _distinct(batch)
+        answers = iter(results)
+        per_row = [None if p is None else next(answers) for p in prompts]
         return inputs, questions, per_row, asked, nested_from, below_ratio
 
     def _confidence(self, res: Any) -> tuple[list[Confidence], int, list[str]]:
@@ -572,7 +567,6 @@ class LGOTHook:
         vals, ids = torch.sort(value.values, dim=1, descending=True, stable=True)
         vals, ids = vals[:, :k].cpu().numpy(), ids[:, :k].cpu().numpy()
         todo: list[tuple[int, list[tuple[int, float]]]] = []
-        distinct: dict[str, int] = {}
         batch: list[Any] = []
         slots: dict[tuple[int, int], int] = {}  # (row, entity) -> index into batch
         for row in range(ctx.rows):
@@ -582,17 +576,13 @@ class LGOTHook:
                 continue
             todo.append((row, cand))
             for e, _ in cand:
-                msgs = answer_check_messages(q, names[e])
-                key = json.dumps(msgs, sort_keys=True, ensure_ascii=False)
-                if key not in distinct:
-                    distinct[key] = len(batch)
-                    batch.append(msgs)
-                slots[(row, e)] = distinct[key]
+                slots[(row, e)] = len(batch)
+                batch.append(answer_check_messages(q, names[e]))  # identical checks: asked once by the client
         if not batch:
             return None
         results = self.client.complete_many_sync(batch)
         self.stats.checks += len(slots)
-        self.stats.unique_checks += len(batch)
+        self.stats.unique_checks += _distinct(batch)
         edit = value.edit()
         touched = False
         for row, cand in todo:
@@ -720,3 +710,8 @@ class LGOTHook:
         if ctx.op == "n":
             return None, sets  # ops already computed 1 - child; a negated set acts at the intersection above
         return self._write(ctx, value, updates, set_rule="max"), sets
+
+
+def _distinct(prompts: Sequence[Any]) -> int:
+    """How many different prompts ``prompts`` holds: the requests a de-duplicating client makes (for the stats)."""
+    return len({json.dumps(p, sort_keys=True, ensure_ascii=False) for p in prompts})

@@ -32,6 +32,7 @@ NOT_CONVERTED = {
     "experiments.simulate_ask": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.synthetic_kg": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.train_curve": "issue 33 item 2: a tool in experiments/, not yet converted",
+    "experiments.metaqa_ask": "issue 31 (Ask, round two): the ask loop's MetaQA runner, with engine.ask",
 }
 
 

@@ -296,10 +296,20 @@ def test_failed_row_falls_back_to_kg_only_with_a_warning():
     assert hook.stats.failed_rows == 1
 
 
-def test_identical_prompts_are_sent_once():
-    res, client, _ = run(["(p r A)", "(p r A)"])
-    assert len(client.batches[0]) == 1
+def test_identical_prompts_are_sent_once(llm_artifact, tmp_path):
+    """Rows sharing a sub-question cost one request.  The hook used to collapse identical prompts itself, a
+    second layer over the client's; now it passes every row's prompt and the client asks them once."""
+    res, client, hook = run(["(p r A)", "(p r A)"])
+    assert len(client.batches[0]) == 2 and hook.stats.prompts == 2 and hook.stats.unique_prompts == 1
     assert scores(res[0]) == scores(res[1])
+    art = Artifact.load(llm_artifact)
+    queries = [parse("(p likes Entity_003)")] * 2
+    with simulator(llm_artifact) as srv, _client(srv.base_url, tmp_path, use_cache=False) as c:
+        hook = LGOTHook(client=c, artifact=art, settings=LGOTSettings(relation_questions="fallback"))
+        res = Executor(art, hooks=[hook]).answer(queries, k=20)
+        assert srv.stats["requests"] == 1 and c.stats.deduplicated == 1
+        assert (hook.stats.prompts, hook.stats.unique_prompts) == (2, 1)
+    assert scores(res[0]) == scores(res[1]) and res[0].answers
 
 
 def test_unlinked_answers_are_reported():
