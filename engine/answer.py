@@ -70,6 +70,10 @@ class AnswerSettings(Settings):
     row_store_gb: float | None = row_store_gb_setting()
     llm: object = None  # the LLM provider's settings with --llm (llm_bridge.cli.LLMSettings), else None (KG only)
     verify: bool = verify_setting()
+    # -- sharded runs: torchrun --nproc-per-node P -m engine.answer ... (engine.exec.sharded, docs/distributed.md)
+    dist_timeout: float | None = setting(None, low=0, low_open=True, high=1e7, metavar="S", shown_default="120",
+                                         help="under torchrun: seconds a rank waits for the others before it stops "
+                                              "with an error")
 
     def __post_init__(self) -> None:
         given = [name for name in _SOURCES if getattr(self, name) is not None]
@@ -144,8 +148,12 @@ def run(cfg: AnswerSettings, out=None, *, hooks: Sequence = ()) -> int:
 
         artifact = Artifact.load(artifact, verify=cfg.verify, load_embeddings=False, row_cache_gb=cfg.row_cache_gb,
                                  row_store_gb=cfg.row_store_gb)
+    from engine.exec.sharded_load import rank_zero_output, torchrun_group
+
+    group = torchrun_group(cfg.device, cfg.dist_timeout)  # None unless torchrun started several ranks
+    out = rank_zero_output(group, out)
     engine = Engine.load(artifact, verify=cfg.verify, negation=cfg.negation, tnorm=cfg.tnorm, neg_scale=cfg.neg_scale,
-                         device=cfg.device, hooks=hooks, frontier_k=cfg.frontier_k)
+                         device=cfg.device, hooks=hooks, frontier_k=cfg.frontier_k, process_group=group)
     art = engine.artifact
     if cfg.query is not None:
         structure = get_structure(cfg.query)

@@ -500,20 +500,24 @@ def _auto_matrices(config: BuildConfig, trained, kg) -> tuple[str, tuple[float, 
     ``--threshold``; estimated from sampled rows) fit ``--max-matrix-gb`` and, at :data:`EAGER_PEAK_FACTOR`
     times their size, MemAvailable, and their calibration, at the rate measured on this KG's rows
     (:func:`kge.autorule.measure_calibrate_gflops`), takes no longer than the rows ``--expected-queries``
-    lazy queries would compute plus ``--max-calibrate-minutes``; else lazy (which never needs the
-    threshold raised).  ``info["message"]`` is the one log line that says which and why, with the numbers.
+    lazy queries would compute plus ``--max-calibrate-minutes``; else eager at the threshold raised to fit when
+    no ``--threshold`` was given and the expected queries would compute at least half of the stack lazily
+    (:data:`kge.autorule.RAISE_SHARE`); else lazy (which never needs the threshold raised).  ``info["message"]`` is the one log line that says which and why, with the numbers.
     """
     floor = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD
     n, num_rel, rank = kg.num_entities, kg.num_relations, int(trained.entity.shape[1])
     est = estimate_nnz(trained.entity, trained.relation, kg.train, floor=floor, seed=config.seed,
                        device=trained.device)
     nnz = est.nnz_at(floor)
+    budget_nnz = config.max_matrix_gb * (1 << 30) / 8
+    raised = est.threshold_for(budget_nnz) if config.threshold is None and nnz > budget_nnz else None
     rate = measure_calibrate_gflops(trained.entity, trained.relation, kg.train, threshold=floor, delta=config.delta,
                                     device=trained.device, seed=config.seed)
     inputs = AutoInputs(num_entities=n, num_relations=num_rel, rank=rank, gflops=rate["gflops"], nnz=nnz,
                         rows_per_query=1.0 + min(float(n), nnz / (n * num_rel)), threshold=floor,
                         max_matrix_gb=config.max_matrix_gb, available_bytes=available_memory_bytes(),
-                        max_calibrate_minutes=config.max_calibrate_minutes, expected_queries=config.expected_queries)
+                        max_calibrate_minutes=config.max_calibrate_minutes, expected_queries=config.expected_queries,
+                        raised_threshold=raised, raised_nnz=None if raised is None else est.nnz_at(raised))
     mode, choice, line = decide(inputs)
     choice["rate_measurement"] = rate
     if mode == "eager":

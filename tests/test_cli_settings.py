@@ -70,6 +70,8 @@ CLIS = {
                      "parse_args"),
     "kge.materialize": (lambda: [_mod("kge.materialize").MaterializeConfig, _mod("kgreason.cli").QuietSettings], 0, {},
                         ["--artifact", "a", "--out", "o"], "parse_args"),
+    "kge.shard": (lambda: [_mod("kge.shard").ShardSettings, _mod("kgreason.cli").QuietSettings], 0, {},
+                  ["--artifact", "a", "--shards", "2", "--out", "o"], "parse_args"),
     "llm_bridge.local": (lambda: [_mod("llm_bridge.local").LocalSettings], 0, {}, [], None),
 }
 

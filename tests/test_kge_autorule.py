@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kge.autorule import EAGER_PEAK_FACTOR, NEAR_FACTOR, AutoInputs, decide, measure_calibrate_gflops
+from kge.autorule import EAGER_PEAK_FACTOR, NEAR_FACTOR, RAISE_SHARE, AutoInputs, decide, measure_calibrate_gflops
 
 GIB = 1 << 30
 
@@ -107,3 +107,41 @@ def test_measure_calibrate_gflops_times_the_real_op():
     assert got["seconds"] < 30
     # a tiny budget still times one call
     assert measure_calibrate_gflops(ent, rel, obs, threshold=2e-4, delta=1e-4, seconds=1e-9)["runs"] == 1
+
+
+#: FB15k-237 with the default --max-matrix-gb 1.25: QTO's 2e-4 keeps ~3.58 B entries (26.7 GiB), an eager build
+#: raises the threshold to ~0.00125 (~168 M entries, 1.25 GiB).
+FB_DEFAULT = dataclasses.replace(FB, max_matrix_gb=1.25, available_bytes=20 * GIB, raised_threshold=0.00125,
+                                 raised_nnz=1.25 * GIB / 8)
+
+
+def test_auto_raises_the_threshold_when_the_expected_queries_would_compute_most_rows():
+    """A BetaE evaluation's 14,000 queries would compute ~90% of FB15k-237's rows lazily: eager at the raised
+    threshold; a few queries: lazy at QTO's; each condition of the raise at both sides."""
+    mode, record, line = decide(FB_DEFAULT)
+    assert mode == "eager" and record["raised_threshold"] == 0.00125
+    assert line.startswith("--matrices auto: eager at threshold 0.00125, raised from 0.0002 to fit")
+    assert "--matrices lazy keeps threshold 0.0002" in line and "14,000 expected queries" in line
+    rows = FB.num_relations * FB.num_entities
+    share = int(np.ceil(RAISE_SHARE * rows / FB.rows_per_query))  # the fewest queries that pay for the raise
+    assert decide(dataclasses.replace(FB_DEFAULT, expected_queries=share))[0] == "eager"
+    mode, record, line = decide(dataclasses.replace(FB_DEFAULT, expected_queries=share - 1))
+    assert mode == "lazy" and record["raised_threshold"] is None and "raised" not in line
+    # no raise without a raised threshold to go to (--threshold given), or when even that does not fit
+    assert decide(dataclasses.replace(FB_DEFAULT, raised_threshold=None, raised_nnz=None))[0] == "lazy"
+    assert decide(dataclasses.replace(FB_DEFAULT, raised_nnz=1.25 * GIB / 8 + 1))[0] == "lazy"
+    peak = int(EAGER_PEAK_FACTOR * 1.25 * GIB)
+    assert decide(dataclasses.replace(FB_DEFAULT, available_bytes=peak))[0] == "eager"
+    assert decide(dataclasses.replace(FB_DEFAULT, available_bytes=peak - 1))[0] == "lazy"
+    # nor when the calibration takes longer than the queries and the bound: with just enough queries (half the
+    # rows), eager iff E <= E/2 + 30 min, i.e. E <= 60 min
+    def at_minutes(minutes: float) -> AutoInputs:
+        g = 2.0 * 2 * FB.rank * FB.num_entities * rows / (60.0 * minutes * 1e9)
+        return dataclasses.replace(FB_DEFAULT, expected_queries=share, gflops=g)
+
+    assert decide(at_minutes(59.9))[0] == "eager" and decide(at_minutes(60.1))[0] == "lazy"
+    assert decide(at_minutes(59.9))[1]["machine_dependent"]  # a raise decided by the rate says so too
+    # matrices that fit as they are need no raise
+    fits = dataclasses.replace(FB_DEFAULT, nnz=1e8)
+    mode, record, _ = decide(fits)
+    assert mode == "eager" and record["raised_threshold"] is None

@@ -246,11 +246,21 @@ def test_auto_picks_lazy_when_the_matrices_exceed_the_budget_or_the_memory(umls_
                                                                            monkeypatch):
     import kge.builder
 
-    # UMLS's eager matrices at 2e-4 hold ~1.7 M entries (13 MiB): over a 1 MiB budget
-    assert main(_reuse(umls_artifact, tmp_path, "--max-matrix-gb", str(2.0**-10))) == 0
+    # UMLS's eager matrices at 2e-4 hold ~1.7 M entries (13 MiB): over a 1 MiB budget; one expected query
+    # computes ~140 of its 12,420 rows lazily: not worth raising the threshold
+    assert main(_reuse(umls_artifact, tmp_path, "--max-matrix-gb", str(2.0**-10), "--expected-queries", "1")) == 0
     line = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("--matrices auto:"))
     assert line.startswith("--matrices auto: lazy (calibrating") and "> --max-matrix-gb 0.000976562, x2.5" in line
     assert Artifact.load(tmp_path / "o").is_lazy
+    # the default 14,000 expected queries would compute every row many times over: eager, the threshold raised to
+    # fit (as an eager build raises it), said in the line and recorded
+    assert main(_reuse(umls_artifact, tmp_path, "--max-matrix-gb", str(2.0**-10), "--overwrite")) == 0
+    line = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("--matrices auto:"))
+    assert line.startswith("--matrices auto: eager at threshold ") and "raised from 0.0002 to fit" in line, line
+    art = Artifact.load(tmp_path / "o")
+    assert not art.is_lazy and art.meta["calibration"]["threshold"] > 2e-4
+    assert art.meta["calibration"]["matrices_choice"]["raised_threshold"] is not None
+    assert art.matrices.nnz * 8 <= 2.0**-10 * (1 << 30)
     # within the budget, but 2.5 x 13 MiB is more than the (injected) 20 MiB available
     monkeypatch.setattr(kge.builder, "available_memory_bytes", lambda: 20 << 20)
     assert main(_reuse(umls_artifact, tmp_path, "--overwrite", "--no-memory-check")) == 0

@@ -31,7 +31,7 @@ from engine.exec.hooks import Hook, HookHandle
 from engine.lang.query import Node, describe, parse, resolve
 from engine.lang.structures import check_negation, get_structure
 
-__all__ = ["Engine", "QueryLike", "to_node"]
+__all__ = ["Engine", "QueryLike", "to_node", "open_artifact"]
 
 QueryLike = Any  # str | Node | tuple[str, Sequence[str | int], Sequence[str | int]]
 
@@ -63,6 +63,20 @@ def _as_list(queries: QueryLike | Sequence[QueryLike]) -> list[QueryLike]:
     return list(queries)
 
 
+def open_artifact(artifact: "str | os.PathLike | Artifact | None", *, verify: bool = True) -> Artifact:
+    """An artifact folder loaded (without embeddings), an :class:`Artifact` as it is, ``None``: the default KG."""
+    if artifact is None:
+        from engine.exec.defaults import default_artifact
+
+        return default_artifact(verify=verify, load_embeddings=False)
+    if isinstance(artifact, Artifact):
+        return artifact
+    from kge.sharding import check_not_shard_folder
+
+    check_not_shard_folder(artifact)  # its meta.json is not an artifact's: say what it is instead
+    return Artifact.load(artifact, verify=verify, load_embeddings=False)
+
+
 class Engine:
     """A loaded knowledge graph plus an :class:`~engine.exec.executor.Executor` over it."""
 
@@ -74,21 +88,22 @@ class Engine:
 
     @classmethod
     def load(cls, artifact: "str | os.PathLike | Artifact | None" = None, *, negation: str = "qto",
-             verify: bool = True, **executor_kwargs: Any) -> "Engine":
+             verify: bool = True, process_group: Any = None, **executor_kwargs: Any) -> "Engine":
         """Open an artifact folder (or use an :class:`Artifact`; ``None`` = the default UMLS KG).
 
         ``executor_kwargs`` go to :class:`~engine.exec.executor.Executor` (``tnorm``,
         ``neg_scale``, ``device``, ``backend``, ``hooks``); ``negation`` is how BetaE
         structures given as tuples treat ``'n'`` (``"qto"`` or ``"complement"``).
+        ``process_group`` (a ``torch.distributed`` group): this rank's part of a sharded run
+        (:func:`engine.exec.sharded_load.load_sharded`; the artifact may be a shard folder from ``kge.shard``).
         """
-        if artifact is None:
-            from engine.exec.defaults import default_artifact
+        if process_group is not None:
+            from engine.exec.sharded_load import load_sharded
 
-            art = default_artifact(verify=verify, load_embeddings=False)
-        elif isinstance(artifact, Artifact):
-            art = artifact
-        else:
-            art = Artifact.load(artifact, verify=verify, load_embeddings=False)
+            art, executor = load_sharded(artifact, process_group, verify=verify, open_artifact=open_artifact,
+                                         **executor_kwargs)
+            return cls(art, executor, negation=negation)
+        art = open_artifact(artifact, verify=verify)
         return cls(art, Executor(art, **executor_kwargs), negation=negation)
 
     def queries(self, queries: QueryLike | Sequence[QueryLike]) -> list[Node]:

@@ -1,0 +1,321 @@
+"""An eager artifact split into P column shards, one per rank of a sharded run (docs/distributed.md).
+
+The library; ``python -m kge.shard`` is its command line.
+
+::
+
+    python -m kge.shard --artifact artifacts/FB15k-237 --shards 2 --out artifacts/FB15k-237.shards2
+    torchrun --nproc-per-node 2 -m engine.answer --artifact artifacts/FB15k-237.shards2 --query 2p
+
+The N entities are cut into P contiguous blocks of about equal entries (:func:`block_bounds`: block k
+is ``[bounds[k], bounds[k+1])``, the bounds where the running count of entries per tail column
+crosses ``k/P`` of the total; P need not divide N, and a block may hold no entries or no entities).
+Equal entries, not equal widths: a KG's popular entities often have the small ids (FB15k-237's
+first half of the ids holds 73% of the entries), and a rank's memory is its entries.  Shard k holds,
+for every relation, only the entries ``M_r[i, j]`` whose tail ``j`` lies in block k, as a
+*hypersparse* CSR (:class:`ColumnShard`): the sorted keys ``r*N + i`` of the rows that have
+an entry there, one pointer per such row, local columns ``j - lo`` and values.  No array of a
+shard grows as relations x entities: a row without entries in the block costs nothing.
+
+The folder: ``meta.json`` (what was built from what, the block bounds, the build id, and every
+file's sha256 under ``files``), the vocabulary (``entities.tsv``, ``relations.tsv``, copied from
+the artifact: every rank names its answers) and ``shard-K-of-P.npz`` per rank.  A rank reads
+``meta.json``, the vocabulary and its own shard file only (:func:`load_shard`); a folder whose
+shard count is not the world size, that lacks a shard, whose shard file changed or comes from
+another build is one :class:`~kgreason.errors.UserError` line.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kgreason.errors import UserError
+
+__all__ = ["ColumnShard", "block_bounds", "column_counts", "shard_matrices", "write_shards", "load_shard", "read_shard_meta",
+           "read_shard_vocab", "shard_file_name", "is_shard_folder", "check_not_shard_folder", "SHARD_FORMAT"]
+
+#: The layout version of a shard folder (``meta.json``'s ``shard_format``).
+SHARD_FORMAT = 1
+_KIND = "kgreason-shards"
+
+
+def block_bounds(n: int, shards: int, column_counts: np.ndarray | None = None) -> list[int]:
+    """The P+1 bounds of the contiguous entity blocks: block k is ``[bounds[k], bounds[k+1])``.
+
+    With ``column_counts`` (entries per tail entity, (N,)), each block holds about 1/P of the
+    entries: ``bounds[k]`` is one past the first column where the running count reaches
+    ``k/P`` of the total.  Without them (or with no entries), blocks of ``N/P`` entities.
+    """
+    if shards < 1:
+        raise UserError(f"shards must be >= 1, got {shards}")
+    total = 0 if column_counts is None else int(column_counts.sum())
+    if total == 0:
+        return [(k * n) // shards for k in range(shards + 1)]
+    cum = np.cumsum(column_counts, dtype=np.int64)
+    bounds = [0] + [int(np.searchsorted(cum, -(-k * total // shards), side="left")) + 1
+                    for k in range(1, shards)] + [n]
+    if n >= shards:  # every block at least one entity: k <= bounds[k] <= n - (P - k)
+        for k in range(1, shards):
+            bounds[k] = min(max(bounds[k], bounds[k - 1] + 1), n - (shards - k))
+    return bounds
+
+
+def column_counts(matrices: Any, n: int) -> np.ndarray:
+    """Entries per tail entity of a stacked CSR (what :func:`block_bounds` balances)."""
+    return np.bincount(matrices.indices, minlength=n).astype(np.int64)
+
+
+def shard_file_name(rank: int, shards: int) -> str:
+    return f"shard-{rank:05d}-of-{shards:05d}.npz"
+
+
+@dataclass(frozen=True, eq=False)
+class ColumnShard:
+    """Rank ``rank``'s part of the R relation matrices: every entry ``M_r[i, j]`` with ``lo <= j < hi``.
+
+    ``keys`` int64 (rows,), sorted, unique: ``r*N + i`` of each row with an entry in the block;
+    ``ptr`` int64 (rows+1,): row ``keys[t]``'s entries are ``ptr[t]:ptr[t+1]``; ``col`` int32
+    local columns ``j - lo``, ascending within a row; ``val`` float32 in [0, 1].  Memory:
+    ``16 * rows + 8 * entries`` bytes, nothing per (relation, entity) pair without entries.
+    """
+
+    num_entities: int
+    num_relations: int
+    rank: int
+    shards: int
+    lo: int
+    hi: int
+    #: every rank's block bounds (P+1 entity ids): who owns which entity
+    bounds: tuple[int, ...]
+    keys: np.ndarray
+    ptr: np.ndarray
+    col: np.ndarray
+    val: np.ndarray
+    build_id: str = ""
+
+    @property
+    def width(self) -> int:
+        """N_k: the entities of this block."""
+        return self.hi - self.lo
+
+    @property
+    def nnz(self) -> int:
+        return int(self.val.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.ptr.nbytes + self.col.nbytes + self.val.nbytes)
+
+    def weight(self, r: int, i: int, j: int) -> float:
+        """``M_r[i, j]`` for a tail ``j`` of this block (0.0 where there is no entry), as a Python float."""
+        if not self.lo <= j < self.hi:
+            raise ValueError(f"entity {j} is not in shard {self.rank}'s block [{self.lo}, {self.hi})")
+        key = int(r) * self.num_entities + int(i)
+        t = int(self.keys.searchsorted(key))
+        if t >= self.keys.size or int(self.keys[t]) != key:
+            return 0.0
+        lo, hi = int(self.ptr[t]), int(self.ptr[t + 1])
+        cols = self.col[lo:hi]
+        pos = int(cols.searchsorted(j - self.lo))
+        return float(self.val[lo + pos]) if pos < cols.size and int(cols[pos]) == j - self.lo else 0.0
+
+
+def shard_matrices(matrices: Any, num_entities: int, rank: int, shards: int, *, bounds: list[int] | None = None,
+                   build_id: str = "") -> ColumnShard:
+    """Shard ``rank`` of ``shards`` of an eager artifact's stacked CSR ``matrices`` ((R*N, N) scipy CSR).
+
+    ``bounds``: the blocks (default: :func:`block_bounds` balanced by the matrices' entries).
+    One relation at a time, so the transient memory is one relation's block, not the stack's.
+    """
+    n = int(num_entities)
+    if not 0 <= rank < shards:
+        raise UserError(f"rank {rank} is not in [0, {shards})")
+    r_count = int(matrices.shape[0]) // max(1, n)
+    if bounds is None:
+        bounds = block_bounds(n, shards, column_counts(matrices, n))
+    lo, hi = bounds[rank], bounds[rank + 1]
+    indptr, indices, data = matrices.indptr, matrices.indices, matrices.data
+    keys, counts, cols, vals = [], [], [], []
+    for r in range(r_count):
+        a, b = int(indptr[r * n]), int(indptr[(r + 1) * n])
+        c = indices[a:b]
+        keep = (c >= lo) & (c < hi)
+        if not keep.any():
+            continue
+        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr[r * n:(r + 1) * n + 1]).astype(np.int64))
+        rows = rows[keep]
+        cnt = np.bincount(rows, minlength=n)
+        has = np.flatnonzero(cnt)
+        keys.append(has + r * n)
+        counts.append(cnt[has])
+        cols.append((c[keep] - lo).astype(np.int32))
+        vals.append(data[a:b][keep].astype(np.float32, copy=False))
+    k = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+    cnt_all = np.concatenate(counts) if counts else np.zeros(0, np.int64)
+    ptr = np.zeros(k.size + 1, dtype=np.int64)
+    np.cumsum(cnt_all, out=ptr[1:])
+    return ColumnShard(n, r_count, rank, shards, lo, hi, tuple(bounds), k.astype(np.int64), ptr,
+                       np.concatenate(cols) if cols else np.zeros(0, np.int32),
+                       np.concatenate(vals) if vals else np.zeros(0, np.float32), build_id)
+
+
+# ------------------------------------------------------------------------------------ on disk
+def is_shard_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder written by :func:`write_shards` (its meta.json says so)."""
+    try:
+        meta = json.loads((Path(path) / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("kind") == _KIND
+
+
+def check_not_shard_folder(path: str | os.PathLike) -> None:
+    """A :class:`UserError` when ``path`` is a shard folder opened as a whole artifact (by one process)."""
+    if not is_shard_folder(path):
+        return
+    try:
+        meta = json.loads((Path(path) / "meta.json").read_text(encoding="utf-8"))
+        p, src = int(meta.get("shards")), (meta.get("source") or {}).get("artifact") or "the artifact it was written from"
+    except (OSError, ValueError, TypeError):
+        p, src = 0, "the artifact it was written from"
+    raise UserError(f"{path} is a shard folder for {p or 'several'} ranks (python -m kge.shard), not an artifact: "
+                    f"run it with torchrun --nproc-per-node {p or 'P'} -m engine.answer ..., or give {src}")
+
+
+def _build_id(source_sha: str, n: int, r: int, shards: int) -> str:
+    """Deterministic: the same artifact sharded the same way gives the same id (and the same bytes)."""
+    return hashlib.sha256(f"{_KIND}/{SHARD_FORMAT}/{source_sha}/{n}/{r}/{shards}".encode()).hexdigest()[:32]
+
+
+def write_shards(artifact: Any, shards: int, out: str | os.PathLike, *, overwrite: bool = False,
+                 progress: bool = False) -> Path:
+    """Write ``artifact`` (an eager :class:`kge.artifact.Artifact` loaded from its folder) as ``shards`` shards in ``out``."""
+    from kge.artifact import _savez_reproducible, _write_vocab, sha256_file
+    from kgreason.files import OutputFolder, write_output
+
+    if artifact.is_lazy:
+        raise UserError(f"--artifact {artifact.path}: lazy artifacts are not sharded yet (only eager ones); "
+                        "materialize it first (kge.materialize)")
+    n, r = artifact.num_entities, artifact.num_relations
+    if shards > n:
+        raise UserError(f"--shards {shards}: more shards than the artifact's {n} entities")
+    source_sha = str(artifact.meta.get("files", {}).get("matrices.npz", "")) if artifact.meta else ""
+    if not source_sha and artifact.path is not None:
+        source_sha = sha256_file(Path(artifact.path) / "matrices.npz")
+    build_id = _build_id(source_sha, n, r, shards)
+    with OutputFolder(out, overwrite=overwrite, what="--out", create_parents=True,
+                      inputs=[("--artifact", artifact.path)] if artifact.path else ()) as tmp:
+        files: dict[str, str] = {}
+        for name, names in (("entities.tsv", artifact.entities), ("relations.tsv", artifact.relations)):
+            _write_vocab(tmp / name, names)
+            files[name] = sha256_file(tmp / name)
+        bounds = block_bounds(n, shards, column_counts(artifact.matrices, n))
+        for k in range(shards):
+            s = shard_matrices(artifact.matrices, n, k, shards, bounds=bounds, build_id=build_id)
+            name = shard_file_name(k, shards)
+            _savez_reproducible(tmp / name, keys=s.keys, ptr=s.ptr, col=s.col, val=s.val,
+                                block=np.array([s.lo, s.hi, n, r, k, shards], dtype=np.int64),
+                                build_id=np.frombuffer(build_id.encode(), dtype=np.uint8))
+            files[name] = sha256_file(tmp / name)
+            if progress:
+                print(f"shard {k + 1}/{shards}: entities [{s.lo}, {s.hi}), {s.nnz} entries, "
+                      f"{s.keys.size} rows, {s.nbytes / 2**20:.1f} MiB", flush=True)
+        meta = {"kind": _KIND, "shard_format": SHARD_FORMAT, "build_id": build_id, "shards": shards,
+                "num_entities": n, "num_relations": r, "bounds": bounds,
+                "source": {"artifact": str(artifact.path) if artifact.path else None, "matrices_sha256": source_sha},
+                "files": files}
+        write_output(tmp / "meta.json", json.dumps(meta, indent=2, sort_keys=True), what="meta.json")
+    return Path(out)
+
+
+def _fail(folder: Path, why: str) -> UserError:
+    return UserError(f"shard folder {folder}: {why}")
+
+
+def read_shard_meta(folder: str | os.PathLike, world_size: int) -> dict[str, Any]:
+    """``meta.json`` of a shard folder, checked against the run: P shards for P ranks, every shard file present.
+
+    These checks read only ``meta.json`` and the folder's listing, so every rank finds the same problem.
+    """
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise _fail(folder, f"cannot read meta.json ({exc.strerror})") from None
+    except ValueError as exc:
+        raise _fail(folder, f"meta.json is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("kind") != _KIND:
+        raise _fail(folder, "meta.json does not describe a shard folder (write one with python -m kge.shard)")
+    if meta.get("shard_format") != SHARD_FORMAT:
+        raise _fail(folder, f"shard format {meta.get('shard_format')!r}, this version reads {SHARD_FORMAT}; "
+                            "write it again with python -m kge.shard")
+    p = meta.get("shards")
+    if p != world_size:
+        src = (meta.get("source") or {}).get("artifact") or "ARTIFACT"
+        raise _fail(folder, f"holds {p} shards but the run has {world_size} ranks; start {p} ranks "
+                            f"(torchrun --nproc-per-node {p}) or write {world_size} shards: "
+                            f"python -m kge.shard --artifact {src} --shards {world_size} --out NEW_FOLDER")
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        raise _fail(folder, "meta.json lists no files")
+    missing = [shard_file_name(k, world_size) for k in range(world_size)
+               if not (folder / shard_file_name(k, world_size)).is_file()
+               or shard_file_name(k, world_size) not in files]
+    missing += [v for v in ("entities.tsv", "relations.tsv") if not (folder / v).is_file()]
+    if missing:
+        raise _fail(folder, f"incomplete: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
+                            f"missing ({len(missing)} of {world_size} shards + 2 vocabulary files)")
+    return meta
+
+
+def load_shard(folder: str | os.PathLike, rank: int, world_size: int, *, verify: bool = True) -> ColumnShard:
+    """Rank ``rank``'s shard of ``folder`` (only that file's entries are read), checked against the folder's build.
+
+    With ``verify`` the shard file's sha256 must match ``meta.json``; its embedded build id and block
+    must match the folder's whatever ``verify`` says (a shard copied in from another build).
+    """
+    from kge.artifact import sha256_file
+
+    folder = Path(folder)
+    meta = read_shard_meta(folder, world_size)
+    name = shard_file_name(rank, world_size)
+    path = folder / name
+    if verify and sha256_file(path) != meta["files"][name]:
+        raise _fail(folder, f"{name} changed since it was written (sha256 differs from meta.json); "
+                            "write the shards again with python -m kge.shard")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in ("keys", "ptr", "col", "val", "block", "build_id")}
+    except (OSError, ValueError, KeyError) as exc:
+        raise _fail(folder, f"{name} is not a readable shard file ({exc})") from None
+    bid = arrays["build_id"].tobytes().decode("ascii", "replace")
+    if bid != meta.get("build_id"):
+        raise _fail(folder, f"{name} comes from another build (build id {bid[:12]}, meta.json says "
+                            f"{str(meta.get('build_id'))[:12]}): the folder mixes two shard sets")
+    lo, hi, n, r, k, p = (int(v) for v in arrays["block"])
+    bounds = meta.get("bounds")
+    if not (isinstance(bounds, list) and len(bounds) == world_size + 1 and all(type(b) is int for b in bounds)
+            and bounds[0] == 0 and bounds[-1] == n and all(a <= b for a, b in zip(bounds, bounds[1:]))):
+        raise _fail(folder, f"meta.json: bounds must be {world_size + 1} ascending entity ids from 0 to {n}")
+    if (k, p, n, r) != (rank, world_size, meta.get("num_entities"), meta.get("num_relations")) \
+            or [lo, hi] != bounds[rank:rank + 2]:
+        raise _fail(folder, f"{name} holds block {k} of {p} ([{lo}, {hi}) of {n} entities), "
+                            f"not block {rank} of {world_size} as meta.json says")
+    keys, ptr, col, val = arrays["keys"], arrays["ptr"], arrays["col"], arrays["val"]
+    if (keys.dtype, ptr.dtype, col.dtype, val.dtype) != (np.int64, np.int64, np.int32, np.float32) \
+            or ptr.size != keys.size + 1 or col.size != val.size or int(ptr[-1]) != val.size:
+        raise _fail(folder, f"{name}: arrays of the wrong types or sizes; write the shards again")
+    return ColumnShard(n, r, rank, world_size, lo, hi, tuple(bounds), keys, ptr, col, val, bid)
+
+
+def read_shard_vocab(folder: str | os.PathLike) -> tuple[list[str], list[str]]:
+    from kge.artifact import read_vocab
+
+    folder = Path(folder)
+    return read_vocab(folder / "entities.tsv"), read_vocab(folder / "relations.tsv")
