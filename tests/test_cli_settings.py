@@ -30,7 +30,6 @@ NOT_CONVERTED = {
     "experiments.linkeval": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.simulate": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.simulate_ask": "issue 33 item 2: a tool in experiments/, not yet converted",
-    "experiments.synthetic_kg": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.metaqa_ask": "issue 31 (Ask, round two): the ask loop's MetaQA runner, with engine.ask",
 }
 
@@ -71,6 +70,9 @@ CLIS = {
                         ["--artifact", "a", "--out", "o"], "parse_args"),
     "kge.shard": (lambda: [_mod("kge.shard").ShardSettings, _mod("kgreason.cli").QuietSettings], 0, {},
                   ["--artifact", "a", "--shards", "2", "--out", "o"], "parse_args"),
+    "experiments.synthetic_kg": (lambda: [_mod("experiments.synthetic_kg").SyntheticSettings], 0, {},
+                                 ["--entities", "20", "--relations", "2", "--edges", "60", "--out", "o.tsv"],
+                                 "parse_args"),
     "experiments.train_curve": (lambda: [_mod("experiments.train_curve").TrainCurveSettings], 0, {},
                                 ["--artifact", "a", "--out", "o.png"], "parse_args"),
     "llm_bridge.local": (lambda: [_mod("llm_bridge.local").LocalSettings], 0, {}, [], None),
