@@ -27,7 +27,6 @@ NOT_CONVERTED = {
     "engine.ask": "issue 31 (Ask, round two): its settings are that issue's",
     "experiments.lgot_eval": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.metaqa_lgot": "issue 33 item 2: a tool in experiments/, not yet converted",
-    "experiments.simulate": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.simulate_ask": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.metaqa_ask": "issue 31 (Ask, round two): the ask loop's MetaQA runner, with engine.ask",
 }
@@ -71,6 +70,9 @@ CLIS = {
                   ["--artifact", "a", "--shards", "2", "--out", "o"], "parse_args"),
     "experiments.linkeval": (lambda: [_mod("experiments.linkeval").LinkEvalSettings], 0, {},
                              ["--kb", "kb.txt", "--out", "r.md"], "parse_args"),
+    "experiments.simulate": (lambda: [_mod("experiments.simulate").SimulateSettings,
+                                      _mod("experiments.simulate").SimulatorConfig], 0, {},
+                             ["--artifact", "a"], "parse_args"),
     "experiments.synthetic_kg": (lambda: [_mod("experiments.synthetic_kg").SyntheticSettings], 0, {},
                                  ["--entities", "20", "--relations", "2", "--edges", "60", "--out", "o.tsv"],
                                  "parse_args"),
