@@ -27,7 +27,6 @@ NOT_CONVERTED = {
     "engine.ask": "issue 31 (Ask, round two): its settings are that issue's",
     "experiments.lgot_eval": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.metaqa_lgot": "issue 33 item 2: a tool in experiments/, not yet converted",
-    "experiments.simulate_ask": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.metaqa_ask": "issue 31 (Ask, round two): the ask loop's MetaQA runner, with engine.ask",
 }
 
@@ -73,6 +72,9 @@ CLIS = {
     "experiments.simulate": (lambda: [_mod("experiments.simulate").SimulateSettings,
                                       _mod("experiments.simulate").SimulatorConfig], 0, {},
                              ["--artifact", "a"], "parse_args"),
+    "experiments.simulate_ask": (lambda: [_mod("experiments.simulate_ask").SimulateAskSettings,
+                                          _mod("experiments.simulate_ask").AskSimConfig], 0, {},
+                                 ["--artifact", "a", "--questions", "q"], "parse_args"),
     "experiments.synthetic_kg": (lambda: [_mod("experiments.synthetic_kg").SyntheticSettings], 0, {},
                                  ["--entities", "20", "--relations", "2", "--edges", "60", "--out", "o.tsv"],
                                  "parse_args"),
