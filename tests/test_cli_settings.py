@@ -25,7 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The CLIs not yet built from their settings (shrink this list as they are converted).
 NOT_CONVERTED = {
     "engine.ask": "issue 31 (Ask, round two): its settings are that issue's",
-    "experiments.lgot_eval": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.metaqa_lgot": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.metaqa_ask": "issue 31 (Ask, round two): the ask loop's MetaQA runner, with engine.ask",
 }
@@ -67,6 +66,9 @@ CLIS = {
                         ["--artifact", "a", "--out", "o"], "parse_args"),
     "kge.shard": (lambda: [_mod("kge.shard").ShardSettings, _mod("kgreason.cli").QuietSettings], 0, {},
                   ["--artifact", "a", "--shards", "2", "--out", "o"], "parse_args"),
+    "experiments.lgot_eval": (lambda: [_mod("experiments.lgot_eval").LGOTEvalSettings, _mod("llm_bridge.config").LLMConfig],
+                              1, {"--llm-api-key-env": "names the variable holding the key (a key is never a flag)"},
+                              ["--artifact", "a", "--out", "o"], "parse_args"),
     "experiments.linkeval": (lambda: [_mod("experiments.linkeval").LinkEvalSettings], 0, {},
                              ["--kb", "kb.txt", "--out", "r.md"], "parse_args"),
     "experiments.simulate": (lambda: [_mod("experiments.simulate").SimulateSettings,
