@@ -123,7 +123,7 @@ setup(
         # Everything the test suite exercises (the llm and plots extras included).
         # ruff is bounded to one minor version (ruff's minor releases change rules), mypy to one major one:
         # tests/test_lint.py runs both with the configuration in pyproject.toml.
-        "test": ["pytest>=7", "pytest-benchmark>=4", "hypothesis>=6.100",
+        "test": ["pytest>=7", "pytest-benchmark>=4", "hypothesis>=6.100", "pytest-xdist>=3.5",
                  "openai>=3.57", "pydantic>=2", "rapidfuzz>=3.0", "matplotlib>=3.7",
                  "ruff>=0.17,<0.18", "mypy>=2.4,<3"],
         # Optional benchmark baselines. torch-sparse has no wheel for this torch on

@@ -520,6 +520,11 @@ class SimulatorServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host}:{port}/v1"
 
+    def serve_forever(self, poll_interval: float = 0.05) -> None:
+        """Serve until :meth:`stop`; it returns within ``poll_interval`` (socketserver's 0.5 s default cost
+        every stop half a second of idle waiting: one per configuration of an experiment, per test)."""
+        super().serve_forever(poll_interval)
+
     def stop(self) -> None:
         """Stop serving (hanging requests are released) and close the socket."""
         self.stopping.set()

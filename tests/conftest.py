@@ -9,6 +9,13 @@ import os
 # libgomp reads it when torch loads, hence before the import (and subprocesses inherit it); a value
 # the user set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Under pytest-xdist (-n N) the workers share the cores: each gets cores / N threads (at least one) unless the
+# user set OMP_NUM_THREADS, so two workers on two cores do not each run torch's two threads against the other's.
+# Tests that need a thread count set it themselves (torch.set_num_threads).  xdist sets the variable before a
+# worker loads this file.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit():
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -125,20 +132,23 @@ def pytest_runtest_makereport(item, call):
 # then per-file totals and the whole session's (collection included).  docs/testing.md has the command.
 CPU_ENV = "KGREASON_TEST_CPU"
 _cpu_rows: dict[str, tuple[float, float]] = {}
-_cpu_start: list[tuple[float, float]] = []
+_cpu_start: list[tuple[float, float, float]] = []
+# Under pytest-xdist (-n N) each worker measures its own tests and its session's CPU and hands them to the
+# controller (workeroutput), which writes the one report: the session's CPU is then the workers' plus its own.
+_worker_cpu: list[float] = []
 
 
-def _cpu_now() -> float:
+def _cpu_now(children: bool = True) -> float:
     import os
 
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return t.user + t.system + ((t.children_user + t.children_system) if children else 0.0)
 
 
 def pytest_sessionstart(session):
     import time
 
-    _cpu_start.append((_cpu_now(), time.perf_counter()))
+    _cpu_start.append((_cpu_now(), time.perf_counter(), _cpu_now(children=False)))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -155,6 +165,14 @@ def pytest_runtest_protocol(item, nextitem):
         _cpu_rows[item.nodeid] = (_cpu_now() - c0, time.perf_counter() - w0)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # pytest-xdist, on the controller: a worker finished
+    out = getattr(node, "workeroutput", None) or {}
+    if "kgreason_cpu_rows" in out:
+        _cpu_rows.update({k: (c, w) for k, (c, w) in out["kgreason_cpu_rows"].items()})
+        _worker_cpu.append(out["kgreason_cpu_session"])
+
+
 def pytest_sessionfinish(session):
     import os
     import time
@@ -162,7 +180,12 @@ def pytest_sessionfinish(session):
     path = os.environ.get(CPU_ENV)
     if not path or not _cpu_start:
         return
-    cpu0, wall0 = _cpu_start[0]
+    cpu0, wall0, own0 = _cpu_start[0]
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller writes the report
+        workeroutput["kgreason_cpu_rows"] = {k: list(v) for k, v in _cpu_rows.items()}
+        workeroutput["kgreason_cpu_session"] = _cpu_now() - cpu0
+        return
     files: dict[str, list[float]] = {}
     for nodeid, (cpu, wall) in _cpu_rows.items():
         acc = files.setdefault(nodeid.split("::")[0], [0.0, 0.0, 0])
@@ -173,8 +196,12 @@ def pytest_sessionfinish(session):
     lines += [f"{c:.3f}\t{w:.3f}\t{n}" for n, (c, w) in sorted(_cpu_rows.items(), key=lambda kv: -kv[1][0])]
     lines += ["", "cpu_s\twall_s\ttests\tfile"]
     lines += [f"{c:.2f}\t{w:.2f}\t{k}\t{f}" for f, (c, w, k) in sorted(files.items(), key=lambda kv: -kv[1][0])]
+    workers = f"; {len(_worker_cpu)} xdist workers" if _worker_cpu else ""
+    # the controller's own CPU plus its workers' (they may have been reaped already: not their children times)
+    session_cpu = _cpu_now(children=False) - own0 + sum(_worker_cpu) if _worker_cpu else _cpu_now() - cpu0
     lines += ["", f"# {len(_cpu_rows)} tests: {sum(c for c, _ in _cpu_rows.values()):.1f} s of CPU in tests; session "
-                  f"(collection included) {_cpu_now() - cpu0:.1f} s of CPU, {time.perf_counter() - wall0:.1f} s wall"]
+                  f"(collection included{workers}) {session_cpu:.1f} s of CPU, "
+                  f"{time.perf_counter() - wall0:.1f} s wall"]
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 

@@ -293,6 +293,25 @@ def test_http_failure_injection_is_deterministic(llm_artifact, kb):
         assert info.value.code == 429 and info.value.headers["Retry-After"] == "0"
 
 
+def test_stop_returns_without_waiting_for_a_poll(llm_artifact, kb):
+    """stop() right after a reply returns in well under socketserver's 0.5 s poll, which cost every in-process
+    simulator (an experiment's configurations, most LLM tests) half a second of idle waiting."""
+    import time
+
+    from experiments.simulate import start_server
+
+    body = {"model": "m", "messages": _projection("likes", [kb.entities[3]])}
+    took = []
+    for _ in range(3):  # the median of three: a loaded machine may delay one
+        srv = start_server(llm_artifact, SimulatorConfig(seed=0))
+        assert _post(srv.base_url, body)[0] == 200
+        time.sleep(0.1)  # the serving loop is back waiting (a stop racing the reply's loop turn returns at once)
+        t0 = time.perf_counter()
+        srv.stop()
+        took.append(time.perf_counter() - t0)
+    assert sorted(took)[1] < 0.25, took
+
+
 def test_http_ignore_n_and_api_key(llm_artifact, kb, monkeypatch):
     body = {"model": "m", "messages": _projection("likes", [kb.entities[3]]), "n": 5}
     with simulator(llm_artifact, ignore_n=True) as srv:

@@ -310,21 +310,46 @@ def test_out_spares_the_page_faults():
     assert reused < pages // 10, f"out= call page-faulted {reused} times (Y is {pages} pages; fresh: {fresh})"
 
 
+# One interpreter imports torch and ops once, then forks a child per KGREASON_OUTPUT_CACHE_MB value ("-": unset):
+# the extension reads the variable at its first output, so each child sets it before any call.  A fresh
+# interpreter per value cost ~2 s of CPU each (torch's import).  Each child prints its page faults.
 _FAULTS_SCRIPT = r"""
-import resource, sys, torch, ops
-torch.manual_seed(0)
-n, b = 8192, 1024
-m = torch.eye(64).to_sparse_csr()
-crow = torch.cat([m.crow_indices().long(), torch.full((n - 64,), 64)])
-prep = ops.prepare(torch.sparse_csr_tensor(crow, m.col_indices().long(), m.values(), size=(n, n),
-                                          check_invariants=True))
-x = torch.zeros(b, n)
-x[torch.arange(b), torch.randint(0, 64, (b,))] = 1.0
-y = ops.project(x, prep, strategy="push", validate=False)
-del y
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-y = ops.project(x, prep, strategy="push", validate=False)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+import os, resource, sys, torch, ops
+
+
+def faults():
+    torch.manual_seed(0)
+    n, b = 8192, 1024
+    m = torch.eye(64).to_sparse_csr()
+    crow = torch.cat([m.crow_indices().long(), torch.full((n - 64,), 64)])
+    prep = ops.prepare(torch.sparse_csr_tensor(crow, m.col_indices().long(), m.values(), size=(n, n),
+                                              check_invariants=True))
+    x = torch.zeros(b, n)
+    x[torch.arange(b), torch.randint(0, 64, (b,))] = 1.0
+    y = ops.project(x, prep, strategy="push", validate=False)
+    del y
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    y = ops.project(x, prep, strategy="push", validate=False)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+for value in sys.argv[1:]:
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            if value == "-":
+                os.environ.pop("KGREASON_OUTPUT_CACHE_MB", None)
+            else:
+                os.environ["KGREASON_OUTPUT_CACHE_MB"] = value
+            print(value, faults(), flush=True)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        sys.exit(f"the child for KGREASON_OUTPUT_CACHE_MB={value} failed (status {status})")
 """
 
 
@@ -375,25 +400,21 @@ def test_large_outputs_from_the_cache_equal_and_usable(op):
 @needs_cpp
 def test_fresh_large_output_spares_the_page_faults_and_cache_can_be_turned_off():
     """After the first call, a fresh 33.5 MB output reuses a cached block (no page faults instead of
-    ~8,200); KGREASON_OUTPUT_CACHE_MB=0 restores the default allocator (a fresh process each: the
-    setting is read once)."""
+    ~8,200); KGREASON_OUTPUT_CACHE_MB=0 restores the default allocator (a process each, forked before the first
+    output: the setting is read once)."""
     import os
     import subprocess
     import sys
 
     pages = 1024 * 8192 * 4 // resource.getpagesize()
 
-    def faults(env_value):
-        env = dict(os.environ)
-        env.pop("KGREASON_OUTPUT_CACHE_MB", None)
-        if env_value is not None:
-            env["KGREASON_OUTPUT_CACHE_MB"] = env_value
-        out = subprocess.run([sys.executable, "-c", _FAULTS_SCRIPT], env=env, capture_output=True, text=True,
-                             timeout=120)
-        assert out.returncode == 0, out.stderr
-        return int(out.stdout.strip().splitlines()[-1])
-
-    cached, off, tiny = faults(None), faults("0"), faults("16")
+    env = dict(os.environ)
+    env.pop("KGREASON_OUTPUT_CACHE_MB", None)
+    out = subprocess.run([sys.executable, "-c", _FAULTS_SCRIPT, "-", "0", "16"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = dict(line.split() for line in out.stdout.strip().splitlines())
+    cached, off, tiny = int(got["-"]), int(got["0"]), int(got["16"])
     assert cached < pages // 10, f"fresh output faulted {cached} times with the cache (Y is {pages} pages)"
     assert off > pages // 2, f"KGREASON_OUTPUT_CACHE_MB=0: {off} faults; expected about {pages}"
     assert tiny > pages // 2, f"a 16 MB cap cannot keep a 33.5 MB block, yet only {tiny} faults"
