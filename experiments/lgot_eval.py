@@ -40,11 +40,8 @@ artifact folder's name).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
-import itertools
-import math
 import os
 import platform
 import re
@@ -57,13 +54,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kgreason.cli import ArgumentParser as _Parser, check_device, check_seed  # _Parser: one-line UserError
+from kgreason.cli import (SEED_MAX, ArgumentParser, Settings, add_settings_arguments, check_device, same_setting, setting,
+                          settings_from_args, verify_setting)
 from kgreason.errors import UserError, cli_main, unknown_name
 from kgreason.files import check_not_input, check_output_file, write_output
 from kgreason.text import json_line
-from llm_bridge.config import LGOTSettings, from_flags
+from llm_bridge.config import LGOTConfig, LGOTSettings
 
-__all__ = ["ExperimentArgs", "check_name", "parse_args", "main", "run_experiment", "evaluate_method", "chance_hits",
+from .simulate import SimulatorConfig
+
+__all__ = ["LGOTEvalSettings", "LGOTEvalConfig", "ExperimentArgs", "check_name", "parse_args", "main", "run_experiment", "evaluate_method", "chance_hits",
            "sim_model_name", "output_paths", "DEFAULT_STRUCTURES"]
 
 DEFAULT_STRUCTURES = ("1p", "2p", "3p", "2i", "2u", "pin")
@@ -79,8 +79,9 @@ METHODS = ("kg-only", "llm-only", "lgot")
 
 
 @dataclass(frozen=True)
-class ExperimentArgs:
-    """Everything the experiment was asked to do (see ``--help``)."""
+class LGOTEvalConfig:
+    """Everything the experiment was asked to do, resolved (:func:`parse_args` of :class:`LGOTEvalSettings`:
+    the simulator grid's defaults filled in, the LLM client's configuration built)."""
 
     artifact: Path
     out: Path
@@ -112,66 +113,71 @@ class ExperimentArgs:
         return "server" if self.server else "sim"
 
 
-def _probability(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not (math.isfinite(v) and 0.0 <= v <= 1.0):
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return v
+#: The former name of :class:`LGOTEvalConfig` (settings classes are named by docs/cli.md's rule).
+ExperimentArgs = LGOTEvalConfig
 
 
-def _parser() -> argparse.ArgumentParser:
+@dataclass(frozen=True, kw_only=True)
+class LGOTEvalSettings(Settings):
+    """What ``python -m experiments.lgot_eval``'s flags (besides the client's ``--llm-*``) parse into; each
+    field's flag is declared with it, the simulator's and the bridge's reused from :class:`SimulatorConfig`
+    and :class:`~llm_bridge.config.LGOTConfig`.  ``--recall``/``--hallucination``/``--noise``/``--name`` are
+    None when not given (the simulator's flags cannot be combined with ``--llm-base-url``)."""
+
+    artifact: Path = setting(metavar="DIR",
+                             help="artifact folder built with --drop-edges (its missing.tsv holds the dropped edges)")
+    out: Path = setting(metavar="DIR",
+                        help="folder for NAME_sim.{md,json,png} / NAME_server_MODEL.{md,json,png} (created if missing)")
+    structures: tuple[str, ...] = setting(DEFAULT_STRUCTURES, metavar="S", help="query structures")
+    per_structure: int = setting(300, low=1, integer=True, metavar="N", help="queries per structure")
+    seed: int = setting(0, low=0, high=SEED_MAX, integer=True, help="query sampling and simulator seed, 0 to 2**32-1")
+    recall: tuple[float, ...] | None = same_setting(
+        SimulatorConfig, "recall", default=None, nargs="+", metavar="R",
+        shown_default=" ".join(f"{x:g}" for x in DEFAULT_RECALL), help="simulated LLM recall values")
+    hallucination: tuple[float, ...] | None = same_setting(
+        SimulatorConfig, "hallucination", default=None, nargs="+", metavar="H",
+        shown_default=" ".join(f"{x:g}" for x in DEFAULT_HALLUCINATION),
+        help="simulated LLM hallucination rates in [0, 1)")
+    noise: float | None = same_setting(SimulatorConfig, "noise", default=None, metavar="S", shown_default="0.1",
+                                       help="simulated LLM per-answer recall noise")
+    theta: tuple[float, ...] = same_setting(LGOTConfig, "theta", default=DEFAULT_THETA, flag="--theta", nargs="+",
+                                            help="likelihood-ratio filter thresholds (e.g. 0 0.3 to compare)")
+    alpha: tuple[float, ...] = same_setting(LGOTConfig, "alpha", default=DEFAULT_ALPHA, flag="--alpha", nargs="+",
+                                            help="LGOT merge weights: T[e] = max(T[e], A*p(e))")
+    answer_check: int = same_setting(
+        LGOTConfig, "answer_check", flag="--answer-check",
+        help="LGOT's answer check: ask about the top K (<= 10) entities of every projection and scale the "
+             f"rejected ones by {LGOTConfig.check_penalty:g} (LGOTConfig.answer_check)")
+    batch_size: int = setting(64, low=1, integer=True, metavar="N",
+                              help="queries per executor batch, i.e. per round of LLM calls")
+    max_answers: int = setting(100, low=1, integer=True, metavar="N",
+                               help="sampler: skip queries with more answers (easy + hard) than this")
+    relation_questions: str = same_setting(
+        LGOTConfig, "relation_questions", flag="--relation-questions",
+        help="relation question templates: asked of the LLM once per relation before the runs (LGOT 3.1) or "
+             "built from the relation's name")
+    questions_dir: Path | None = setting(None, metavar="DIR",
+                                         help="where generated relation questions are kept (default: a temporary "
+                                              "folder with the simulator, the user cache with --llm-base-url)")
+    name: str | None = setting(None, shown_default="the artifact folder's name", help="output name prefix")
+    replay: bool = setting(True, flag="--no-replay", negate=True, help="skip the cached replay of the first LGOT run")
+    sim_latency_ms: float = same_setting(
+        SimulatorConfig, "latency_ms", flag="--sim-latency-ms", metavar="L",
+        help="simulator only: the replay's cold run gets L ms of latency per request (like a real server; the "
+             "grid runs have none), to show what the cache saves")
+    device: str = setting("cpu", check=check_device, help="torch device of the executor")
+    quiet: bool = setting(False, help="no progress bars or log lines")
+    overwrite: bool = setting(False, help="replace existing output files")
+    verify: bool = verify_setting()
+
+
+def _parser() -> ArgumentParser:
     from llm_bridge.config import add_llm_arguments
 
-    p = _Parser(prog="python -m experiments.lgot_eval",
-                description="KG-only vs LLM-only vs LGOT on an artifact with dropped edges, graded against the full "
-                            "KG (BetaE protocol: filtered Hits@1/3/10 on hard answers).")
-    p.add_argument("--artifact", required=True, type=Path, metavar="DIR",
-                   help="artifact folder built with --drop-edges (its missing.tsv holds the dropped edges)")
-    p.add_argument("--out", required=True, type=Path, metavar="DIR",
-                   help="folder for NAME_sim.{md,json,png} / NAME_server_MODEL.{md,json,png} (created if missing)")
-    p.add_argument("--structures", nargs="+", metavar="S", default=list(DEFAULT_STRUCTURES),
-                   help=f"query structures (default {' '.join(DEFAULT_STRUCTURES)})")
-    p.add_argument("--per-structure", type=int, default=300, metavar="N", help="queries per structure (default 300)")
-    p.add_argument("--seed", type=int, default=0, help="query sampling and simulator seed (default 0)")
-    p.add_argument("--recall", nargs="+", type=_probability, default=None, metavar="R",
-                   help="simulated LLM recall values (default 0.2 0.5 0.9)")
-    p.add_argument("--hallucination", nargs="+", type=_probability, default=None, metavar="H",
-                   help="simulated LLM hallucination rates in [0, 1) (default 0 0.2 0.5)")
-    p.add_argument("--noise", type=float, default=None, metavar="S",
-                   help="simulated LLM per-answer recall noise (default 0.1)")
-    p.add_argument("--theta", nargs="+", type=float, default=list(DEFAULT_THETA), metavar="T",
-                   help=f"likelihood-ratio filter thresholds (default {LGOTSettings.theta:g}; e.g. 0 0.3 to compare)")
-    p.add_argument("--alpha", nargs="+", type=float, default=list(DEFAULT_ALPHA), metavar="A",
-                   help=f"LGOT merge weights: T[e] = max(T[e], A*p(e)) (default {LGOTSettings.alpha:g})")
-    p.add_argument("--answer-check", type=int, default=LGOTSettings.answer_check, metavar="K",
-                   help="LGOT's answer check: ask about the top K (<= 10) entities of every projection and scale the "
-                        f"rejected ones by {LGOTSettings.check_penalty:g} (default {LGOTSettings.answer_check}: off; "
-                        "LGOTSettings.answer_check)")
-    p.add_argument("--batch-size", type=int, default=64, metavar="N",
-                   help="queries per executor batch, i.e. per round of LLM calls (default 64)")
-    p.add_argument("--max-answers", type=int, default=100, metavar="N",
-                   help="sampler: skip queries with more answers (easy + hard) than this (default 100)")
-    p.add_argument("--relation-questions", choices=("llm", "fallback"), default="llm",
-                   help="relation question templates: asked of the LLM once per relation before the runs "
-                        "(default, LGOT §3.1) or built from the relation's name")
-    p.add_argument("--questions-dir", type=Path, default=None, metavar="DIR",
-                   help="where generated relation questions are kept (default: a temporary folder with the "
-                        "simulator, the user cache with --llm-base-url)")
-    p.add_argument("--name", default=None,
-                   help="output name prefix (default: the artifact folder's name)")
-    p.add_argument("--no-replay", action="store_true", help="skip the cached replay of the first LGOT run")
-    p.add_argument("--sim-latency-ms", type=float, default=0.0, metavar="L",
-                   help="simulator only: the replay's cold run gets L ms of latency per request (like a real "
-                        "server; the grid runs have none), to show what the cache saves (default 0)")
-    p.add_argument("--device", default="cpu", help="torch device of the executor (default cpu)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
-    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
-    from kge.artifact import add_checksum_argument
-
-    add_checksum_argument(p)
+    p = ArgumentParser(prog="python -m experiments.lgot_eval",
+                       description="KG-only vs LLM-only vs LGOT on an artifact with dropped edges, graded against the "
+                                   "full KG (BetaE protocol: filtered Hits@1/3/10 on hard answers).")
+    add_settings_arguments(p, LGOTEvalSettings)
     add_llm_arguments(p)
     return p
 
@@ -190,68 +196,50 @@ def check_name(name: str, flag: str = "--name") -> str:
     return name
 
 
-def parse_args(argv: Sequence[str] | None = None) -> ExperimentArgs:
+def parse_args(argv: Sequence[str] | None = None) -> LGOTEvalConfig:
     from engine.lang.structures import STRUCTURES
     from llm_bridge.config import config_from_args
 
     ns = _parser().parse_args(argv)
-    for s in ns.structures:
+    st = settings_from_args(LGOTEvalSettings, ns)
+    for s in st.structures:
         if s not in STRUCTURES:
             raise unknown_name("query structure", s, list(STRUCTURES), "--structures")
-    check_seed(ns.seed)
-    check_device(ns.device)
-    if ns.per_structure < 1:
-        raise UserError(f"--per-structure must be >= 1, got {ns.per_structure}")
-    for theta, alpha in itertools.product(ns.theta, ns.alpha):  # LGOTSettings' own checks, naming the flags
-        from_flags(LGOTSettings, dict(theta=theta, alpha=alpha, answer_check=ns.answer_check), LGOT_FLAGS)
-    if ns.batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {ns.batch_size}")
-    if ns.max_answers < 1:
-        raise UserError(f"--max-answers must be >= 1, got {ns.max_answers}")
     server = ns.llm_base_url is not None
     if server:
-        given = [f for f, v in (("--recall", ns.recall), ("--hallucination", ns.hallucination), ("--noise", ns.noise))
+        given = [f for f, v in (("--recall", st.recall), ("--hallucination", st.hallucination), ("--noise", st.noise))
                  if v is not None]
         if given:
             raise UserError(f"{given[0]} sets the simulator; it cannot be combined with --llm-base-url")
-    recall = tuple(dict.fromkeys(ns.recall or DEFAULT_RECALL))
-    hallucination = tuple(dict.fromkeys(ns.hallucination or DEFAULT_HALLUCINATION))
-    for h in hallucination:
-        if h >= 1.0:
-            raise UserError(f"--hallucination must be in [0, 1), got {h:g}")
-    noise = 0.1 if ns.noise is None else ns.noise
-    if not (math.isfinite(noise) and noise >= 0):
-        raise UserError(f"--noise must be >= 0, got {noise:g}")
-    if not (math.isfinite(ns.sim_latency_ms) and ns.sim_latency_ms >= 0):
-        raise UserError(f"--sim-latency-ms must be >= 0, got {ns.sim_latency_ms:g}")
-    if server and ns.sim_latency_ms:
-        raise UserError("--sim-latency-ms sets the simulator; it cannot be combined with --llm-base-url")
+        if st.sim_latency_ms:
+            raise UserError("--sim-latency-ms sets the simulator; it cannot be combined with --llm-base-url")
     config = config_from_args(ns)
     if not server:
         # The simulator's address and model name are set per configuration (see sim_model_name).
         config = config.replace(base_url="http://127.0.0.1:1/v1", api_key=None)
-    name = check_name(ns.name if ns.name is not None else Path(os.path.abspath(ns.artifact)).name)
-    args = ExperimentArgs(
-        artifact=ns.artifact, out=ns.out, structures=tuple(dict.fromkeys(ns.structures)),
-        per_structure=ns.per_structure, seed=ns.seed, recall=recall, hallucination=hallucination, noise=noise,
-        theta=tuple(dict.fromkeys(ns.theta)), alpha=tuple(dict.fromkeys(ns.alpha)), answer_check=ns.answer_check,
-        batch_size=ns.batch_size,
-        max_answers=ns.max_answers, relation_questions=ns.relation_questions, name=name,
-        replay=not ns.no_replay, sim_latency_ms=ns.sim_latency_ms, device=ns.device, quiet=ns.quiet, overwrite=ns.overwrite, llm=config,
-        server=server, questions_dir=ns.questions_dir, verify=not ns.skip_artifact_checksums,
+    name = check_name(st.name if st.name is not None else Path(os.path.abspath(st.artifact)).name)
+    args = LGOTEvalConfig(
+        artifact=st.artifact, out=st.out, structures=tuple(dict.fromkeys(st.structures)),
+        per_structure=st.per_structure, seed=st.seed, recall=tuple(dict.fromkeys(st.recall or DEFAULT_RECALL)),
+        hallucination=tuple(dict.fromkeys(st.hallucination or DEFAULT_HALLUCINATION)),
+        noise=0.1 if st.noise is None else st.noise,
+        theta=tuple(dict.fromkeys(st.theta)), alpha=tuple(dict.fromkeys(st.alpha)), answer_check=st.answer_check,
+        batch_size=st.batch_size, max_answers=st.max_answers, relation_questions=st.relation_questions, name=name,
+        replay=st.replay, sim_latency_ms=st.sim_latency_ms, device=st.device, quiet=st.quiet,
+        overwrite=st.overwrite, llm=config, server=server, questions_dir=st.questions_dir, verify=st.verify,
     )
     check_outputs(args)
     return args
 
 
 # ------------------------------------------------------------------------------------ outputs
-def output_paths(args: ExperimentArgs) -> dict[str, Path]:
+def output_paths(args: LGOTEvalConfig) -> dict[str, Path]:
     """``{"md", "json", "png"}`` -> the output files of ``args`` (names never collide between modes/models)."""
     stem = f"{args.name}_sim" if not args.server else f"{args.name}_server_{_slug(args.llm.model)}"
     return {ext: args.out / f"{stem}.{ext}" for ext in ("md", "json", "png")}
 
 
-def check_outputs(args: ExperimentArgs) -> None:
+def check_outputs(args: LGOTEvalConfig) -> None:
     """Before any work: ``--out`` is (or can become) a folder, and no output exists unless ``--overwrite``."""
     out = args.out
     # The results never go into the artifact (nor the questions cache, which the runs read and write).
@@ -274,7 +262,7 @@ def check_outputs(args: ExperimentArgs) -> None:
 
 
 # ------------------------------------------------------------------------------------- queries
-def sample(artifact, args: ExperimentArgs):
+def sample(artifact, args: LGOTEvalConfig):
     """The query set: ``per_structure`` queries of each structure, each with at least one hard answer."""
     from engine.eval.metrics import EvalQuery
     from engine.eval.sampling import sample_queries
@@ -387,7 +375,7 @@ def _linker(artifact):
     return _LINKER[0][1]
 
 
-def settle_questions(artifact, args: ExperimentArgs, config, queries, questions_dir) -> tuple[Any, dict]:
+def settle_questions(artifact, args: LGOTEvalConfig, config, queries, questions_dir) -> tuple[Any, dict]:
     """The relation-question templates every run shares, asked once here (``--relation-questions llm``)."""
     from llm_bridge.client import LLMClient
     from llm_bridge.relations import RelationQuestions
@@ -409,12 +397,12 @@ def settle_questions(artifact, args: ExperimentArgs, config, queries, questions_
     return questions, info
 
 
-def _log(args: ExperimentArgs, msg: str) -> None:
+def _log(args: LGOTEvalConfig, msg: str) -> None:
     if not args.quiet:
         print(msg, file=sys.stderr, flush=True)
 
 
-def run_experiment(args: ExperimentArgs) -> dict[str, Any]:
+def run_experiment(args: LGOTEvalConfig) -> dict[str, Any]:
     """Sample, evaluate KG-only once and every LLM configuration; returns the JSON record."""
     import torch
 
@@ -527,7 +515,7 @@ def _default_cache() -> Path:
     return default_cache_path().expanduser()
 
 
-def replay(executor, artifact, queries, args: ExperimentArgs, first: dict, runs: list, questions, *, kb) -> dict:
+def replay(executor, artifact, queries, args: LGOTEvalConfig, first: dict, runs: list, questions, *, kb) -> dict:
     """The first LGOT run again with the same cache: its cost and time with every answer cached.
 
     Cold: that run of the grid, or (simulator with ``--sim-latency-ms``) the same configuration against a

@@ -81,14 +81,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from kgreason.cli import ArgumentParser, check_seed
+from kgreason.cli import SEED_MAX, ArgumentParser, Settings, add_settings_arguments, setting, settings_from_args
 from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError, cli_main
 from kgreason.files import _check_parent, check_not_input, json_object, read_lines, write_output
 from llm_bridge.linking import DEFAULT_THRESHOLD, EntityLinker, RelationRanges, acronyms, loose_form, normalize
 
 __all__ = ["Example", "LinkingSet", "load_kb", "load_kb_names", "build_set", "evaluate", "sweep", "per_kind",
-           "choose_threshold", "range_coverage", "main"]
+           "choose_threshold", "range_coverage", "LinkEvalSettings", "parse_args", "main"]
 
 PERSON_RELATIONS = ("directed_by", "written_by", "starred_actors")
 CORPORATE = (" Inc.", " Corporation", " Ltd", " Co.", ", Inc.", " LLC")
@@ -605,7 +605,7 @@ def set_fingerprint(data: LinkingSet) -> str:
     return h.hexdigest()
 
 
-def _set_options(config: "Config") -> dict[str, Any]:
+def _set_options(config: "LinkEvalSettings") -> dict[str, Any]:
     return {"kb": str(config.kb), "seed": config.seed, "per_kind": config.per_kind, "held_out": config.held_out,
             "max_names": config.max_names}
 
@@ -614,7 +614,7 @@ def _outcome_rows(outcomes: Sequence[Outcome]) -> list[list[Any]]:
     return [[o.name, o.method, o.score] for o in outcomes]
 
 
-def save_results(path: Path, *, config: "Config", data: LinkingSet, result: dict[str, Any],
+def save_results(path: Path, *, config: "LinkEvalSettings", data: LinkingSet, result: dict[str, Any],
                  first: list[Outcome]) -> None:
     """Write the ``new`` linker's outcomes (``first``: the run at threshold 0 the sweep is read from;
     ``result["outcomes"]``: at its chosen threshold) and the set's fingerprint, for a later ``--baseline``."""
@@ -703,7 +703,7 @@ def _fmt(x: float) -> str:
     return f"{x:.3f}"
 
 
-def command_line(config: "Config") -> str:
+def command_line(config: "LinkEvalSettings") -> str:
     """The command of this run, as the report and the results file record it."""
     return (f"python -m experiments.linkeval --kb {config.kb} --seed {config.seed} --per-kind {config.per_kind}"
             + (f" --baseline {config.baseline}" if config.baseline else "")
@@ -712,7 +712,7 @@ def command_line(config: "Config") -> str:
             + (f" --max-names {config.max_names}" if config.max_names else "") + f" --out {config.out}")
 
 
-def write_report(path: Path, *, config: "Config", data: LinkingSet, results: dict[str, dict[str, Any]],
+def write_report(path: Path, *, config: "LinkEvalSettings", data: LinkingSet, results: dict[str, dict[str, Any]],
                  chosen: dict[str, float] | None, plot: Path | None,
                  coverage: Sequence[dict[str, Any]] = ()) -> None:
     ex = data.examples
@@ -846,41 +846,52 @@ def plot_replaceable(plot: Path, report: Path) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- CLI
-@dataclass(frozen=True)
-class Config:
-    """``python -m experiments.linkeval`` options (defaults as documented in ``--help``)."""
+def _check_encoder(value: str, flag: str) -> str:
+    """``value`` if it names a known sentence encoder (imported only when the flag is given)."""
+    from engine.paths.embeddings import ENCODERS
 
-    kb: str
-    out: str
-    seed: int = 0
-    per_kind: int = 400
-    held_out: float = 0.05
-    baseline: str | None = None
-    save_results: str | None = None
-    embedding: str | None = None
-    min_precision: float = 0.95
-    max_names: int | None = None
+    if value not in ENCODERS:
+        raise UserError(f"{flag}: unknown encoder {value!r}; known: {', '.join(ENCODERS)}")
+    return value
 
 
-def parse_args(argv: Sequence[str] | None) -> Config:
+@dataclass(frozen=True, kw_only=True)
+class LinkEvalSettings(Settings):
+    """What ``python -m experiments.linkeval`` was asked to do; each field's flag is declared with it."""
+
+    kb: str = setting(help="MetaQA kb.txt (head|relation|tail lines)")
+    out: str = setting(help="Markdown report; the PNG plot is written next to it")
+    seed: int = setting(0, low=0, high=SEED_MAX, integer=True, help="random seed of the set, 0 to 2**32-1")
+    per_kind: int = setting(400, low=1, high=100_000, integer=True, help="strings per kind of perturbation")
+    held_out: float = setting(0.05, low=0, high=1, low_open=True, high_open=True,
+                              help="share of names held out as negatives")
+    baseline: str | None = setting(None, metavar="RESULTS.json",
+                                   help="an earlier run's --save-results file, shown side by side (the same set options)")
+    save_results: str | None = setting(None, metavar="RESULTS.json",
+                                       help="also write the linker's outcomes, a later run's --baseline")
+    embedding: str | None = setting(None, check=_check_encoder,
+                                    help="also measure the embedding matcher with this encoder (minilm)")
+    min_precision: float = setting(0.95, low=0, high=1, low_open=True, help="precision the chosen threshold keeps")
+    max_names: int | None = setting(None, low=10, integer=True, shown_default="all",
+                                    help="use a seeded random sample of this many KB names, e.g. to afford --embedding")
+
+
+#: The former name (before the settings rule, docs/cli.md "Settings classes").
+Config = LinkEvalSettings
+
+
+def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m experiments.linkeval",
                        description="Build a labelled linking set from MetaQA's kb.txt and measure linking "
                                    "precision/recall over the fuzzy threshold.")
-    p.add_argument("--kb", required=True, help="MetaQA kb.txt (head|relation|tail lines)")
-    p.add_argument("--out", required=True, help="Markdown report; the PNG plot is written next to it")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the set (default 0)")
-    p.add_argument("--per-kind", type=int, default=400, help="strings per kind of perturbation (default 400)")
-    p.add_argument("--held-out", type=float, default=0.05, help="share of names held out as negatives (default 0.05)")
-    p.add_argument("--baseline", default=None, metavar="RESULTS.json",
-                   help="an earlier run's --save-results file, shown side by side (the same set options)")
-    p.add_argument("--save-results", default=None, metavar="RESULTS.json",
-                   help="also write the linker's outcomes, a later run's --baseline")
-    p.add_argument("--embedding", default=None, help="also measure the embedding matcher with this encoder (minilm)")
-    p.add_argument("--min-precision", type=float, default=0.95, help="precision the chosen threshold keeps (0.95)")
-    p.add_argument("--max-names", type=int, default=None,
-                   help="use a seeded random sample of this many KB names (default: all), e.g. to afford --embedding")
-    a = p.parse_args(argv)
-    check_seed(a.seed)
+    add_settings_arguments(p, LinkEvalSettings)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> LinkEvalSettings:
+    """The settings of ``argv`` (ranges checked with the fields), then the files: before any linking, the
+    report and its plot never replace --kb, and their folders can be made."""
+    a = settings_from_args(LinkEvalSettings, _parser().parse_args(argv))
     if a.baseline is not None and not Path(a.baseline).is_file():
         raise UserError(f"--baseline {a.baseline!r}: no such file (an earlier run's --save-results)")
     if Path(a.out).is_dir():
@@ -905,25 +916,10 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         if Path(a.save_results).is_dir():
             raise UserError(f"--save-results: {a.save_results!r} is a folder; give the JSON file to write")
         _check_parent(Path(a.save_results), "--save-results", create=True)
-    if a.embedding is not None:
-        from engine.paths.embeddings import ENCODERS
-
-        if a.embedding not in ENCODERS:
-            raise UserError(f"--embedding: unknown encoder {a.embedding!r}; known: {', '.join(ENCODERS)}")
-    if not 1 <= a.per_kind <= 100_000:
-        raise UserError(f"--per-kind must be in [1, 100000], got {a.per_kind}")
-    if not 0.0 < a.held_out < 1.0:
-        raise UserError(f"--held-out must be in (0, 1), got {a.held_out}")
-    if not 0.0 < a.min_precision <= 1.0:
-        raise UserError(f"--min-precision must be in (0, 1], got {a.min_precision}")
-    if a.max_names is not None and a.max_names < 10:
-        raise UserError(f"--max-names must be >= 10, got {a.max_names}")
-    return Config(kb=a.kb, out=a.out, seed=a.seed, per_kind=a.per_kind, held_out=a.held_out,
-                  baseline=a.baseline, save_results=a.save_results, embedding=a.embedding, min_precision=a.min_precision,
-                  max_names=a.max_names)
+    return a
 
 
-def run(config: Config) -> dict[str, Any]:
+def run(config: LinkEvalSettings) -> dict[str, Any]:
     """Build the set, measure the linkers, write the report and plot; returns the chosen row."""
     old = read_baseline(config.baseline) if config.baseline else None  # a bad baseline fails before any linking
     names, persons, years, triples = load_kb(config.kb)

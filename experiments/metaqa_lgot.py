@@ -38,6 +38,7 @@ Outputs in ``--out`` (replaced only with ``--overwrite``): ``NAME.md``,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -50,14 +51,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kgreason.cli import ArgumentParser as _Parser, check_seed  # one-line UserError parser
+from kgreason.cli import SEED_MAX, ArgumentParser, Settings, add_settings_arguments, same_setting, setting, settings_from_args
 from kgreason.errors import UserError, cli_main
 from kgreason.files import check_not_input, check_output_file, write_output
-from llm_bridge.config import MERGE_RULES, LGOTSettings, from_flags
+from llm_bridge.config import LGOTConfig
 
 from .lgot_eval import check_name, jsonable
+from .simulate import SimulatorConfig
 
-__all__ = ["MetaQAArgs", "parse_args", "run", "hits_at_k", "main", "PAPER"]
+__all__ = ["MetaQALGOTSettings", "MetaQAArgs", "parse_args", "run", "hits_at_k", "main", "PAPER"]
 
 HITS = (1, 3, 10)
 HOP_NAMES = {1: "1p", 2: "2p", 3: "3p"}
@@ -67,33 +69,8 @@ PAPER = {"QTO": {"1p": 61.4, "2p": 40.9, "3p": 44.9}, "ChatGPT": {"1p": 66.1, "2
 DEFAULT_QUALITY = ((0.3, 0.3), (0.5, 0.2), (0.7, 0.1), (0.9, 0.05))
 
 
-@dataclass(frozen=True, kw_only=True)
-class MetaQAArgs:
-    """What the experiment was asked to do (see ``--help``)."""
-
-    artifact: Path
-    metaqa: Path
-    out: Path
-    per_hop: int = 1000
-    hops: tuple[int, ...] = (1, 2, 3)
-    seed: int = 0
-    quality: tuple[tuple[float, float], ...] = DEFAULT_QUALITY
-    noise: float = 0.1
-    messy: bool = True
-    theta: float = LGOTSettings.theta  # the bridge's defaults (llm_bridge.config)
-    alpha: float = LGOTSettings.alpha
-    merge: str = LGOTSettings.merge
-    input_ratio: float = LGOTSettings.input_ratio
-    samples: int = 6
-    batch_size: int = 64
-    cache: Path = Path("artifacts/metaqa-lgot-cache.sqlite")
-    name: str = "metaqa"
-    quiet: bool = False
-    overwrite: bool = False
-    extra: dict = field(default_factory=dict)
-
-
 def _quality(text: str) -> tuple[float, float]:
+    """An argparse type: ``RECALL/HALLUCINATION`` (recall in [0, 1], hallucination in [0, 1), as the simulator's)."""
     parts = text.split("/")
     try:
         r, h = (float(p) for p in parts)
@@ -104,64 +81,63 @@ def _quality(text: str) -> tuple[float, float]:
     return r, h
 
 
-#: The flag of each LGOTSettings field this experiment sets: the settings check the values (llm_bridge.config).
+@dataclass(frozen=True, kw_only=True)
+class MetaQALGOTSettings(Settings):
+    """What ``python -m experiments.metaqa_lgot`` was asked to do; each field's flag is declared with it, the
+    simulator's ``--noise`` and the bridge's ``--theta``/``--alpha``/``--merge``/``--input-ratio`` reused from
+    :class:`SimulatorConfig` and :class:`~llm_bridge.config.LGOTConfig` (their defaults, ranges and checks)."""
+
+    artifact: Path = setting(help="artifact of MetaQA's KB (LGOT: --drop-edges 0.5)")
+    metaqa: Path = setting(help="MetaQA folder (kb.txt, {1,2,3}-hop/test.txt)")
+    out: Path = setting(help="output folder (NAME.md, NAME.json, NAME.png)")
+    per_hop: int = setting(1000, low=1, high=100_000, integer=True, help="test questions sampled per hop")
+    hops: tuple[int, ...] = setting((1, 2, 3), choices=(1, 2, 3), nargs="+", help="question hops to run")
+    seed: int = setting(0, low=0, high=SEED_MAX, integer=True, help="question sample and simulator seed")
+    quality: tuple[tuple[float, float], ...] = setting(
+        DEFAULT_QUALITY, type=_quality, metavar="R/H", shown_default=" ".join(f"{r:g}/{h:g}" for r, h in DEFAULT_QUALITY),
+        help="simulated LLM qualities, recall/hallucination")
+    noise: float = same_setting(SimulatorConfig, "noise", help="simulator --noise (consistency spread)")
+    messy: bool = setting(True, flag="--no-messy", negate=True, help="the simulator writes exact names (default: messy)")
+    theta: float = same_setting(LGOTConfig, "theta", flag="--theta", help="LGOT likelihood-ratio threshold")
+    alpha: float = same_setting(LGOTConfig, "alpha", flag="--alpha", help="LGOT merge weight")
+    merge: str = same_setting(LGOTConfig, "merge", flag="--merge", help="LGOT merge rule")
+    input_ratio: float = same_setting(LGOTConfig, "input_ratio", flag="--input-ratio", metavar=None,
+                                      help="LGOT: an entity feeds the next prompt only at >= this times the row's "
+                                           "best value (0 = the plain top 10)")
+    samples: int = setting(6, low=1, high=32, integer=True, help="LLM samples per prompt, n")
+    batch_size: int = setting(64, low=1, high=4096, integer=True, help="questions per executor batch")
+    cache: Path = setting(Path("artifacts/metaqa-lgot-cache.sqlite"),
+                          help="LLM response cache (SQLite); reruns replay from it")
+    name: str = setting("metaqa", check=check_name,
+                        help="output name prefix: a plain name, the files are OUT/NAME.{md,json,png}")
+    quiet: bool = setting(False, help="no progress bars or log lines")
+    overwrite: bool = setting(False, help="replace existing outputs")
+    extra: dict = field(default_factory=dict)  # no flag: what a caller adds to the record
+
+
+#: The former name (before the settings rule, docs/cli.md "Settings classes").
+MetaQAArgs = MetaQALGOTSettings
+
+#: The flag of each LGOTConfig field this experiment sets (declared with the fields: same_setting above).
 LGOT_FLAGS = {"theta": "--theta", "alpha": "--alpha", "merge": "--merge", "input_ratio": "--input-ratio"}
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m experiments.metaqa_lgot",
-                description="LGOT Table 1 on MetaQA: KG-only, LLM-only and LGOT (simulated LLM), Hits@1/3/10 per hop.")
-    p.add_argument("--artifact", required=True, type=Path, help="artifact of MetaQA's KB (LGOT: --drop-edges 0.5)")
-    p.add_argument("--metaqa", required=True, type=Path, help="MetaQA folder (kb.txt, {1,2,3}-hop/test.txt)")
-    p.add_argument("--out", required=True, type=Path, help="output folder (NAME.md, NAME.json, NAME.png)")
-    p.add_argument("--per-hop", type=int, default=1000, help="test questions sampled per hop (default 1000)")
-    p.add_argument("--hops", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3])
-    p.add_argument("--seed", type=int, default=0, help="question sample and simulator seed")
-    p.add_argument("--quality", type=_quality, nargs="+", default=list(DEFAULT_QUALITY), metavar="R/H",
-                   help="simulated LLM qualities, recall/hallucination (default 0.3/0.3 0.5/0.2 0.7/0.1 0.9/0.05)")
-    p.add_argument("--noise", type=float, default=0.1, help="simulator --noise (consistency spread), default 0.1")
-    p.add_argument("--no-messy", action="store_true", help="the simulator writes exact names (default: messy)")
-    p.add_argument("--theta", type=float, default=LGOTSettings.theta,
-                   help=f"LGOT likelihood-ratio threshold (default {LGOTSettings.theta:g})")
-    p.add_argument("--alpha", type=float, default=LGOTSettings.alpha,
-                   help=f"LGOT merge weight (default {LGOTSettings.alpha:g})")
-    p.add_argument("--merge", choices=MERGE_RULES, default=LGOTSettings.merge,
-                   help=f"LGOT merge rule (default {LGOTSettings.merge})")
-    p.add_argument("--input-ratio", type=float, default=LGOTSettings.input_ratio,
-                   help="LGOT: an entity feeds the next prompt only at >= this times the row's best value "
-                        f"(default {LGOTSettings.input_ratio:g}; 0 = the plain top 10)")
-    p.add_argument("--samples", type=int, default=6, help="LLM samples per prompt, n (default 6)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--cache", type=Path, default=Path("artifacts/metaqa-lgot-cache.sqlite"),
-                   help="LLM response cache (SQLite); reruns replay from it")
-    p.add_argument("--name", default="metaqa", help="output name prefix: a plain name, the files are "
-                   "OUT/NAME.{md,json,png} (default metaqa)")
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m experiments.metaqa_lgot",
+                       description="LGOT Table 1 on MetaQA: KG-only, LLM-only and LGOT (simulated LLM), Hits@1/3/10 "
+                                   "per hop.")
+    add_settings_arguments(p, MetaQALGOTSettings)
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> MetaQAArgs:
-    a = _parser().parse_args(argv)
-    check_seed(a.seed)
-    check_name(a.name)  # a folder part ("../x", "/abs/x") would write outside --out
-    from_flags(LGOTSettings, {k: getattr(a, k) for k in LGOT_FLAGS}, LGOT_FLAGS)  # its checks, naming the flags
-    if not 1 <= a.per_hop <= 100_000:
-        raise UserError(f"--per-hop must be in [1, 100000], got {a.per_hop}")
-    if not (math.isfinite(a.noise) and 0 <= a.noise <= 10):
-        raise UserError(f"--noise must be a finite number in [0, 10], got {a.noise}")
-    if not 1 <= a.samples <= 32:
-        raise UserError(f"--samples must be in [1, 32], got {a.samples}")
-    if not 1 <= a.batch_size <= 4096:
-        raise UserError(f"--batch-size must be in [1, 4096], got {a.batch_size}")
+def parse_args(argv: Sequence[str] | None = None) -> MetaQALGOTSettings:
+    """The settings of ``argv`` (each field's range and check), then the input folders."""
+    a = settings_from_args(MetaQALGOTSettings, _parser().parse_args(argv))
     if not (a.metaqa / "kb.txt").is_file():
         raise UserError(f"--metaqa {a.metaqa}: no kb.txt there (a MetaQA folder)")
     if not (a.artifact / "meta.json").is_file():
         raise UserError(f"--artifact {a.artifact}: not an artifact folder (no meta.json)")
-    return MetaQAArgs(artifact=a.artifact, metaqa=a.metaqa, out=a.out, per_hop=a.per_hop,
-                      hops=tuple(sorted(set(a.hops))), seed=a.seed, quality=tuple(a.quality), noise=a.noise,
-                      messy=not a.no_messy, theta=a.theta, alpha=a.alpha, merge=a.merge, input_ratio=a.input_ratio, samples=a.samples,
-                      batch_size=a.batch_size, cache=a.cache, name=a.name, quiet=a.quiet, overwrite=a.overwrite)
+    return dataclasses.replace(a, hops=tuple(sorted(set(a.hops))))
 
 
 # ------------------------------------------------------------------------------------------ grading

@@ -61,7 +61,6 @@ scrubs it).
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -76,63 +75,53 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kgreason.cli import ArgumentParser as _Parser, check_seed  # _Parser: one-line UserError, user text escaped
+from kgreason.cli import (SEED_MAX, ArgumentParser, Settings, add_settings_arguments, setting, settings_from_args,
+                          verify_setting)
 from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError, cli_main
 
 from llm_bridge import prompts
 from llm_bridge.nested import unnest
 
-__all__ = ["SimulatorConfig", "SimulatedLLM", "SimulatorServer", "KnowledgeBase", "start_server", "serve", "main"]
+__all__ = ["SimulatorConfig", "SimulateSettings", "SimulatedLLM", "SimulatorServer", "KnowledgeBase", "start_server", "serve", "main"]
 
 MODEL_NAME = "kgreason-simulator"
 _TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
 _WORDS = re.compile(r"\S+")
 
 
-#: Accepted range of each float setting: (low, high, high excluded).  ``noise`` scales standard
-#: normal draws inside exp(): 10 already makes every answer all-or-nothing across samples.
-FLOAT_RANGES = {
-    "recall": (0.0, 1.0, False),
-    "hallucination": (0.0, 1.0, True),
-    "noise": (0.0, 10.0, False),
-    "fail_rate": (0.0, 1.0, False),
-    "latency_ms": (0.0, 600_000.0, False),
-    "hang_s": (0.0, 3600.0, False),
-}
+@dataclass(frozen=True, kw_only=True)
+class SimulatorConfig(Settings):
+    """The simulated LLM's quality and the server's behaviour (see the module docstring); each field's flag
+    and range are declared with it (the simulators' CLIs parse straight into it).
+
+    Every float has a finite range (NaN and infinities are out of it): ``--noise inf`` made every draw NaN
+    and crashed each request handler, ``--latency-ms inf`` slept forever.  ``noise`` scales standard normal
+    draws inside exp(): 10 already makes every answer all-or-nothing across samples."""
+
+    recall: float = setting(0.7, low=0, high=1, help="per-sample probability of naming each true answer")
+    hallucination: float = setting(0.2, low=0, high=1, high_open=True, help="expected fraction of invented answers")
+    noise: float = setting(0.1, low=0, high=10, help="spread of the per-answer consistency across samples")
+    seed: int = setting(0, low=0, high=SEED_MAX, integer=True, help="random seed, 0 to 2**32-1")
+    latency_ms: float = setting(0.0, low=0, high=600_000, help="delay added to every completion")
+    fail_rate: float = setting(0.0, low=0, high=1, help="fraction of requests that fail")
+    fail_status: int = setting(500, low=400, high=599, integer=True, help="HTTP status of injected failures")
+    fail_mode: str = setting("status", choices=("status", "hang", "mixed"), help="how an injected failure fails")
+    hang_s: float = setting(60.0, low=0, high=3600, help="how long a 'hang' failure waits")
+    ignore_n: bool = setting(False, help="one choice per request whatever n asks (like llama.cpp)")
+    messy: bool = setting(False, help="wrap answers in fences/prose/other list styles")
+    api_key: str | None = field(default=None, repr=False)  # no flag: read from --api-key-env's variable
 
 
 @dataclass(frozen=True, kw_only=True)
-class SimulatorConfig:
-    """The simulated LLM's quality and the server's behaviour (see the module docstring)."""
+class SimulateSettings(Settings):
+    """``python -m experiments.simulate``'s flags besides the simulator's own (:class:`SimulatorConfig`)."""
 
-    recall: float = 0.7
-    hallucination: float = 0.2
-    noise: float = 0.1
-    seed: int = 0
-    latency_ms: float = 0.0
-    fail_rate: float = 0.0
-    fail_status: int = 500
-    fail_mode: str = "status"
-    hang_s: float = 60.0
-    ignore_n: bool = False
-    messy: bool = False
-    api_key: str | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        # Every float is checked against a finite range (NaN fails every comparison): --noise inf
-        # made every draw NaN and crashed each request handler; --latency-ms inf slept forever.
-        for name, (lo, hi, hi_open) in FLOAT_RANGES.items():
-            v = getattr(self, name)
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v \
-                and (v < hi if hi_open else v <= hi)
-            if not ok:
-                raise UserError(f"--{name.replace('_', '-')} must be a finite number in "
-                                f"[{lo:g}, {hi:g}{')' if hi_open else ']'}, got {v!r}")
-        if not 400 <= self.fail_status <= 599:
-            raise UserError(f"--fail-status must be an HTTP error status (400-599), got {self.fail_status}")
-        if self.fail_mode not in ("status", "hang", "mixed"):
-            raise UserError(f"--fail-mode must be status, hang or mixed, got {self.fail_mode!r}")
+    artifact: str = setting(metavar="DIR", help="artifact folder (observed + missing = its knowledge)")
+    host: str = setting("127.0.0.1", help="address to listen on")
+    port: int = setting(8099, low=0, high=65535, integer=True, help="0 picks a free port (printed)")
+    api_key_env: str | None = setting(None, metavar="VAR", help="require the API key held in this environment variable")
+    verify: bool = verify_setting()
 
 
 # ------------------------------------------------------------------------------ deterministic draws
@@ -717,67 +706,34 @@ def start_server(artifact: str | Path | KnowledgeBase, config: SimulatorConfig |
 
 
 # ------------------------------------------------------------------------------------------ CLI
-
-def _ranged(name: str):
-    """An argparse type: a finite float in ``FLOAT_RANGES[name]`` (a one-line error at parse time)."""
-    lo, hi, hi_open = FLOAT_RANGES[name]
-
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            v = math.nan
-        if not (math.isfinite(v) and lo <= v and (v < hi if hi_open else v <= hi)):
-            raise argparse.ArgumentTypeError(f"expected a finite number in [{lo:g}, {hi:g}{')' if hi_open else ']'}, "
-                                             f"got {text!r}")
-        return v
-
-    parse.__name__ = "number"
-    return parse
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m experiments.simulate",
-                description="Simulated OpenAI-compatible LLM answering from an artifact's full KG.")
-    p.add_argument("--artifact", required=True, metavar="DIR", help="artifact folder (observed + missing = its knowledge)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8099, help="0 picks a free port (printed)")
-    p.add_argument("--recall", type=_ranged("recall"), default=0.7, help="per-sample probability of naming each true answer")
-    p.add_argument("--hallucination", type=_ranged("hallucination"), default=0.2, help="expected fraction of invented answers")
-    p.add_argument("--noise", type=_ranged("noise"), default=0.1, help="spread of the per-answer consistency across samples")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--latency-ms", type=_ranged("latency_ms"), default=0.0, help="delay added to every completion")
-    p.add_argument("--fail-rate", type=_ranged("fail_rate"), default=0.0, help="fraction of requests that fail")
-    p.add_argument("--fail-status", type=int, default=500, help="HTTP status of injected failures")
-    p.add_argument("--fail-mode", choices=("status", "hang", "mixed"), default="status")
-    p.add_argument("--hang-s", type=_ranged("hang_s"), default=60.0, help="how long a 'hang' failure waits")
-    p.add_argument("--ignore-n", action="store_true", help="one choice per request whatever n asks (like llama.cpp)")
-    p.add_argument("--messy", action="store_true", help="wrap answers in fences/prose/other list styles")
-    p.add_argument("--api-key-env", metavar="VAR", help="require the API key held in this environment variable")
-    from kge.artifact import add_checksum_argument
-
-    add_checksum_argument(p)
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m experiments.simulate",
+                       description="Simulated OpenAI-compatible LLM answering from an artifact's full KG.")
+    add_settings_arguments(p, SimulateSettings, only=("artifact", "host", "port"))
+    add_settings_arguments(p, SimulatorConfig)
+    add_settings_arguments(p, SimulateSettings, skip=("artifact", "host", "port"))
     return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[SimulateSettings, SimulatorConfig]:
+    """The server's settings and the simulator's configuration of ``argv`` (``--api-key-env``'s key read
+    from the environment into the configuration, never echoed)."""
+    import os
+
+    ns = _parser().parse_args(argv)
+    settings = settings_from_args(SimulateSettings, ns)
+    key = None
+    if settings.api_key_env:  # a key pasted as the flag's value is not echoed
+        from llm_bridge.config import key_from_env
+
+        key = key_from_env(settings.api_key_env, os.environ, "--api-key-env")
+    return settings, settings_from_args(SimulatorConfig, ns, api_key=key)
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    import os
-
-    args = _parser().parse_args(argv)
-    key = None
-    if args.api_key_env:  # a key pasted as the flag's value is not echoed
-        from llm_bridge.config import key_from_env
-
-        key = key_from_env(args.api_key_env, os.environ, "--api-key-env")
-    check_seed(args.seed)
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port must be in [0, 65535], got {args.port}")
-    config = SimulatorConfig(recall=args.recall, hallucination=args.hallucination, noise=args.noise, seed=args.seed,
-                             latency_ms=args.latency_ms, fail_rate=args.fail_rate, fail_status=args.fail_status,
-                             fail_mode=args.fail_mode, hang_s=args.hang_s, ignore_n=args.ignore_n,
-                             messy=args.messy, api_key=key)
-    kb = KnowledgeBase.from_artifact(args.artifact, verify=not args.skip_artifact_checksums)
+    args, config = parse_args(argv)
+    kb = KnowledgeBase.from_artifact(args.artifact, verify=args.verify)
     return serve(SimulatedLLM(kb, config), args.host, args.port,
                  lambda url: f"simulated LLM on {url} ({len(kb.entities)} entities, {kb.num_triples} triples; "
                              f"recall {config.recall}, hallucination {config.hallucination}, noise {config.noise}, "

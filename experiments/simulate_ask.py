@@ -34,7 +34,6 @@ replies are deterministic and identical whatever the batching.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -44,14 +43,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from kgreason.cli import ArgumentParser as _Parser, check_seed
+from kgreason.cli import ArgumentParser, Settings, add_settings_arguments, same_setting, setting, settings_from_args
 from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError, cli_main
 
-from .simulate import (Choice, KnowledgeBase, SimulatedLLM, SimulatorConfig, SimulatorServer, seeded_rng, seeded_uniform,
-                       serve, user_text)
+from .simulate import (Choice, KnowledgeBase, SimulatedLLM, SimulateSettings, SimulatorConfig, SimulatorServer, seeded_rng,
+                       seeded_uniform, serve, user_text)
 
-__all__ = ["AskSimConfig", "AskSimulatedLLM", "load_gold", "paraphrase", "start_ask_server", "main",
+__all__ = ["AskSimConfig", "SimulateAskSettings", "AskSimulatedLLM", "load_gold", "paraphrase", "start_ask_server", "main",
            "parse_plan_prompt", "parse_reason_prompt", "PlanPrompt", "ReasonPrompt"]
 
 _TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
@@ -67,22 +66,17 @@ SYNONYMS = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class AskSimConfig:
-    """The simulated planner's and reasoner's quality (fractions of questions, in [0, 1])."""
+class AskSimConfig(Settings):
+    """The simulated planner's and reasoner's quality (fractions of questions, in [0, 1]); each field's flag
+    and range are declared with it (``python -m experiments.simulate_ask`` parses straight into it)."""
 
-    plan_error: float = 0.0
-    reason_error: float = 0.0
-    unknown: float = 0.0
-    empty: float = 0.0
-    malformed: float = 0.0
-    synonym_rate: float = 0.5
-    exact_replan: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("plan_error", "reason_error", "unknown", "empty", "malformed", "synonym_rate"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
-                raise UserError(f"--{name.replace('_', '-')} must be in [0, 1], got {v!r}")
+    plan_error: float = setting(0.0, low=0, high=1, help="fraction of questions planned wrong")
+    reason_error: float = setting(0.0, low=0, high=1, help="fraction of questions whose reasoning picks a wrong path")
+    unknown: float = setting(0.0, low=0, high=1, help="fraction of plans naming an unknown relation")
+    empty: float = setting(0.0, low=0, high=1, help="fraction of empty plans")
+    malformed: float = setting(0.0, low=0, high=1, help="fraction of malformed planner replies")
+    synonym_rate: float = setting(0.5, low=0, high=1, help="probability that a paraphrase swaps a word for a synonym")
+    exact_replan: bool = setting(True, flag="--no-exact-replan", negate=True, help="paraphrase in the second round too")
 
 
 # ------------------------------------------------------------------ the KARPA prompts, read back
@@ -289,49 +283,53 @@ def start_ask_server(artifact: str | Path | KnowledgeBase, gold: Mapping[str, Se
     return server
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m experiments.simulate_ask",
-                description="Simulated KARPA planner/reasoner (OpenAI-compatible HTTP) that knows each "
-                            "benchmark question's gold relation path.")
-    p.add_argument("--artifact", required=True, metavar="DIR", help="artifact folder (its relations and full KG)")
-    p.add_argument("--questions", required=True, metavar="FILE",
-                   help='JSON lines {"question": ..., "path": [relation names]} (the gold paths)')
-    p.add_argument("--plan-error", type=float, default=0.0, help="fraction of questions planned wrong (default 0)")
-    p.add_argument("--reason-error", type=float, default=0.0,
-                   help="fraction of questions whose reasoning picks a wrong path (default 0)")
-    p.add_argument("--unknown", type=float, default=0.0, help="fraction of plans naming an unknown relation")
-    p.add_argument("--empty", type=float, default=0.0, help="fraction of empty plans")
-    p.add_argument("--malformed", type=float, default=0.0, help="fraction of malformed planner replies")
-    p.add_argument("--synonym-rate", type=float, default=0.5,
-                   help="probability that a paraphrase swaps a word for a synonym (default 0.5)")
-    p.add_argument("--no-exact-replan", action="store_true", help="paraphrase in the second round too")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8099, help="0 picks a free port (printed)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every completion")
-    p.add_argument("--fail-rate", type=float, default=0.0, help="fraction of requests that fail")
-    p.add_argument("--fail-mode", choices=("status", "hang", "mixed"), default="status")
-    p.add_argument("--hang-s", type=float, default=60.0, help="how long a 'hang' failure waits")
-    from kge.artifact import add_checksum_argument
+@dataclass(frozen=True, kw_only=True)
+class SimulateAskSettings(Settings):
+    """``python -m experiments.simulate_ask``'s flags besides the planner's quality (:class:`AskSimConfig`):
+    the server's and the failure injection's, declared as :mod:`.simulate`'s."""
 
-    add_checksum_argument(p)
+    artifact: str = same_setting(SimulateSettings, "artifact", help="artifact folder (its relations and full KG)")
+    questions: str = setting(metavar="FILE",
+                             help='JSON lines {"question": ..., "path": [relation names]} (the gold paths)')
+    host: str = same_setting(SimulateSettings, "host")
+    port: int = same_setting(SimulateSettings, "port")
+    seed: int = same_setting(SimulatorConfig, "seed")
+    latency_ms: float = same_setting(SimulatorConfig, "latency_ms")
+    fail_rate: float = same_setting(SimulatorConfig, "fail_rate")
+    fail_mode: str = same_setting(SimulatorConfig, "fail_mode")
+    hang_s: float = same_setting(SimulatorConfig, "hang_s")
+    verify: bool = same_setting(SimulateSettings, "verify")
+
+    @property
+    def simulator(self) -> SimulatorConfig:
+        """The simulator's configuration: these failure settings, the quality defaults (the planner's
+        replies come from :class:`AskSimConfig`)."""
+        return SimulatorConfig(seed=self.seed, latency_ms=self.latency_ms, fail_rate=self.fail_rate,
+                               fail_mode=self.fail_mode, hang_s=self.hang_s)
+
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m experiments.simulate_ask",
+                       description="Simulated KARPA planner/reasoner (OpenAI-compatible HTTP) that knows each "
+                                   "benchmark question's gold relation path.")
+    add_settings_arguments(p, SimulateAskSettings, only=("artifact", "questions"))
+    add_settings_arguments(p, AskSimConfig)
+    add_settings_arguments(p, SimulateAskSettings, skip=("artifact", "questions"))
     return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[SimulateAskSettings, AskSimConfig]:
+    """The server's settings and the planner's quality of ``argv``."""
+    ns = _parser().parse_args(argv)
+    return settings_from_args(SimulateAskSettings, ns), settings_from_args(AskSimConfig, ns)
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    check_seed(args.seed)
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port must be in [0, 65535], got {args.port}")
-    ask = AskSimConfig(plan_error=args.plan_error, reason_error=args.reason_error, unknown=args.unknown,
-                       empty=args.empty, malformed=args.malformed, synonym_rate=args.synonym_rate,
-                       exact_replan=not args.no_exact_replan)
-    config = SimulatorConfig(seed=args.seed, latency_ms=args.latency_ms, fail_rate=args.fail_rate,
-                             fail_mode=args.fail_mode, hang_s=args.hang_s)
-    kb = KnowledgeBase.from_artifact(args.artifact, verify=not args.skip_artifact_checksums)
+    args, ask = parse_args(argv)
+    kb = KnowledgeBase.from_artifact(args.artifact, verify=args.verify)
     gold = load_gold(args.questions, kb.relations)
-    return serve(AskSimulatedLLM(kb, config, ask=ask, gold=gold), args.host, args.port,
+    return serve(AskSimulatedLLM(kb, args.simulator, ask=ask, gold=gold), args.host, args.port,
                  lambda url: f"simulated KARPA planner on {url} ({len(gold)} questions; plan error "
                              f"{ask.plan_error}, reason error {ask.reason_error})")
 

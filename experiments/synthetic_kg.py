@@ -97,7 +97,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from kgreason.cli import ArgumentParser, check_seed
+from kgreason.cli import SEED_MAX, ArgumentParser, Settings, add_settings_arguments, setting, settings_from_args
 from kgreason.errors import UserError, cli_main
 from kgreason.files import check_output_file, open_output, write_output
 from kgreason.resources import available_memory_bytes as _mem_available
@@ -114,6 +114,7 @@ __all__ = [
     "estimate_peak_bytes",
     "estimate_tsv_bytes",
     "check_fits",
+    "SyntheticSettings",
     "SyntheticArgs",
     "parse_args",
     "main",
@@ -941,41 +942,58 @@ def write_tsv(kg: SyntheticKG, path: str | os.PathLike, *, progress: bool = Fals
 
 
 # ------------------------------------------------------------------ CLI
-@dataclass(frozen=True)
-class SyntheticArgs:
-    config: SyntheticConfig
-    out: Path
-    stats_json: Path | None
-    progress: bool
+@dataclass(frozen=True, kw_only=True)
+class SyntheticSettings(Settings):
+    """What ``python -m experiments.synthetic_kg`` was asked to do; each field's flag is declared with it.
+
+    The ranges here are the flags' (one line naming the flag); :func:`_check_config` checks what needs
+    several fields (enough edges, the key space, the types) and the library's own fields."""
+
+    entities: int = setting(low=2, integer=True, help="number of entities (all of them occur)")
+    relations: int = setting(low=1, integer=True,
+                             help="number of relations before inverses (the loader adds X^-1: twice as many)")
+    edges: int = setting(low=1, integer=True, help="number of distinct triples (before inverses)")
+    seed: int = setting(0, low=0, high=SEED_MAX, integer=True, help="random seed, 0 to 2**32-1")
+    types: int | None = setting(None, shown_default="round(sqrt(entities) / 7), <= 50",
+                                help="entity types, 1 to min(relations, entities / 2)")
+    out: Path = setting(help="TSV file to write")
+    stats_json: Path | None = setting(None, help="also write the statistics as JSON here")
+    progress: bool = setting(True, flag="--quiet", negate=True, help="no progress bar and no summary")
+    size_check: bool = setting(True, flag="--skip-size-check", negate=True,
+                               help="generate even when the estimated memory exceeds MemAvailable or the TSV the "
+                                    "free disk space")
+
+    @property
+    def config(self) -> SyntheticConfig:
+        """The generator's configuration of these settings."""
+        return SyntheticConfig(num_entities=self.entities, num_relations=self.relations, num_edges=self.edges,
+                               seed=self.seed, num_types=self.types)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> SyntheticArgs:
+#: The former name (before the settings rule, docs/cli.md "Settings classes").
+SyntheticArgs = SyntheticSettings
+
+
+def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m experiments.synthetic_kg", description=__doc__.split("\n\n")[0])
-    p.add_argument("--entities", required=True, type=int, help="number of entities (all of them occur)")
-    p.add_argument("--relations", required=True, type=int,
-                   help="number of relations before inverses (the loader adds X^-1: twice as many)")
-    p.add_argument("--edges", required=True, type=int, help="number of distinct triples (before inverses)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--types", type=int, default=None, help="entity types (default round(sqrt(entities) / 7), <= 50)")
-    p.add_argument("--out", required=True, type=Path, help="TSV file to write")
-    p.add_argument("--stats-json", type=Path, default=None, help="also write the statistics as JSON here")
-    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
-    p.add_argument("--skip-size-check", action="store_true",
-                   help="generate even when the estimated memory exceeds MemAvailable or the TSV the free disk space")
-    ns = p.parse_args(argv)
-    check_seed(ns.seed)
-    config = SyntheticConfig(num_entities=ns.entities, num_relations=ns.relations, num_edges=ns.edges,
-                             seed=ns.seed, num_types=ns.types)
+    add_settings_arguments(p, SyntheticSettings)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> SyntheticSettings:
+    """The settings of ``argv``, checked before anything is allocated: the sizes together
+    (:func:`_check_config`), the outputs, and (unless ``--skip-size-check``) memory and disk (:func:`check_fits`)."""
+    settings = settings_from_args(SyntheticSettings, _parser().parse_args(argv))
+    config = settings.config
     _check_config(config, _FLAGS)
-    out = check_output_file(ns.out, what="--out")
-    stats = None
-    if ns.stats_json is not None:
-        if os.path.realpath(ns.stats_json) == os.path.realpath(out):
-            raise UserError(f"--stats-json {ns.stats_json}: is the same file as --out; give another name")
-        stats = check_output_file(ns.stats_json, what="--stats-json")
-    if not ns.skip_size_check:
-        check_fits(config, out, flags=_FLAGS)
-    return SyntheticArgs(config=config, out=out, stats_json=stats, progress=not ns.quiet)
+    check_output_file(settings.out, what="--out")
+    if settings.stats_json is not None:
+        if os.path.realpath(settings.stats_json) == os.path.realpath(settings.out):
+            raise UserError(f"--stats-json {settings.stats_json}: is the same file as --out; give another name")
+        check_output_file(settings.stats_json, what="--stats-json")
+    if settings.size_check:
+        check_fits(config, settings.out, flags=_FLAGS)
+    return settings
 
 
 def summary(kg: SyntheticKG) -> str:

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from kgreason.cli import ArgumentParser
+from kgreason.cli import ArgumentParser, Settings, add_settings_arguments, setting, settings_from_args, verify_setting
 from kgreason.errors import UserError, cli_main
 from kgreason.files import check_output_file, write_output
 
-__all__ = ["training_curve_png", "PlotArgs", "main"]
+__all__ = ["training_curve_png", "TrainCurveSettings", "PlotArgs", "parse_args", "main"]
 
 
 def training_curve_png(train: dict[str, Any], *, title: str = "") -> bytes:
@@ -76,24 +76,37 @@ def training_curve_png(train: dict[str, Any], *, title: str = "") -> bytes:
     return buf.getvalue()
 
 
-@dataclass(frozen=True)
-class PlotArgs:
-    artifact: Path
-    out: Path
-    verify: bool = True  # False: --skip-artifact-checksums
+@dataclass(frozen=True, kw_only=True)
+class TrainCurveSettings(Settings):
+    """What ``python -m experiments.train_curve`` was asked to do; each field's flag is declared with it."""
+
+    artifact: Path = setting(help="artifact folder")
+    out: Path = setting(help="PNG file to write (not inside the artifact)")
+    verify: bool = verify_setting()
+
+
+#: The former name (before the settings rule, docs/cli.md "Settings classes").
+PlotArgs = TrainCurveSettings
+
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m experiments.train_curve", description=__doc__.split("\n\n")[0])
+    add_settings_arguments(p, TrainCurveSettings)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainCurveSettings:
+    """The settings of ``argv``; ``--out`` checked as an output file outside ``--artifact``."""
+    settings = settings_from_args(TrainCurveSettings, _parser().parse_args(argv))
+    check_output_file(settings.out, what="--out", inputs=[("--artifact", settings.artifact)])
+    return settings
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from kge.artifact import add_checksum_argument, read_meta
+    from kge.artifact import read_meta
 
-    p = ArgumentParser(prog="python -m experiments.train_curve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--artifact", required=True, type=Path, help="artifact folder")
-    p.add_argument("--out", required=True, type=Path, help="PNG file to write (not inside the artifact)")
-    add_checksum_argument(p)
-    ns = p.parse_args(argv)
-    args = PlotArgs(artifact=ns.artifact, out=check_output_file(ns.out, what="--out", inputs=[("--artifact", ns.artifact)]),
-                    verify=not ns.skip_artifact_checksums)
+    args = parse_args(argv)
     meta = read_meta(args.artifact, verify=args.verify)
     tc = meta.get("train_config") if isinstance(meta.get("train_config"), dict) else {}
     train = meta.get("train") if isinstance(meta.get("train"), dict) else {}

@@ -25,13 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The CLIs not yet built from their settings (shrink this list as they are converted).
 NOT_CONVERTED = {
     "engine.ask": "issue 31 (Ask, round two): its settings are that issue's",
-    "experiments.lgot_eval": "issue 33 item 2: a tool in experiments/, not yet converted",
-    "experiments.metaqa_lgot": "issue 33 item 2: a tool in experiments/, not yet converted",
-    "experiments.linkeval": "issue 33 item 2: a tool in experiments/, not yet converted",
-    "experiments.simulate": "issue 33 item 2: a tool in experiments/, not yet converted",
-    "experiments.simulate_ask": "issue 33 item 2: a tool in experiments/, not yet converted",
-    "experiments.synthetic_kg": "issue 33 item 2: a tool in experiments/, not yet converted",
-    "experiments.train_curve": "issue 33 item 2: a tool in experiments/, not yet converted",
     "experiments.metaqa_ask": "issue 31 (Ask, round two): the ask loop's MetaQA runner, with engine.ask",
 }
 
@@ -72,6 +65,24 @@ CLIS = {
                         ["--artifact", "a", "--out", "o"], "parse_args"),
     "kge.shard": (lambda: [_mod("kge.shard").ShardSettings, _mod("kgreason.cli").QuietSettings], 0, {},
                   ["--artifact", "a", "--shards", "2", "--out", "o"], "parse_args"),
+    "experiments.lgot_eval": (lambda: [_mod("experiments.lgot_eval").LGOTEvalSettings, _mod("llm_bridge.config").LLMConfig],
+                              1, {"--llm-api-key-env": "names the variable holding the key (a key is never a flag)"},
+                              ["--artifact", "a", "--out", "o"], "parse_args"),
+    "experiments.linkeval": (lambda: [_mod("experiments.linkeval").LinkEvalSettings], 0, {},
+                             ["--kb", "kb.txt", "--out", "r.md"], "parse_args"),
+    "experiments.metaqa_lgot": (lambda: [_mod("experiments.metaqa_lgot").MetaQALGOTSettings], 0, {},
+                                ["--artifact", "a", "--metaqa", "m", "--out", "o"], "parse_args"),
+    "experiments.simulate": (lambda: [_mod("experiments.simulate").SimulateSettings,
+                                      _mod("experiments.simulate").SimulatorConfig], 0, {},
+                             ["--artifact", "a"], "parse_args"),
+    "experiments.simulate_ask": (lambda: [_mod("experiments.simulate_ask").SimulateAskSettings,
+                                          _mod("experiments.simulate_ask").AskSimConfig], 0, {},
+                                 ["--artifact", "a", "--questions", "q"], "parse_args"),
+    "experiments.synthetic_kg": (lambda: [_mod("experiments.synthetic_kg").SyntheticSettings], 0, {},
+                                 ["--entities", "20", "--relations", "2", "--edges", "60", "--out", "o.tsv"],
+                                 "parse_args"),
+    "experiments.train_curve": (lambda: [_mod("experiments.train_curve").TrainCurveSettings], 0, {},
+                                ["--artifact", "a", "--out", "o.png"], "parse_args"),
     "llm_bridge.local": (lambda: [_mod("llm_bridge.local").LocalSettings], 0, {}, [], None),
 }
 

@@ -179,9 +179,9 @@ def _one_error(capsys) -> str:
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--entities", "1", "--relations", "1", "--edges", "5"], "--entities must be an integer >= 2, got 1"),
-    (["--entities", "10", "--relations", "0", "--edges", "50"], "--relations must be an integer >= 1, got 0"),
-    (["--entities", "10", "--relations", "2", "--edges", "0"], "--edges must be an integer >= 1, got 0"),
+    (["--entities", "1", "--relations", "1", "--edges", "5"], "--entities must be >= 2, got 1"),
+    (["--entities", "10", "--relations", "0", "--edges", "50"], "--relations must be >= 1, got 0"),
+    (["--entities", "10", "--relations", "2", "--edges", "0"], "--edges must be >= 1, got 0"),
     (["--entities", "10", "--relations", "2", "--edges", "11"], "--edges 11 is too small"),
     (["--entities", "3", "--relations", "1", "--edges", "7"], "--edges 7 exceeds the 6 possible triples"),
     (["--entities", "10000", "--relations", "1", "--edges", "60000000"], "more than half"),

@@ -87,6 +87,9 @@ def test_existing_outputs_need_overwrite(sim_run, capsys):
     (["--no-such-flag"], "unrecognized"),
     (["--answer-check", "11"], "--answer-check"),
     (["--recall", "0.5", "--llm-base-url", "http://127.0.0.1:1/v1"], "--recall"),
+    # Regression: values past the simulator's own range passed the flags and failed mid-run.
+    (["--noise", "11"], "--noise must be in [0, 10], got 11.0"),
+    (["--sim-latency-ms", "1e9"], "--sim-latency-ms must be in [0, 600000], got 1000000000.0"),
 ])
 def test_bad_flags_are_one_line_errors(llm_artifact, tmp_path, capsys, bad, needle):
     assert main(["--artifact", str(llm_artifact), "--out", str(tmp_path / "o"), *bad]) == 2
