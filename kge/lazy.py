@@ -111,6 +111,17 @@ def take_rows(indptr: np.ndarray, cols: np.ndarray, vals: np.ndarray,
     return out_ptr, cols[src], vals[src]
 
 
+def concat_rows(pieces: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray,
+                                                                                      np.ndarray]:
+    """CSR pieces ``(indptr, cols, vals)`` one after another, as one CSR (the rows of the first, then the second's...)."""
+    ptrs, off = [np.zeros(1, np.int64)], 0
+    for indptr, cols, _ in pieces:
+        ptrs.append(indptr[1:] + off)
+        off += len(cols)
+    return (np.concatenate(ptrs), np.concatenate([c for _, c, _ in pieces]) if pieces else np.zeros(0, np.int32),
+            np.concatenate([v for _, _, v in pieces]) if pieces else np.zeros(0, np.float32))
+
+
 class _RowSet:
     """Cached rows of one relation ``M_r``: heads ascending with their rows as CSR pieces.
 
@@ -170,8 +181,7 @@ class _RowSet:
             return a
         heads = np.concatenate([a.heads, b.heads])
         order = np.argsort(heads, kind="stable")
-        indptr = np.concatenate([a.indptr[:-1], b.indptr + len(a.cols)])
-        ptr, cols, vals = take_rows(indptr, np.concatenate([a.cols, b.cols]), np.concatenate([a.vals, b.vals]), order)
+        ptr, cols, vals = take_rows(*concat_rows([(a.indptr, a.cols, a.vals), (b.indptr, b.cols, b.vals)]), order)
         return _RowSet(heads[order], ptr, cols, vals, np.concatenate([a.ticks, b.ticks])[order])
 
     def stack(self, n: int, device: Any) -> tuple[Any, int]:
@@ -325,11 +335,7 @@ class RowCache:
     def indexed(self, r: int, rows: _RowSet, n: int) -> _RowSet:
         """``rows`` with its :meth:`_RowSet.index` built, counted in the budget when it is relation ``r``'s merged
         set (evicting if that passes it: the caller holds ``rows``)."""
-        added = rows.index(n)
-        if added and self._main.get(r) is rows:
-            self.bytes += added
-            if self.bytes > self.max_bytes:
-                self._evict()
+        self._charge(r, rows, rows.index(n))
         return rows
 
     def prepared(self, r: int, rows: _RowSet, n: int, device: Any) -> Any:
@@ -337,11 +343,15 @@ class RowCache:
         preparing it allocated count in the budget (2 x 8 x (N+1) bytes per device: 16 MB per relation set at a
         million entities), evicting if that passes it."""
         stack, added = rows.stack(n, device)
+        self._charge(r, rows, added)
+        return stack
+
+    def _charge(self, r: int, rows: _RowSet, added: int) -> None:
+        """Count ``added`` bytes that ``rows`` grew by when it is relation ``r``'s merged set; evict if over budget."""
         if added and self._main.get(r) is rows:
             self.bytes += added
             if self.bytes > self.max_bytes:
                 self._evict()
-        return stack
 
     def _evict(self) -> None:
         # Whole relation sets go, least recently used first: a batch reads a relation's rows together,
@@ -481,17 +491,7 @@ class LazyMatrices:
         groups = [g for g in np.split(uniq, np.flatnonzero(np.diff(uniq // n)) + 1) if len(g)]
         sets = self._row_sets([(int(g[0] // n), g % n) for g in groups], warm=False)
         self.stats.rows_requested += len(keys) - len(uniq)  # _row_sets counted the distinct keys
-        ptrs, cols, vals, off = [np.zeros(1, np.int64)], [], [], 0
-        for rows, _ in sets:
-            assert rows is not None
-            ptrs.append(rows.indptr[1:] + off)
-            cols.append(rows.cols)
-            vals.append(rows.vals)
-            off += len(rows.cols)
-        indptr = np.concatenate(ptrs)
-        all_cols = np.concatenate(cols) if cols else np.zeros(0, np.int32)
-        all_vals = np.concatenate(vals) if vals else np.zeros(0, np.float32)
-        return take_rows(indptr, all_cols, all_vals, inv.reshape(-1))
+        return take_rows(*concat_rows([(rows.indptr, rows.cols, rows.vals) for rows, _ in sets]), inv.reshape(-1))
 
     def _warm_rows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """:meth:`rows` when every key's row is in its relation's merged cached set, prepared (else ``None``):
@@ -506,7 +506,6 @@ class LazyMatrices:
             return None
         n = self.num_entities
         merged = self.cache.merged
-        tick = self.cache.next_tick()
         if len(keys) <= _SLICE_ROWS:
             pieces = []
             for key in keys.tolist():
@@ -518,9 +517,9 @@ class LazyMatrices:
                 if not member[h]:
                     return None
                 pieces.append((main, int(ptr[h]), int(ptr[h + 1])))
+            tick = self._count_warm(len(keys))
             for main, _, _ in pieces:
                 main.touched = tick
-            self._count_warm(len(keys))
             indptr = np.zeros(len(keys) + 1, dtype=np.int64)
             np.cumsum([e - b for _, b, e in pieces], out=indptr[1:])
             return (indptr, np.concatenate([m.cols[b:e] for m, b, e in pieces]),
@@ -537,20 +536,14 @@ class LazyMatrices:
             if not bool(member[heads[sel]].all()):
                 return None
             found.append((sel, main, ptr))
-        self._count_warm(len(keys))
-        # each relation's rows, then back into the order of keys
-        ptrs, cols, vals, where, off = [np.zeros(1, np.int64)], [], [], [], 0
-        for sel, main, ptr in found:
+        tick = self._count_warm(len(keys))
+        for _, main, _ in found:
             main.touched = tick
-            p, c, v = take_rows(ptr, main.cols, main.vals, heads[sel])
-            ptrs.append(p[1:] + off)
-            cols.append(c)
-            vals.append(v)
-            where.append(sel)
-            off += len(c)
+        # each relation's rows, then back into the order of keys
         order = np.empty(len(keys), dtype=np.int64)
-        order[np.concatenate(where)] = np.arange(len(keys))
-        return take_rows(np.concatenate(ptrs), np.concatenate(cols), np.concatenate(vals), order)
+        order[np.concatenate([sel for sel, _, _ in found])] = np.arange(len(keys))
+        parts = [take_rows(ptr, main.cols, main.vals, heads[sel]) for sel, main, ptr in found]
+        return take_rows(*concat_rows(parts), order)
 
     def _index_of(self, r: int, main: _RowSet) -> tuple[np.ndarray, np.ndarray]:
         """``(member, entity_ptr)`` of relation ``r``'s merged set ``main`` (built on first use, counted)."""
@@ -559,11 +552,13 @@ class LazyMatrices:
         assert main.member is not None and main.entity_ptr is not None
         return main.member, main.entity_ptr
 
-    def _count_warm(self, rows: int) -> None:
+    def _count_warm(self, rows: int) -> int:
+        """Count a request of ``rows`` rows all served from the merged sets; its tick."""
         st = self.stats
         st.requests += 1
         st.rows_requested += rows
         st.cache_hits += rows
+        return self.cache.next_tick()
 
     def stacks(self, wanted: Sequence[tuple[int, np.ndarray]], device: Any) -> list[Any]:
         """Per ``(r, heads)`` of ``wanted``, a one-relation ``ops.StackedMatrices`` (N, N) on ``device`` holding
@@ -686,9 +681,8 @@ class LazyMatrices:
         if not hits:
             return cptr, ccols, cvals
         # stored rows first, then computed ones: put them back in the order of keys
-        both_ptr = np.concatenate([ptr[:-1], cptr + ptr[-1]])
         order = np.argsort(np.concatenate([np.flatnonzero(found), np.flatnonzero(~found)]), kind="stable")
-        return take_rows(both_ptr, np.concatenate([cols, ccols]), np.concatenate([vals, cvals]), order)
+        return take_rows(*concat_rows([(ptr, cols, vals), (cptr, ccols, cvals)]), order)
 
     def _compute(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Calibrated rows ``keys`` (in order) by chunked matmuls, as CSR pieces ``(indptr, cols, vals)``."""
