@@ -122,13 +122,17 @@ def decide(w: AutoInputs) -> tuple[str, dict[str, Any], str]:
     time_ok = w.eager_minutes <= budget
     nnz = round(w.nnz)
     nbytes = 8.0 * nnz
-    size_ok = nbytes <= w.max_matrix_gb * (1 << 30)
-    memory_ok = w.available_bytes is None or EAGER_PEAK_FACTOR * nbytes <= w.available_bytes
+
+    def fits(entries: float) -> tuple[bool, bool]:
+        """(size, memory) tests of eager matrices holding ``entries``."""
+        b = 8.0 * round(entries)
+        return b <= w.max_matrix_gb * (1 << 30), w.available_bytes is None or EAGER_PEAK_FACTOR * b <= w.available_bytes
+
+    size_ok, memory_ok = fits(w.nnz)
     mode = "eager" if time_ok and size_ok and memory_ok else "lazy"
     # a raise: not needed (fits as it is), or allowed (no --threshold), fitting, and paid for by the queries
     raisable = not (size_ok and memory_ok) and w.raised_threshold is not None and w.raised_nnz is not None \
-        and w.query_rows >= RAISE_SHARE * rows and 8.0 * round(w.raised_nnz) <= w.max_matrix_gb * (1 << 30) \
-        and (w.available_bytes is None or EAGER_PEAK_FACTOR * 8.0 * round(w.raised_nnz) <= w.available_bytes)
+        and w.query_rows >= RAISE_SHARE * rows and all(fits(w.raised_nnz))
     raise_to = w.raised_threshold if raisable and time_ok else None
     if raise_to is not None:
         mode = "eager"
@@ -141,7 +145,8 @@ def decide(w: AutoInputs) -> tuple[str, dict[str, Any], str]:
                              and 1.0 / NEAR_FACTOR <= margin < NEAR_FACTOR)
     record: dict[str, Any] = {
         "mode": mode, "rule": "eager iff calibration <= expected queries' lazy rows + max_calibrate_minutes, "
-                              "matrices <= max_matrix_gb and x2.5 <= MemAvailable",
+                              "matrices <= max_matrix_gb and x2.5 <= MemAvailable; else eager at the threshold "
+                              "raised to fit iff allowed and the queries' rows >= raise_share of the stack",
         "rows": rows, "rank": w.rank, "measured_gflops": round(w.gflops, 3), "rate_source": w.rate_source,
         "estimated_minutes": round(w.eager_minutes, 4), "expected_queries": w.expected_queries,
         "rows_per_query": round(w.rows_per_query, 1), "query_minutes": round(w.query_minutes, 4),

@@ -318,7 +318,7 @@ def _calibrate_and_save(config: BuildConfig, progress: bool, kg, train_cfg, trai
         threshold, estimate_info = estimated
 
         t = time.perf_counter()
-        budget_nnz = int(config.max_matrix_gb * (1 << 30) / 8)
+        budget_nnz = int(_budget_nnz(config))
         matrices, cstats = calibrate(
             trained.entity, trained.relation, kg.train, threshold=threshold, delta=config.delta,
             chunk_rows=config.chunk_rows, device=trained.device, progress=progress,
@@ -493,6 +493,11 @@ def _release_memory() -> None:
         pass
 
 
+def _budget_nnz(config: BuildConfig) -> float:
+    """The most matrix entries ``--max-matrix-gb`` holds (8 bytes each: int32 column + float32 value)."""
+    return config.max_matrix_gb * (1 << 30) / 8
+
+
 def _auto_matrices(config: BuildConfig, trained, kg) -> tuple[str, tuple[float, dict[str, Any]]]:
     """``--matrices auto``: ``("eager", choose_threshold's result)`` or ``("lazy", (threshold, info))``.
 
@@ -509,7 +514,7 @@ def _auto_matrices(config: BuildConfig, trained, kg) -> tuple[str, tuple[float, 
     est = estimate_nnz(trained.entity, trained.relation, kg.train, floor=floor, seed=config.seed,
                        device=trained.device)
     nnz = est.nnz_at(floor)
-    budget_nnz = config.max_matrix_gb * (1 << 30) / 8
+    budget_nnz = _budget_nnz(config)
     raised = est.threshold_for(budget_nnz) if config.threshold is None and nnz > budget_nnz else None
     rate = measure_calibrate_gflops(trained.entity, trained.relation, kg.train, threshold=floor, delta=config.delta,
                                     device=trained.device, seed=config.seed)
@@ -533,7 +538,7 @@ def choose_threshold(config: BuildConfig, entity: np.ndarray, relation: np.ndarr
                      device: str, *, est: NnzEstimate | None = None) -> tuple[float, dict[str, Any]]:
     """The calibration threshold for ``config`` and a record of the nnz estimate behind it (``est``: the
     sample :func:`kge.calibrate.estimate_nnz` already drew at the floor threshold, else drawn here)."""
-    budget_nnz = config.max_matrix_gb * (1 << 30) / 8
+    budget_nnz = _budget_nnz(config)
     floor = config.threshold if config.threshold is not None else DEFAULT_THRESHOLD
     if est is None:
         est = estimate_nnz(entity, relation, observed, floor=floor, seed=config.seed, device=device)
