@@ -71,8 +71,6 @@ DEFAULT_RECALL = (0.2, 0.5, 0.9)
 DEFAULT_HALLUCINATION = (0.0, 0.2, 0.5)
 DEFAULT_THETA = (LGOTSettings.theta,)  # the bridge's defaults (llm_bridge.config)
 DEFAULT_ALPHA = (LGOTSettings.alpha,)
-#: The flag of each LGOTSettings field this experiment sets: the settings check the values (llm_bridge.config).
-LGOT_FLAGS = {"theta": "--theta", "alpha": "--alpha", "answer_check": "--answer-check"}
 HITS = (1, 3, 10)
 TIE = "average"  # headline tie rule (BetaE's argsort on average); all three are in the JSON
 METHODS = ("kg-only", "llm-only", "lgot")

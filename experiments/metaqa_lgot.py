@@ -118,9 +118,6 @@ class MetaQALGOTSettings(Settings):
 #: The former name (before the settings rule, docs/cli.md "Settings classes").
 MetaQAArgs = MetaQALGOTSettings
 
-#: The flag of each LGOTConfig field this experiment sets (declared with the fields: same_setting above).
-LGOT_FLAGS = {"theta": "--theta", "alpha": "--alpha", "merge": "--merge", "input_ratio": "--input-ratio"}
-
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m experiments.metaqa_lgot",
