@@ -64,13 +64,17 @@ def run(args) -> None:
     eng = Engine.load(args.artifact, process_group=group, verify=False)
     qs = _queries(args.queries, args.per_structure)
     nodes = eng.queries([e for _, e in qs])
-    if group is None:  # the eager rows are prepared on first use: prepare them before timing, as loading
+    # rows are prepared on first use (one process: the stack's transpose; a rank: its relations' blocks):
+    # prepare them before timing, as loading
+    if group is None:
         eng.executor.rows.full_stack()
+    else:
+        eng.executor.rows.prepare_all()
     load_s = time.perf_counter() - t0
     rss_loaded = _rss_mib()
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     res = eng.answer(nodes, k=10, explain=True)
-    t_answer = time.perf_counter() - t1
+    t_answer, cpu_answer = time.perf_counter() - t1, time.process_time() - c1
     t2 = time.perf_counter()
     hashes = []
     for idx, y in eng.executor.iter_scores(nodes):
@@ -81,17 +85,17 @@ def run(args) -> None:
     rec = {"artifact": args.artifact, "threads": args.threads, "world": 1 if group is None else
            torch.distributed.get_world_size(), "rank": rank, "structures": [s for s, _ in qs],
            "answers": [dataclasses.replace(r, trace=None) for r in res], "score_sha": [h for _, h in hashes],
-           "load_s": load_s, "answer_s": t_answer, "scores_s": t_scores, "rss_loaded_mib": rss_loaded,
+           "load_s": load_s, "answer_s": t_answer, "answer_cpu_s": cpu_answer, "scores_s": t_scores, "rss_loaded_mib": rss_loaded,
            "rss_peak_mib": _rss_mib()}
     ex = eng.executor
     if group is not None:
         rec.update(hops=[tuple(h) for h in ex.hops], received=dict(ex.comm.received), calls=dict(ex.comm.calls),
-                   shard_mib=ex.shard.nbytes / 2**20, width=ex.width)
+                   shard_mib=ex.shard.nbytes / 2**20, prepared_mib=ex.rows.nbytes / 2**20, width=ex.width)
     out = args.save if group is None else f"{os.path.splitext(args.save)[0]}.rank{rank}.pkl"
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as f:
         pickle.dump(rec, f)
-    print(f"rank {rank}: load {load_s:.1f} s, answer {t_answer:.1f} s, scores {t_scores:.1f} s, "
+    print(f"rank {rank}: load {load_s:.1f} s, answer {t_answer:.1f} s (CPU {cpu_answer:.1f} s), scores {t_scores:.1f} s, "
           f"peak RSS {rec['rss_peak_mib']:.0f} MiB", flush=True)
     if group is not None:
         torch.distributed.barrier()
@@ -122,7 +126,8 @@ def report(args) -> None:
             hops = r["hops"]
             nb = [h[0] for h in hops]
             dense = sum(1 for h in hops if h[1])
-            print(f"  rank {r['rank']}: width {r['width']}, shard {r['shard_mib']:.0f} MiB, peak RSS "
+            print(f"  rank {r['rank']}: width {r['width']}, shard {r['shard_mib']:.0f} MiB "
+                  f"(prepared {r.get('prepared_mib', r['shard_mib']):.0f}), peak RSS "
                   f"{r['rss_peak_mib']:.0f} MiB ({r['rss_peak_mib'] / base['rss_peak_mib']:.2f}x one process; after "
                   f"loading {r['rss_loaded_mib']:.0f}), answer {r['answer_s']:.1f} s "
                   f"({base['answer_s'] / r['answer_s']:.2f}x one process's speed), scores {r['scores_s']:.1f} s, "

@@ -14,8 +14,11 @@ Equal entries, not equal widths: a KG's popular entities often have the small id
 first half of the ids holds 73% of the entries), and a rank's memory is its entries.  Shard k holds,
 for every relation, only the entries ``M_r[i, j]`` whose tail ``j`` lies in block k, as a
 *hypersparse* CSR (:class:`ColumnShard`): the sorted keys ``r*N + i`` of the rows that have
-an entry there, one pointer per such row, local columns ``j - lo`` and values.  No array of a
-shard grows as relations x entities: a row without entries in the block costs nothing.
+an entry there, one pointer per such row, and per relation its tails in the block (``tails``)
+with each entry's column an index into them, plus the values.  So relation r's entries, as the
+projection kernel reads them, are a contiguous slice of the shard: rows = its heads here, columns =
+its tails here (nothing is copied or re-indexed per query).  No array of a shard grows as
+relations x entities: a row or column without entries in the block costs nothing.
 
 The folder: ``meta.json`` (what was built from what, the block bounds, the build id, and every
 file's sha256 under ``files``), the vocabulary (``entities.tsv``, ``relations.tsv``, copied from
@@ -41,7 +44,7 @@ __all__ = ["ColumnShard", "block_bounds", "column_counts", "shard_matrices", "wr
            "read_shard_vocab", "shard_file_name", "is_shard_folder", "check_not_shard_folder", "SHARD_FORMAT"]
 
 #: The layout version of a shard folder (``meta.json``'s ``shard_format``).
-SHARD_FORMAT = 1
+SHARD_FORMAT = 2
 _KIND = "kgreason-shards"
 
 
@@ -80,9 +83,12 @@ class ColumnShard:
     """Rank ``rank``'s part of the R relation matrices: every entry ``M_r[i, j]`` with ``lo <= j < hi``.
 
     ``keys`` int64 (rows,), sorted, unique: ``r*N + i`` of each row with an entry in the block;
-    ``ptr`` int64 (rows+1,): row ``keys[t]``'s entries are ``ptr[t]:ptr[t+1]``; ``col`` int32
-    local columns ``j - lo``, ascending within a row; ``val`` float32 in [0, 1].  Memory:
-    ``16 * rows + 8 * entries`` bytes, nothing per (relation, entity) pair without entries.
+    ``ptr`` int64 (rows+1,): row ``keys[t]``'s entries are ``ptr[t]:ptr[t+1]``; ``tails`` int32:
+    relation r's tails in the block, local ids ``j - lo`` ascending, at
+    ``tails[tail_ptr[r]:tail_ptr[r+1]]`` (``tail_ptr`` int64 (R+1,)); ``col`` int32: an entry's
+    column as an index into its relation's tails (ascending within a row, as ``j``); ``val``
+    float32 in [0, 1].  Memory: ``16 * rows + 8 * entries + 4 * (relation, tail) pairs + 8 * R``
+    bytes, nothing per (relation, entity) pair without entries.
     """
 
     num_entities: int
@@ -97,6 +103,8 @@ class ColumnShard:
     ptr: np.ndarray
     col: np.ndarray
     val: np.ndarray
+    tails: np.ndarray
+    tail_ptr: np.ndarray
     build_id: str = ""
 
     @property
@@ -110,7 +118,12 @@ class ColumnShard:
 
     @property
     def nbytes(self) -> int:
-        return int(self.keys.nbytes + self.ptr.nbytes + self.col.nbytes + self.val.nbytes)
+        return int(self.keys.nbytes + self.ptr.nbytes + self.col.nbytes + self.val.nbytes + self.tails.nbytes
+                   + self.tail_ptr.nbytes)
+
+    def relation_tails(self, r: int) -> np.ndarray:
+        """Relation ``r``'s tails in the block (local ids ``j - lo``, ascending): what its entries' ``col`` index."""
+        return self.tails[int(self.tail_ptr[r]):int(self.tail_ptr[r + 1])]
 
     def weight(self, r: int, i: int, j: int) -> float:
         """``M_r[i, j]`` for a tail ``j`` of this block (0.0 where there is no entry), as a Python float."""
@@ -120,10 +133,14 @@ class ColumnShard:
         t = int(self.keys.searchsorted(key))
         if t >= self.keys.size or int(self.keys[t]) != key:
             return 0.0
+        tails = self.relation_tails(r)
+        c = int(tails.searchsorted(j - self.lo))
+        if c >= tails.size or int(tails[c]) != j - self.lo:
+            return 0.0
         lo, hi = int(self.ptr[t]), int(self.ptr[t + 1])
         cols = self.col[lo:hi]
-        pos = int(cols.searchsorted(j - self.lo))
-        return float(self.val[lo + pos]) if pos < cols.size and int(cols[pos]) == j - self.lo else 0.0
+        pos = int(cols.searchsorted(c))
+        return float(self.val[lo + pos]) if pos < cols.size and int(cols[pos]) == c else 0.0
 
 
 def shard_matrices(matrices: Any, num_entities: int, rank: int, shards: int, *, bounds: list[int] | None = None,
@@ -141,12 +158,14 @@ def shard_matrices(matrices: Any, num_entities: int, rank: int, shards: int, *, 
         bounds = block_bounds(n, shards, column_counts(matrices, n))
     lo, hi = bounds[rank], bounds[rank + 1]
     indptr, indices, data = matrices.indptr, matrices.indices, matrices.data
-    keys, counts, cols, vals = [], [], [], []
+    keys, counts, cols, vals, tails = [], [], [], [], []
+    tail_ptr = np.zeros(r_count + 1, dtype=np.int64)
     for r in range(r_count):
         a, b = int(indptr[r * n]), int(indptr[(r + 1) * n])
         c = indices[a:b]
         keep = (c >= lo) & (c < hi)
         if not keep.any():
+            tail_ptr[r + 1] = tail_ptr[r]
             continue
         rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr[r * n:(r + 1) * n + 1]).astype(np.int64))
         rows = rows[keep]
@@ -154,7 +173,11 @@ def shard_matrices(matrices: Any, num_entities: int, rank: int, shards: int, *, 
         has = np.flatnonzero(cnt)
         keys.append(has + r * n)
         counts.append(cnt[has])
-        cols.append((c[keep] - lo).astype(np.int32))
+        local = (c[keep] - lo).astype(np.int32)
+        t_r = np.unique(local)
+        tails.append(t_r)
+        tail_ptr[r + 1] = tail_ptr[r] + t_r.size
+        cols.append(np.searchsorted(t_r, local).astype(np.int32))
         vals.append(data[a:b][keep].astype(np.float32, copy=False))
     k = np.concatenate(keys) if keys else np.zeros(0, np.int64)
     cnt_all = np.concatenate(counts) if counts else np.zeros(0, np.int64)
@@ -162,7 +185,8 @@ def shard_matrices(matrices: Any, num_entities: int, rank: int, shards: int, *, 
     np.cumsum(cnt_all, out=ptr[1:])
     return ColumnShard(n, r_count, rank, shards, lo, hi, tuple(bounds), k.astype(np.int64), ptr,
                        np.concatenate(cols) if cols else np.zeros(0, np.int32),
-                       np.concatenate(vals) if vals else np.zeros(0, np.float32), build_id)
+                       np.concatenate(vals) if vals else np.zeros(0, np.float32),
+                       np.concatenate(tails) if tails else np.zeros(0, np.int32), tail_ptr, build_id)
 
 
 # ------------------------------------------------------------------------------------ on disk
@@ -219,7 +243,8 @@ def write_shards(artifact: Any, shards: int, out: str | os.PathLike, *, overwrit
         for k in range(shards):
             s = shard_matrices(artifact.matrices, n, k, shards, bounds=bounds, build_id=build_id)
             name = shard_file_name(k, shards)
-            _savez_reproducible(tmp / name, keys=s.keys, ptr=s.ptr, col=s.col, val=s.val,
+            _savez_reproducible(tmp / name, keys=s.keys, ptr=s.ptr, col=s.col, val=s.val, tails=s.tails,
+                                tail_ptr=s.tail_ptr,
                                 block=np.array([s.lo, s.hi, n, r, k, shards], dtype=np.int64),
                                 build_id=np.frombuffer(build_id.encode(), dtype=np.uint8))
             files[name] = sha256_file(tmp / name)
@@ -291,7 +316,7 @@ def load_shard(folder: str | os.PathLike, rank: int, world_size: int, *, verify:
                             "write the shards again with python -m kge.shard")
     try:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in ("keys", "ptr", "col", "val", "block", "build_id")}
+            arrays = {k: z[k] for k in ("keys", "ptr", "col", "val", "tails", "tail_ptr", "block", "build_id")}
     except (OSError, ValueError, KeyError) as exc:
         raise _fail(folder, f"{name} is not a readable shard file ({exc})") from None
     bid = arrays["build_id"].tobytes().decode("ascii", "replace")
@@ -308,10 +333,13 @@ def load_shard(folder: str | os.PathLike, rank: int, world_size: int, *, verify:
         raise _fail(folder, f"{name} holds block {k} of {p} ([{lo}, {hi}) of {n} entities), "
                             f"not block {rank} of {world_size} as meta.json says")
     keys, ptr, col, val = arrays["keys"], arrays["ptr"], arrays["col"], arrays["val"]
-    if (keys.dtype, ptr.dtype, col.dtype, val.dtype) != (np.int64, np.int64, np.int32, np.float32) \
-            or ptr.size != keys.size + 1 or col.size != val.size or int(ptr[-1]) != val.size:
+    tails, tail_ptr = arrays["tails"], arrays["tail_ptr"]
+    if (keys.dtype, ptr.dtype, col.dtype, val.dtype, tails.dtype, tail_ptr.dtype) \
+            != (np.int64, np.int64, np.int32, np.float32, np.int32, np.int64) \
+            or ptr.size != keys.size + 1 or col.size != val.size or int(ptr[-1]) != val.size \
+            or tail_ptr.size != r + 1 or int(tail_ptr[0]) != 0 or int(tail_ptr[-1]) != tails.size:
         raise _fail(folder, f"{name}: arrays of the wrong types or sizes; write the shards again")
-    return ColumnShard(n, r, rank, world_size, lo, hi, tuple(bounds), keys, ptr, col, val, bid)
+    return ColumnShard(n, r, rank, world_size, lo, hi, tuple(bounds), keys, ptr, col, val, tails, tail_ptr, bid)
 
 
 def read_shard_vocab(folder: str | os.PathLike) -> tuple[list[str], list[str]]:

@@ -12,11 +12,13 @@ k holds the entries of every relation whose *tail* lies in its block ``[lo, hi)`
   rank gathers the active input entries of all ranks, sparse ``(row, entity, value)`` triples
   (12 bytes each) or, when that is more bytes, the dense ``(B, N_k)`` blocks (4 bytes a cell):
   the rule is the byte count, ``12 * max_k nnz_k`` against ``4 * B * max_k N_k`` (gloo pads
-  each rank's part to the largest).  The A active entities (sorted, so the kernel's
-  smallest-index tie rule picks the same witness as over all N) become the rows of a compact
-  stack of this rank's entries of the batch's relations, and the existing kernel
-  (``ops.project``) computes the block's ``Y[:, lo:hi]`` and argmax: the same float32 products
-  and maxima as the single-process kernel, so the same bits.
+  each rank's part to the largest).  Each relation of the batch is one kernel call
+  (``ops.project``) on the relation's prepared block (:meth:`ShardRows.relation`): its rows are
+  the relation's heads with an entry here (ascending ids, so the kernel's smallest-index tie rule
+  picks the same witness as over all N), its columns its tails here; the CSR is a slice of the shard
+  and the transpose is built once, on first use, so a hop copies nothing of the matrices.  The
+  output goes to the tails' columns of ``Y[:, lo:hi]``: the same float32 products and maxima as the
+  single-process kernel, so the same bits.
 * Top-k: a local top-k per rank, one all-gather, and a stable merge (ties by smaller id, as
   :func:`engine.exec.executor._topk_stable`).
 * Explanations: the backward pass needs, per node and answer, the value, the witness (argmax)
@@ -30,6 +32,7 @@ sparse sets, kept trace values, lazy artifacts.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence, cast
 
 import numpy as np
@@ -52,9 +55,26 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ShardedExecutor", "ShardRows"]
 
 
+class _RelBlock(NamedTuple):
+    """Relation r's entries in this shard as the kernel reads them: a one-relation stack over compact ids.
+
+    Row ``a`` is head ``heads[a]`` (global id), column ``c`` is tail ``tails[c]`` (local id); the stack is
+    ``n x n`` with ``n = max(len(heads), len(tails))`` (padding rows and columns empty).  Its CSR shares
+    the shard's ``col`` and ``val`` slices; the transpose is its own.
+    """
+
+    stack: "ops.StackedMatrices"
+    #: -1, then the heads: ``heads_or_none[a + 1]`` maps a kernel witness ``a`` (-1: none) to an entity id
+    heads_or_none: torch.Tensor
+    tails: torch.Tensor
+
+
 class ShardRows:
     """This rank's :class:`~kge.sharding.ColumnShard` on a device, as the sharded projection reads it.
 
+    :meth:`relation` gives relation r's entries as a prepared one-relation stack (:class:`_RelBlock`),
+    built on first use and kept: a relation's rows are contiguous in the shard and its ``col`` are
+    already indices into its tails, so the CSR is a view and only the transpose is computed (once).
     :meth:`weight` answers for tails of the block from the shard, and for other tails from
     :attr:`fetched` (what the owners sent for the answers being explained).
     """
@@ -68,6 +88,13 @@ class ShardRows:
         self.ptr = torch.from_numpy(shard.ptr).to(device)
         self.col = torch.from_numpy(shard.col).to(device)
         self.val = torch.from_numpy(shard.val).to(device)
+        self.tails = torch.from_numpy(shard.tails).to(device)
+        self.tail_ptr = shard.tail_ptr.tolist()
+        n = self.num_entities
+        #: relation r's rows are keys[rel_start[r]:rel_start[r+1]]
+        self.rel_start = torch.searchsorted(self.keys, torch.arange(self.num_relations + 1, device=device) * n)
+        self._starts = self.rel_start.tolist()
+        self._blocks: dict[int, _RelBlock | None] = {}
         self.fetched: dict[tuple[int, int, int], float] = {}
 
     def weight(self, r: int, i: int, j: int) -> float:
@@ -75,35 +102,38 @@ class ShardRows:
             return self.shard.weight(r, i, j)
         return self.fetched[(int(r), int(i), int(j))]
 
-    def compact_stack(self, keys: torch.Tensor, slots: torch.Tensor, relations: int, n: int) -> "ops.StackedMatrices":
-        """A (relations * n, n) stack whose row ``slots[t]`` is this shard's row ``keys[t]`` (``r*N + i``; local columns).
+    def relation(self, r: int) -> _RelBlock | None:
+        """Relation ``r``'s block (``None``: no entry of r has its tail here); prepared once, then cached."""
+        if r in self._blocks:
+            return self._blocks[r]
+        k0, k1 = self._starts[r], self._starts[r + 1]
+        block = None
+        if k1 > k0:
+            e0, e1 = int(self.ptr[k0]), int(self.ptr[k1])
+            tails = self.tails[self.tail_ptr[r]:self.tail_ptr[r + 1]].long()
+            n = max(k1 - k0, int(tails.numel()))
+            small = e1 - e0 < 2**31  # int32 pointers when they fit: half the bytes of the two pointer arrays
+            crow = torch.full((n + 1,), e1 - e0, dtype=torch.int32 if small else torch.int64, device=self.device)
+            crow[: k1 - k0 + 1] = self.ptr[k0:k1 + 1] - e0
+            stack = ops.prepare_matrices((crow, self.col[e0:e1], self.val[e0:e1]), num_entities=n,
+                                         name=f"shard relation {r}")
+            heads = torch.cat([torch.full((1,), -1, dtype=torch.int64, device=self.device),
+                               self.keys[k0:k1] - r * self.num_entities])
+            block = _RelBlock(stack, heads, tails)
+        self._blocks[r] = block
+        return block
 
-        Rows not in ``slots`` are empty.  Cost: a binary search per key plus the entries read;
-        nothing per entity of the KG.
-        """
-        dev = self.device
-        lens = torch.zeros(relations * n, dtype=torch.int64, device=dev)
-        if self.keys.numel() and keys.numel():
-            t = torch.searchsorted(self.keys, keys)
-            tc = t.clamp(max=self.keys.numel() - 1)
-            found = (t < self.keys.numel()) & (self.keys[tc] == keys)
-            start = self.ptr[tc]
-            cnt = torch.where(found, self.ptr[tc + 1] - start, torch.zeros_like(start))
-            lens[slots] = cnt
-        else:
-            start = cnt = torch.zeros(0, dtype=torch.int64, device=dev)
-        crow = torch.zeros(relations * n + 1, dtype=torch.int64, device=dev)
-        torch.cumsum(lens, 0, out=crow[1:])
-        total = int(crow[-1])
-        if total:
-            # slots ascend with t (pairs sorted by group, then entity), so the entries follow crow's order
-            first = torch.cumsum(cnt, 0) - cnt
-            pos = torch.repeat_interleave(start - first, cnt, output_size=total) + torch.arange(total, device=dev)
-            col, val = self.col[pos], self.val[pos]
-        else:
-            col = torch.zeros(0, dtype=torch.int32, device=dev)
-            val = torch.zeros(0, dtype=torch.float32, device=dev)
-        return ops.prepare_matrices((crow, col, val), num_entities=n)
+    def prepare_all(self) -> None:
+        """Prepare every relation's block now (what a benchmark does before timing, as one process prepares its stack)."""
+        for r in range(self.num_relations):
+            self.relation(r)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the shard plus the prepared blocks' own arrays (pointers and transposes)."""
+        own = sum(int(b.stack.crow.nbytes + b.stack.tcrow.nbytes + b.stack.trow.nbytes + b.stack.tval.nbytes
+                      + b.heads_or_none.nbytes) for b in self._blocks.values() if b is not None)
+        return self.shard.nbytes + own
 
 
 class _Cells:
@@ -217,41 +247,87 @@ class ShardedExecutor(Executor):
                       strategy: str = "auto", *, keep_sparse: bool = False):
         """Row ``b`` of the block ``x`` (B, N_k) through relation ``rels[b]``: this block of ``(y, argmax)``.
 
-        Gathers the frontier (:meth:`_gather_frontier`).  The rows are grouped by relation; group
-        g's active entities (the union of its rows' frontiers, sorted: compact order = id order,
-        which keeps the kernel's smallest-index tie rule) are the rows of stack relation g
-        (:meth:`ShardRows.compact_stack`), so a hop reads each relation's entries of its own
-        rows' frontier only, as one process does.  The executor's kernel projects; the witnesses
-        (compact indices) are mapped back to entity ids.
+        Gathers the frontier (:meth:`_gather_frontier`).  The rows are grouped by relation; a group's
+        frontier entries on the relation's heads here become the compact input ``(rows, heads)`` of the
+        relation's prepared block (:meth:`ShardRows.relation`: heads ascending, so the kernel's
+        smallest-index tie rule picks the same witness as over all N), one kernel call per group, and
+        its ``(rows, tails)`` output is written to the tails' columns.  Nothing of the matrices is
+        copied per hop.  Negated (``1 - min(1, s M)``, factor 1 off the support): active entities
+        without an entry here and columns without one are out of every support, so the row's largest
+        such value (smallest id on ties) is merged in, as the single-process kernel's maximum over all i.
         """
         b = x.shape[0]
         dev = self.device
         big_n = self.num_entities
+        rows_obj = cast(ShardRows, self.rows)
         g_rows, g_ents, g_vals = self._gather_frontier(x)
+        self.hops[-1] = self.hops[-1]._replace(active=int(g_vals.numel()))
         rel_t = torch.tensor(rels, dtype=torch.int64, device=dev)
         uniq, inv = torch.unique(rel_t, return_inverse=True)
-        n_groups = int(uniq.numel())
-        entry_key = inv[g_rows] * big_n + g_ents
-        pairs = torch.unique(entry_key)  # (group, entity) pairs, by group then entity
-        p_group = torch.div(pairs, big_n, rounding_mode="floor")
-        p_ent = pairs - p_group * big_n
-        g_start = torch.searchsorted(p_group, torch.arange(n_groups + 1, device=dev))
-        per_group = g_start[1:] - g_start[:-1]
-        a = torch.arange(pairs.numel(), device=dev) - g_start[p_group]
-        n_c = max(int(per_group.max()) if n_groups else 0, self.width, 1)
-        xc = torch.zeros(b, n_c, dtype=torch.float32, device=dev)
-        xc[g_rows, a[torch.searchsorted(pairs, entry_key)]] = g_vals
-        stack = cast(ShardRows, self.rows).compact_stack(uniq[p_group] * big_n + p_ent, p_group * n_c + a,
-                                                         n_groups, n_c)
-        y, arg = self.ops.project(xc, RowBlock(stack, inv), negated, self.neg_scale, want_arg, strategy, None)
-        hop = self.hops[-1]
-        self.hops[-1] = hop._replace(active=int(pairs.numel()))
-        y = y[:, : self.width].contiguous()
-        if arg is not None:
-            loc = arg[:, : self.width].long()
-            at = (g_start[inv].view(-1, 1) + loc.clamp(min=0)).clamp(max=max(int(pairs.numel()) - 1, 0))
-            arg = torch.where(loc >= 0, p_ent[at] if pairs.numel() else loc, loc).to(torch.int32)
-        return y, arg
+        blocks = [rows_obj.relation(r) for r in uniq.tolist()]
+        order = torch.argsort(inv, stable=True)  # batch rows by group
+        counts = torch.bincount(inv, minlength=len(blocks))
+        pos = torch.empty_like(order)
+        pos[order] = torch.arange(b, device=dev) - (torch.cumsum(counts, 0) - counts)[inv[order]]  # row within group
+        e_group = inv[g_rows]
+        e_order = torch.argsort(e_group, stable=True)  # the gathered entries by group, then row, then entity
+        e_counts = torch.bincount(e_group, minlength=len(blocks))
+        if negated:
+            # a column without an entry here is out of every support, and so is an active head without entries
+            all_val, all_id = self._row_max(b, g_rows, g_ents, g_vals)
+            y = all_val.unsqueeze(1).repeat(1, self.width)
+            arg = torch.where(all_val > 0, all_id, -1).unsqueeze(1).repeat(1, self.width) if want_arg else None
+        else:
+            y = torch.zeros(b, self.width, dtype=torch.float32, device=dev)
+            arg = torch.full((b, self.width), -1, dtype=torch.int64, device=dev) if want_arg else None
+        rel0 = torch.zeros(b, dtype=torch.int64, device=dev)
+        counts_l, e_counts_l = counts.tolist(), e_counts.tolist()
+        first = e_first = 0
+        for g, blk in enumerate(blocks):  # one kernel call per relation, its output written to its tails' columns
+            c_g, rows_g = counts_l[g], order[first:first + counts_l[g]]
+            sel = e_order[e_first:e_first + e_counts_l[g]]
+            first, e_first = first + c_g, e_first + e_counts_l[g]
+            if blk is None:
+                continue
+            # the group's frontier on the relation's heads here: compact rows (heads ascending, as ids)
+            heads = blk.heads_or_none[1:]
+            ents, e_rows, vals = g_ents[sel], g_rows[sel], g_vals[sel]
+            at = torch.searchsorted(heads, ents)
+            found = heads[at.clamp(max=heads.numel() - 1)] == ents
+            n_g = blk.stack.n
+            xc = torch.zeros(c_g, n_g, dtype=torch.float32, device=dev)
+            xc[pos[e_rows[found]], at[found]] = vals[found]
+            yk, ak = self.ops.project(xc, RowBlock(blk.stack, rel0[:c_g]), negated, self.neg_scale, want_arg,
+                                      strategy, None)
+            nt = blk.tails.numel()
+            yk = yk[:, :nt]
+            akg = None if ak is None else blk.heads_or_none[ak[:, :nt].long() + 1]  # compact row -> entity id
+            if negated:
+                off_val, off_id = self._row_max(b, e_rows[~found], ents[~found], vals[~found])
+                c = off_val[rows_g].unsqueeze(1)
+                v = torch.maximum(yk, c)
+                if akg is not None:
+                    ic = off_id[rows_g].unsqueeze(1)
+                    ka = torch.where(akg >= 0, akg, big_n)
+                    w = torch.where(yk > c, ka, torch.where(c > yk, ic, torch.minimum(ka, ic)))
+                    akg = torch.where(v > 0, w, -1)
+                yk = v
+            idx = (rows_g.unsqueeze(1), blk.tails)
+            y[idx] = yk
+            if arg is not None:
+                arg[idx] = akg
+        return y, None if arg is None else arg.to(torch.int32)
+
+    @staticmethod
+    def _row_max(b: int, rows: torch.Tensor, ents: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row, the largest of the given values (0 without any) and the smallest entity id reaching it
+        (2**62 where there is none)."""
+        best = torch.zeros(b, dtype=torch.float32, device=vals.device)
+        best.scatter_reduce_(0, rows, vals, "amax")
+        ids = torch.full((b,), 2**62, dtype=torch.int64, device=vals.device)
+        hit = vals == best[rows]
+        ids.scatter_reduce_(0, rows[hit], ents[hit], "amin")
+        return best, ids
 
     def gather_columns(self, y: torch.Tensor) -> torch.Tensor:
         """The full (B, N) tensor from every rank's (B, N_k) block (collective)."""
@@ -267,6 +343,58 @@ class ShardedExecutor(Executor):
             raise UserError("trace_values: not available in a sharded run yet (node values are split across ranks)")
         for item in super().iter_scores(queries, batch_size=batch_size, progress=progress, trace=trace):
             yield (item[0], self.gather_columns(item[1]), *item[2:])
+
+    def block_scores(self, queries: Sequence[Node], *, batch_size: int = 1024) -> torch.Tensor:
+        """This rank's columns ``[lo, hi)`` of :meth:`scores`: (len(queries), N_k) float32 in input order (collective;
+        nothing is gathered)."""
+        out = torch.zeros(len(queries), self.width, dtype=torch.float32, device=self.device)
+        for idx, y in Executor.iter_scores(self, queries, batch_size=batch_size):
+            out[torch.tensor(idx, device=self.device)] = y
+        return out
+
+    def rank_batch(self, queries: Sequence[Any], *, batch_size: int = 1024) -> dict[str, dict[str, torch.Tensor]]:
+        """:func:`engine.eval.metrics.rank_batch` of these :class:`~engine.eval.metrics.EvalQuery` without the full
+        scores (collective; the same metrics on every rank, bit for bit those of one process).
+
+        Each rank scores its column block.  A hard answer's score comes from its owner (one all-reduce of the
+        (B, K) scores, every other rank adding 0); each rank counts its non-answers scoring above (and at
+        least) it, :func:`~engine.eval.metrics.filtered_ranks` on the block with the answers' scores as extra,
+        masked columns; one all-reduce sums the counts.  The ranks are then the same integers as over all N.
+        """
+        from engine.eval.metrics import _pad, filtered_ranks, query_metrics
+
+        y = self.block_scores([q.node for q in queries], batch_size=batch_size).cpu()
+        b = y.shape[0]
+        hard = _pad([q.hard for q in queries])  # (B, K) global ids, -1 = padding
+        k = hard.shape[1]
+        valid = hard >= 0
+        mine = valid & (hard >= self.lo) & (hard < self.hi)
+        local = y.gather(1, (hard - self.lo).clamp(0, max(self.width - 1, 0))) if self.width else torch.zeros(b, k)
+        hard_scores = self.comm.all_reduce_sum(torch.where(mine, local, torch.zeros_like(local)), "hard scores")
+        mask = torch.zeros(b, self.width + k, dtype=torch.bool)
+        mask[:, self.width:] = True  # the appended answer scores never count as non-answers
+        for i, q in enumerate(queries):
+            ids = torch.from_numpy(np.concatenate([q.easy, q.hard]).astype(np.int64))
+            ids = ids[(ids >= self.lo) & (ids < self.hi)] - self.lo
+            mask[i, ids] = True
+        counts = torch.zeros(2 * b * k + 1, dtype=torch.float64)
+        if bool(torch.isnan(y).any()) or bool(torch.isnan(hard_scores).any()):
+            counts[-1] = 1.0  # every rank raises filtered_ranks' error
+        else:
+            ext = torch.where(valid, self.width + torch.arange(k).expand(b, k), torch.full_like(hard, -1))
+            r = filtered_ranks(torch.cat([y, hard_scores], 1), mask, ext)
+            counts[: b * k] = torch.nan_to_num(r["optimistic"] - 1.0).flatten()
+            counts[b * k: 2 * b * k] = torch.nan_to_num(r["pessimistic"] - 1.0).flatten()
+        total = self.comm.all_reduce_sum(counts, "rank counts")
+        if total[-1] > 0:
+            raise ValueError("scores contain NaN")
+        greater, greater_equal = total[: b * k].view(b, k), total[b * k: 2 * b * k].view(b, k)
+        nan = torch.tensor(math.nan, dtype=torch.float64)
+        # the same float64 expressions as filtered_ranks over all N (the counts are the same integers)
+        ranks = {"optimistic": torch.where(valid, 1.0 + greater, nan),
+                 "average": torch.where(valid, 1.0 + greater + (greater_equal - greater) / 2.0, nan),
+                 "pessimistic": torch.where(valid, 1.0 + greater_equal, nan)}
+        return {tie: query_metrics(r) for tie, r in ranks.items()}
 
     def _top_k(self, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-``k`` of every row over all ranks' blocks (ties: smaller id): local top-k, one gather, a stable merge."""

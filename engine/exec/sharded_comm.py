@@ -123,6 +123,16 @@ class Comm:
         self._count(kind, outs)
         return outs
 
+    def all_reduce_sum(self, t: torch.Tensor, kind: str) -> torch.Tensor:
+        """The element-wise sum of every rank's ``t`` (same shape and dtype on every rank); ``t`` is left as it was."""
+        out = t.contiguous().clone()
+        self._run(f"all_reduce ({kind})", lambda: dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group))
+        # what a ring all-reduce receives: about (P-1)/P of the tensor twice (reduce-scatter, then all-gather)
+        nbytes = 2 * (self.size - 1) * out.numel() * out.element_size() // max(1, self.size)
+        self.received[kind] = self.received.get(kind, 0) + nbytes
+        self.calls[kind] = self.calls.get(kind, 0) + 1
+        return out
+
     def sizes(self, n: int, kind: str) -> list[int]:
         """Every rank's ``n``."""
         got = self.all_gather(torch.tensor([n], dtype=torch.int64), kind)
