@@ -5,6 +5,10 @@
         --betae-folder ../shared/data/betae/NELL-betae
 
 Prints a per-structure table (percent, 1 decimal) and optionally writes JSON.
+
+Sharded (docs/distributed.md): ``torchrun --nproc-per-node P -m engine.evaluate --artifact SHARDS ...``;
+each rank scores its column block, the ranks come from one all-reduce of counts, and rank 0 prints
+and writes the same metrics as one process.
 """
 from __future__ import annotations
 
@@ -58,6 +62,10 @@ class EvaluateSettings(Settings):
     row_cache_gb: float | None = row_cache_gb_setting()
     row_store_gb: float | None = row_store_gb_setting()
     verify: bool = verify_setting()
+    # -- sharded runs: torchrun --nproc-per-node P -m engine.evaluate ... (engine.exec.sharded, docs/distributed.md)
+    dist_timeout: float | None = setting(None, low=0, low_open=True, high=1e7, metavar="S", shown_default="120",
+                                         help="under torchrun: seconds a rank waits for the others before it stops "
+                                              "with an error")
 
     def __post_init__(self) -> None:
         if (self.queries is None) == (self.betae_queries is None):
@@ -101,8 +109,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if s not in known:
             raise unknown_name("query structure", s, known, "--structures")
     t0 = time.perf_counter()
-    artifact = Artifact.load(args.artifact, verify=args.verify, load_embeddings=False, row_cache_gb=args.row_cache_gb,
-                             row_store_gb=args.row_store_gb)
+    from engine.exec.sharded_load import torchrun_group
+
+    group = torchrun_group(args.device, args.dist_timeout)  # None unless torchrun started several ranks
+    executor = None
+    if group is not None:
+        import torch.distributed as dist
+
+        from engine.exec.api import Engine
+
+        for given, flag in ((args.row_cache_gb, "--row-cache-gb"), (args.row_store_gb, "--row-store-gb")):
+            if given is not None:
+                raise UserError(f"{flag}: lazy artifacts do not run sharded; run one process")
+        engine = Engine.load(args.artifact, verify=args.verify, process_group=group, tnorm=args.tnorm,
+                             neg_scale=args.neg_scale, device=args.device, frontier_k=args.frontier_k)
+        artifact, executor = engine.artifact, engine.executor
+        lead = dist.get_rank(group) == 0  # the ranks compute the same metrics: one prints and writes them
+    else:
+        artifact = Artifact.load(args.artifact, verify=args.verify, load_embeddings=False,
+                                 row_cache_gb=args.row_cache_gb, row_store_gb=args.row_store_gb)
+        lead = True
     info: dict = {}
     if args.queries is not None:
         queries = load_jsonl_queries(args.queries, artifact, structures=args.structures)
@@ -115,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timings: dict = {}
         queries = load_betae_queries(
             args.betae_queries, folder, structures=args.structures, negation=args.negation or "qto",
-            progress=args.progress, timings=timings,
+            progress=args.progress and lead, timings=timings,
         )
         info["betae_timings_s"] = timings
         source = str(args.betae_queries)
@@ -133,20 +159,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not queries:
         raise UserError(f"{source}: no queries to evaluate")
     no_hard = sum(1 for q in queries if len(q.hard) == 0)
-    if no_hard:
+    if no_hard and lead:
         print(f"note: {no_hard} of {len(queries)} queries have no hard answer and are not ranked", file=sys.stderr)
     t1 = time.perf_counter()
-    executor = Executor(artifact, tnorm=args.tnorm, neg_scale=args.neg_scale, device=args.device,
-                        frontier_k=args.frontier_k)
-    results = evaluate_queries(executor, queries, batch_size=args.batch_size, progress=args.progress)
+    if executor is None:
+        executor = Executor(artifact, tnorm=args.tnorm, neg_scale=args.neg_scale, device=args.device,
+                            frontier_k=args.frontier_k)
+    results = evaluate_queries(executor, queries, batch_size=args.batch_size, progress=args.progress and lead)
     t2 = time.perf_counter()
     if not results:
         raise UserError(f"{source}: no query has a hard answer: nothing to rank")
+    if not lead:
+        return 0
     print(format_table(results, ties=args.ties))
     print(f"({sum(r.num_queries for r in results)} queries, ties={args.ties}, tnorm={args.tnorm}, "
           f"negation={args.negation or 'as written'}"
           + (f", frontier_k={args.frontier_k}" if args.frontier_k is not None else "")
-          + (", lazy rows" if artifact.is_lazy else "") + f"; load {t1 - t0:.1f} s, evaluate {t2 - t1:.1f} s)")
+          + (", lazy rows" if artifact.is_lazy else "")
+          + (f", {executor.comm.size} ranks" if group is not None else "") + f"; load {t1 - t0:.1f} s, evaluate {t2 - t1:.1f} s)")
     if args.json is not None:
         record = {
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},

@@ -37,8 +37,10 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     return env
 
 
-def run_ranks(args_of_rank, world: int, *, timeout: float = RUN_TIMEOUT_S, module: str | None = None):
-    """Start ``world`` ranks (this file's worker, or ``python -m module``); wait at most ``timeout`` s for all.
+def run_ranks(args_of_rank, world: int, *, timeout: float = RUN_TIMEOUT_S, module: str | None = None,
+              script: Path | None = None):
+    """Start ``world`` ranks (this file's worker, ``python -m module`` or ``python script``); wait at most
+    ``timeout`` s for all.
 
     Returns ``[(returncode, stdout, stderr)]`` in rank order; a rank still running at the timeout is killed
     and the test fails showing every rank's stderr.
@@ -46,7 +48,8 @@ def run_ranks(args_of_rank, world: int, *, timeout: float = RUN_TIMEOUT_S, modul
     port = free_port()
     procs = []
     for rank in range(world):
-        cmd = [sys.executable, "-m", module] if module else [sys.executable, str(Path(__file__)), "worker"]
+        cmd = [sys.executable, "-m", module] if module else [sys.executable, str(script)] if script else \
+            [sys.executable, str(Path(__file__)), "worker"]
         procs.append(subprocess.Popen(cmd + list(args_of_rank(rank)), env=rank_env(rank, world, port), cwd=ROOT,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     out = []

@@ -186,10 +186,13 @@ def evaluate_queries(
         sums: dict[str, dict[str, float]] = {t: {} for t in TIES}
         for lo in range(0, len(group), batch_size):
             chunk = group[lo : lo + batch_size]
-            scores = executor.scores([q.node for q in chunk], batch_size=batch_size)
-            if not isinstance(scores, torch.Tensor):
-                scores = torch.as_tensor(scores)
-            per_query = rank_batch(scores, chunk)
+            if hasattr(executor, "rank_batch"):  # a sharded rank: its column block, no full scores (engine.exec.sharded)
+                per_query = executor.rank_batch(chunk, batch_size=batch_size)
+            else:
+                scores = executor.scores([q.node for q in chunk], batch_size=batch_size)
+                if not isinstance(scores, torch.Tensor):
+                    scores = torch.as_tensor(scores)
+                per_query = rank_batch(scores, chunk)
             for tie, metrics in per_query.items():
                 for m, v in metrics.items():
                     sums[tie][m] = sums[tie].get(m, 0.0) + float(v.sum())
