@@ -1,10 +1,11 @@
 """Sharded execution (engine.exec.sharded): P ranks over gloo on 127.0.0.1, bit-identical to one process.
 
-Each test starts P worker processes of this file (``python tests/test_dist_exec.py worker ...``,
-the environment torchrun would set: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT on a free port),
-bounded by a timeout; every rank writes what it computed, and the test compares it with the
-single-process executor in this process: answers, scores and explanations with ``==`` and
-``torch.equal``.
+A group is P worker processes of this file (``python tests/test_dist_exec.py worker ...``, the
+environment torchrun would set: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT on a free port), bounded
+by a timeout, running several cases in turn (:func:`worker`; the 2-rank checks of this file and
+test_dist_shard.py share one group, :func:`two_ranks`); every rank writes what it computed, and the
+test compares it with the single-process executor in this process: answers, scores and explanations
+with ``==`` and ``torch.equal``.
 """
 from __future__ import annotations
 
@@ -71,29 +72,67 @@ def strip(results):
 
 
 # ------------------------------------------------------------------------------ the worker
-def worker(argv: list[str]) -> int:
-    """``worker ARTIFACT QUERIES OUT``: this rank's answers and scores of the queries (one per line) into OUT."""
-    artifact, queries, out = argv
-    from engine.exec.sharded_load import init_from_env
+def answers_and_scores(artifact: str, queries: str, out: str) -> None:
+    """This rank's answers and scores of the queries (one per line of the file ``queries``) into ``out``
+    (collective: every rank of the group calls it)."""
     from engine.exec.api import Engine
+    from engine.exec.sharded_load import init_from_env
 
-    group = init_from_env(timeout_s=60)
-    if artifact.startswith("tiny:"):
-        artifact = tiny_artifact()
-    eng = Engine.load(artifact, process_group=group)
+    group = init_from_env(timeout_s=60)  # the group already joined
+    eng = Engine.load(tiny_artifact() if artifact == "tiny:" else artifact, process_group=group)
     lines = [l for l in Path(queries).read_text().splitlines() if l.strip()]
     nodes = eng.queries(lines)
     res = eng.answer(nodes, k=10)
     scores = eng.scores(nodes)
     ex = eng.executor
-    with open(out, "wb") as f:
+    with open(out.replace(".pkl", f".rank{ex.comm.rank}.pkl"), "wb") as f:
         pickle.dump({"answers": strip(res), "scores": scores, "width": ex.width, "nnz": ex.shard.nnz,
                      "hops": [tuple(h) for h in ex.hops]}, f)
+
+
+def worker(argv: list[str]) -> int:
+    """``worker OUT CASES``: run every case of the JSON file CASES in one group, in order, and write each case's
+    exit code, stdout and stderr to OUT (JSON).  A case is ``[module, argv]``, the CLI's ``main(argv)`` (in
+    this process: no spawn per case), or ``["answers", [ARTIFACT, QUERIES, OUT]]``: :func:`answers_and_scores`.
+    """
+    import contextlib
+    import importlib
+    import io
+    import json
+
     import torch.distributed as dist
 
+    from engine.exec.sharded_load import init_from_env
+
+    out, cases = argv
+    init_from_env(timeout_s=60)  # every case's torchrun_group then finds this group
+    got = []
+    for module, args in json.loads(Path(cases).read_text()):
+        so, se = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
+            if module == "answers":
+                answers_and_scores(*args)
+                rc = 0
+            else:
+                rc = importlib.import_module(module).main(args)
+        got.append([rc, so.getvalue(), se.getvalue()])
+    Path(out).write_text(json.dumps(got))
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def run_cases(tmp: Path, cases: dict[str, list], world: int) -> dict[str, list[tuple[int, str, str]]]:
+    """Spawn one group of ``world`` ranks running every case (see :func:`worker`): ``{name: [(rc, stdout,
+    stderr) per rank]}``."""
+    import json
+
+    (tmp / "cases.json").write_text(json.dumps(list(cases.values())))
+    got = run_ranks(lambda k: [str(tmp / f"rank{k}.json"), str(tmp / "cases.json")], world)
+    for k, (rc, _, err) in enumerate(got):
+        assert rc == 0, f"rank {k}: {err[-3000:]}"
+    per_rank = [json.loads((tmp / f"rank{k}.json").read_text()) for k in range(world)]
+    return {name: [tuple(r[i]) for r in per_rank] for i, name in enumerate(cases)}
 
 
 def tiny_artifact():
@@ -130,13 +169,17 @@ def sampled_queries(engine, per_structure: int) -> list[str]:
     return out
 
 
-def check_ranks(tmp_path, artifact_arg: str, single, lines: list[str], world: int):
-    qfile = tmp_path / "queries.txt"
-    qfile.write_text("\n".join(lines) + "\n")
-    outs = [tmp_path / f"rank{k}-of-{world}.pkl" for k in range(world)]
-    got = run_ranks(lambda k: [artifact_arg, str(qfile), str(outs[k])], world)
-    for k, (rc, _, err) in enumerate(got):
-        assert rc == 0, f"rank {k}: {err[-3000:]}"
+def check_ranks(tmp_path, artifact_arg: str, single, lines: list[str], world: int, runs=None):
+    """Every rank's answers and scores (a pickle per rank) against one process's; spawns a group unless ``runs``
+    (the outputs' folder of a group that ran the ``answers`` case already) is given."""
+    if runs is None:
+        qfile = tmp_path / "queries.txt"
+        qfile.write_text("\n".join(lines) + "\n")
+        cases = {"answers": ["answers", [artifact_arg, str(qfile), str(tmp_path / f"answers-of-{world}.pkl")]]}
+        got = run_cases(tmp_path, cases, world)
+        assert [g[0] for g in got["answers"]] == [0] * world
+        runs = tmp_path
+    outs = [runs / f"answers-of-{world}.rank{k}.pkl" for k in range(world)]
     nodes = single.queries(lines)
     want = strip(single.answer(nodes, k=10))
     want_scores = single.scores(nodes)
@@ -149,21 +192,85 @@ def check_ranks(tmp_path, artifact_arg: str, single, lines: list[str], world: in
     return ranks
 
 
+EXPR = "(i (p location_of acquired_abnormality) (np interacts_with bacterium))"
+
+
+_TWO_RANKS: dict[str, tuple] = {}
+
+
+@pytest.fixture(scope="session")
+def two_ranks(umls_tiny_artifact, tmp_path_factory):
+    """The 2-rank group's runs (:func:`two_rank_runs`)."""
+    return two_rank_runs(umls_tiny_artifact, tmp_path_factory)
+
+
+def two_rank_runs(umls_tiny_artifact, tmp_path_factory):
+    """One spawned group of 2 ranks for every 2-rank check of this file and test_dist_shard.py (one spawn,
+    not one per check): the UMLS answers and scores against one process, and the sharded CLI cases
+    (engine.answer on 2 shards, on 3 shards, on an incomplete and on a mixed shard set, verified and not;
+    engine.evaluate).  Returns ``(runs, folder, shards)``: ``runs[case]`` is ``[(rc, stdout, stderr) per
+    rank]``, ``shards[p]`` the UMLS artifact as p shards.  Run once per test process (test_dist_shard.py's
+    fixture calls it too: a fixture imported into another module would be a second one)."""
+    import shutil
+
+    if str(umls_tiny_artifact) in _TWO_RANKS:
+        return _TWO_RANKS[str(umls_tiny_artifact)]
+
+    from engine.eval.sampling import sample_queries, write_jsonl
+    from engine.exec.api import Engine
+    from kge.shard import main as shard_main
+    from kge.sharding import shard_file_name, write_shards
+
+    d = tmp_path_factory.mktemp("two-ranks")
+    shards = {}
+    for p in (2, 3):
+        shards[p] = d / f"umls.{p}"
+        assert shard_main(["--artifact", str(umls_tiny_artifact), "--shards", str(p), "--out", str(shards[p]),
+                           "--quiet"]) == 0
+    incomplete = d / "incomplete"
+    shutil.copytree(shards[2], incomplete)
+    (incomplete / shard_file_name(1, 2)).unlink()
+    other = d / "other"  # shard 1 of another build: the 7-entity KG's, also 2 shards
+    write_shards(tiny_artifact(), 2, other)
+    mixed = d / "mixed"
+    shutil.copytree(shards[2], mixed)
+    shutil.copy(other / shard_file_name(1, 2), mixed / shard_file_name(1, 2))
+    single = Engine.load(umls_tiny_artifact)
+    (d / "queries.txt").write_text("\n".join(sampled_queries(single, 2)) + "\n")
+    qs, _ = sample_queries(single.artifact, list(STRUCTURES), 3, seed=0, progress=False)
+    write_jsonl(qs, d / "q.jsonl", single.artifact)
+    answer = ["--expr", EXPR, "--top-k", "5"]
+    cases = {
+        "answers": ["answers", [str(umls_tiny_artifact), str(d / "queries.txt"), str(d / "answers-of-2.pkl")]],
+        "answer": ["engine.answer", ["--artifact", str(shards[2]), *answer]],
+        "count": ["engine.answer", ["--artifact", str(shards[3]), *answer]],
+        "incomplete": ["engine.answer", ["--artifact", str(incomplete), *answer]],
+        "mixed": ["engine.answer", ["--artifact", str(mixed), *answer]],
+        "mixed unverified": ["engine.answer", ["--artifact", str(mixed), *answer, "--skip-artifact-checksums"]],
+        "evaluate": ["engine.evaluate", ["--artifact", str(shards[2]), "--queries", str(d / "q.jsonl"), "--no-progress",
+                                         "--batch-size", "5", "--json", str(d / "eval.json")]],
+    }
+    _TWO_RANKS[str(umls_tiny_artifact)] = run_cases(d, cases, 2), d, shards
+    return _TWO_RANKS[str(umls_tiny_artifact)]
+
+
 @pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
-def test_sharded_answers_scores_explanations_bit_identical(umls_tiny_artifact, tmp_path, world):
+def test_sharded_answers_scores_explanations_bit_identical(umls_tiny_artifact, two_ranks, tmp_path, world):
     """All 14 BetaE structures (2 sampled queries each) on UMLS (135 entities: P = 2 does not divide N).
 
-    3 ranks is slow (one more process, ~10 s of CPU); its fast twins: 2 ranks here, and 3 ranks on the
-    7-entity KG (:func:`test_rank_with_an_empty_block`)."""
+    3 ranks is slow (a group of its own, ~10 s of CPU); its fast twins: 2 ranks here (in the shared group),
+    and 3 ranks on the 7-entity KG (:func:`test_rank_with_an_empty_block`)."""
     from engine.exec.api import Engine
 
+    runs, d, _ = two_ranks
     single = Engine.load(umls_tiny_artifact)
-    lines = sampled_queries(single, 2)
-    ranks = check_ranks(tmp_path, str(umls_tiny_artifact), single, lines, world)
+    lines = (d / "queries.txt").read_text().splitlines()
+    if world == 2:
+        assert [g[0] for g in runs["answers"]] == [0, 0], [g[2][-2000:] for g in runs["answers"]]
+    ranks = check_ranks(tmp_path, str(umls_tiny_artifact), single, lines, world, runs=d if world == 2 else None)
     widths = [r["width"] for r in ranks]
     assert sum(widths) == single.artifact.num_entities and min(widths) > 0
-    # projections moved data, and both the sparse and the dense exchanges were exercised across the runs
-    assert all(r["hops"] for r in ranks)
+    assert all(r["hops"] for r in ranks)  # projections moved data
 
 
 def test_rank_with_an_empty_block(tmp_path):
@@ -179,4 +286,4 @@ def test_rank_with_an_empty_block(tmp_path):
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         raise SystemExit(worker(sys.argv[2:]))
-    raise SystemExit("usage: python tests/test_dist_exec.py worker ARTIFACT QUERIES OUT")
+    raise SystemExit("usage: python tests/test_dist_exec.py worker OUT CASES")

@@ -1,7 +1,7 @@
 """Shard folders (kge.shard) read by sharded runs of engine.answer, and the faults of a sharded run.
 
 Ranks are processes with torchrun's environment (see test_dist_exec.py), bounded by a timeout.  The CLI
-cases share one spawned group of 2 ranks (:func:`cli_runs`: each case is the CLI's ``main`` in the ranks'
+cases share one spawned group of 2 ranks (:func:`two_ranks`: each case is the CLI's ``main`` in the ranks'
 processes): the answers, engine.evaluate's metrics, and a shard set that does not fit the run (one error
 line on every rank).  A rank that dies or hangs ends the others with one error line within
 ``--dist-timeout`` (separate processes: ``python -m engine.answer`` and this file's rank).
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,22 +19,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_dist_exec import ROOT, free_port, rank_env, run_ranks
+from test_dist_exec import EXPR, ROOT, free_port, rank_env, two_rank_runs
 
-EXPR = "(i (p location_of acquired_abnormality) (np interacts_with bacterium))"
+
+@pytest.fixture(scope="session")
+def two_ranks(umls_tiny_artifact, tmp_path_factory):
+    """The group of 2 ranks test_dist_exec.py's 2-rank check shares (spawned once per test process)."""
+    return two_rank_runs(umls_tiny_artifact, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def shards(umls_tiny_artifact, tmp_path_factory):
-    """The tiny UMLS artifact as 2 and as 3 shards."""
-    from kge.shard import main
-
-    root = tmp_path_factory.mktemp("shards")
-    out = {}
-    for p in (2, 3):
-        out[p] = root / f"umls.{p}"
-        assert main(["--artifact", str(umls_tiny_artifact), "--shards", str(p), "--out", str(out[p]), "--quiet"]) == 0
-    return out
+def shards(two_ranks):
+    """The tiny UMLS artifact as 2 and as 3 shards (written by the shared group's fixture)."""
+    return two_ranks[2]
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -64,87 +60,23 @@ def test_shard_files_hold_only_their_block(umls_tiny_artifact, shards):
             # every entry of the block, with its value: the rows decoded from the hypersparse keys, the columns
             # from each relation's tails in the block
             rows = np.repeat(s.keys, np.diff(s.ptr))
-            cols = np.concatenate([s.relation_tails(int(k // n))[s.col[a:b]] for k, a, b in
-                                   zip(s.keys, s.ptr[:-1], s.ptr[1:])] or [np.zeros(0, np.int32)]) + lo
-            got = sorted(zip(rows.tolist(), cols.tolist(), s.val.tolist()))
-            want = sorted(zip(coo_row[keep].tolist(), coo_col[keep].tolist(), coo_val[keep].tolist()))
-            assert got == want
+            cols = s.tails[s.tail_ptr[rows // n] + s.col] + lo
+            got = np.lexsort((cols, rows))
+            want = np.flatnonzero(keep)[np.lexsort((coo_col[keep], coo_row[keep]))]
+            assert np.array_equal(rows[got], coo_row[want]) and np.array_equal(cols[got], coo_col[want])
+            assert np.array_equal(s.val[got], coo_val[want])
             # hypersparse: one key per row that has an entry in the block, none for the others
             assert np.array_equal(s.keys, np.unique(coo_row[keep])) and np.all(np.diff(s.ptr) > 0)
-            # and per relation only the tails it has here
-            for rel in range(r):
-                in_rel = keep & (coo_row // n == rel)
-                assert np.array_equal(s.relation_tails(rel) + lo, np.unique(coo_col[in_rel]))
+            # and per relation exactly the tails it has here, ascending
+            pairs = np.repeat(np.arange(r, dtype=np.int64), np.diff(s.tail_ptr)) * n + s.tails + lo
+            assert np.array_equal(pairs, np.unique(coo_row[keep] // n * n + coo_col[keep]))
             total += s.nnz
             # balanced by entries: a block is off 1/P of them by less than one column's entries
             assert abs(s.nnz - m.nnz / p) <= counts.max()
         assert total == art.matrices.nnz
 
 
-def _cli_cases(out: str, cases_json: str) -> int:
-    """A rank of :func:`test_sharded_cli_runs`: every case (``[module, argv]``) through the CLI's ``main`` in
-    this one process group; each case's exit code, stdout and stderr go to ``out`` (JSON)."""
-    import contextlib
-    import importlib
-    import io
-
-    from engine.exec.sharded_load import torchrun_group
-
-    torchrun_group("cpu", 60.0)  # the group every case's torchrun_group then finds
-    got = []
-    for module, argv in json.loads(Path(cases_json).read_text()):
-        so, se = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
-            rc = importlib.import_module(module).main(argv)
-        got.append([rc, so.getvalue(), se.getvalue()])
-    Path(out).write_text(json.dumps(got))
-    return 0
-
-
-@pytest.fixture(scope="module")
-def cli_runs(umls_tiny_artifact, shards, tmp_path_factory):
-    """One group of 2 ranks running every sharded CLI case in turn (one spawn instead of one per case): the
-    answers, a shard count that is not the world size, an incomplete and a mixed shard set, and
-    engine.evaluate.  Returns ``{case: [(rc, stdout, stderr) per rank]}`` and the folder."""
-    from engine.eval.sampling import sample_queries, write_jsonl
-    from kge.artifact import Artifact
-    from kge.sharding import shard_file_name, write_shards
-    from test_dist_exec import tiny_artifact
-
-    d = tmp_path_factory.mktemp("cli")
-    incomplete = d / "incomplete"
-    shutil.copytree(shards[2], incomplete)
-    (incomplete / shard_file_name(1, 2)).unlink()
-    # shard 1 of another build (the 7-entity KG's, also 2 shards)
-    other = d / "other"
-    write_shards(tiny_artifact(), 2, other)
-    mixed = d / "mixed"
-    shutil.copytree(shards[2], mixed)
-    shutil.copy(other / shard_file_name(1, 2), mixed / shard_file_name(1, 2))
-    art = Artifact.load(umls_tiny_artifact, load_embeddings=False)
-    structures = ["1p", "2p", "3p", "2i", "3i", "ip", "pi", "2in", "3in", "inp", "pin", "pni", "2u", "up"]
-    qs, _ = sample_queries(art, structures, 3, seed=0, progress=False)
-    write_jsonl(qs, d / "q.jsonl", art)
-    answer = ["--expr", EXPR, "--top-k", "5"]
-    cases = {
-        "answer": ["engine.answer", ["--artifact", str(shards[2]), *answer]],
-        "count": ["engine.answer", ["--artifact", str(shards[3]), *answer]],
-        "incomplete": ["engine.answer", ["--artifact", str(incomplete), *answer]],
-        "mixed": ["engine.answer", ["--artifact", str(mixed), *answer]],
-        "mixed unverified": ["engine.answer", ["--artifact", str(mixed), *answer, "--skip-artifact-checksums"]],
-        "evaluate": ["engine.evaluate", ["--artifact", str(shards[2]), "--queries", str(d / "q.jsonl"), "--no-progress",
-                                         "--batch-size", "5", "--json", str(d / "eval.json")]],
-    }
-    (d / "cases.json").write_text(json.dumps(list(cases.values())))
-    got = run_ranks(lambda k: ["cases", str(d / f"rank{k}.json"), str(d / "cases.json")], 2,
-                    script=Path(__file__))
-    for k, (rc, _, err) in enumerate(got):
-        assert rc == 0, f"rank {k}: {err[-3000:]}"
-    per_rank = [json.loads((d / f"rank{k}.json").read_text()) for k in range(2)]
-    return {name: [tuple(r[i]) for r in per_rank] for i, name in enumerate(cases)}, d
-
-
-def test_sharded_cli_prints_what_one_process_prints(umls_tiny_artifact, cli_runs):
+def test_sharded_cli_prints_what_one_process_prints(umls_tiny_artifact, two_ranks):
     from engine.answer import main
 
     import contextlib
@@ -153,13 +85,13 @@ def test_sharded_cli_prints_what_one_process_prints(umls_tiny_artifact, cli_runs
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert main(["--artifact", str(umls_tiny_artifact), "--expr", EXPR, "--top-k", "5"]) == 0
-    got = cli_runs[0]["answer"]
+    got = two_ranks[0]["answer"]
     assert [g[0] for g in got] == [0, 0], [g[2][-2000:] for g in got]
     assert got[0][1] == buf.getvalue() and "—" in got[0][1]  # rank 0 prints, explanations included
     assert got[1][1] == ""  # the other ranks print nothing
 
 
-def test_sharded_evaluate_gives_one_process_metrics(umls_tiny_artifact, cli_runs):
+def test_sharded_evaluate_gives_one_process_metrics(umls_tiny_artifact, two_ranks):
     """torchrun -m engine.evaluate: every rank ranks on its column block (one all-reduce of counts); the
     metrics are those of one process, exactly, and only rank 0 prints and writes them."""
     from engine.evaluate import main
@@ -167,7 +99,7 @@ def test_sharded_evaluate_gives_one_process_metrics(umls_tiny_artifact, cli_runs
     import contextlib
     import io
 
-    runs, d = cli_runs
+    runs, d, _ = two_ranks
     sharded = json.loads((d / "eval.json").read_text())
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
@@ -192,17 +124,17 @@ def test_a_shard_folder_in_one_process_says_what_it_is(shards, capsys):
     assert len(err) == 1 and "is a shard folder for 2 ranks" in err[0] and "torchrun --nproc-per-node 2" in err[0], err
 
 
-def test_shard_count_not_the_world_size(cli_runs):
-    for rc, out, err in cli_runs[0]["count"]:
+def test_shard_count_not_the_world_size(two_ranks):
+    for rc, out, err in two_ranks[0]["count"]:
         assert rc == 2 and out == ""
         lines = error_lines(err)
         assert len(lines) == 1 and "holds 3 shards but the run has 2 ranks" in lines[0], err
 
 
-def test_incomplete_and_mixed_shard_sets(cli_runs):
+def test_incomplete_and_mixed_shard_sets(two_ranks):
     from kge.sharding import shard_file_name
 
-    runs = cli_runs[0]
+    runs = two_ranks[0]
     for rc, _, err in runs["incomplete"]:
         lines = error_lines(err)
         assert rc == 2 and len(lines) == 1 and "incomplete" in lines[0] and shard_file_name(1, 2) in lines[0], err
@@ -255,6 +187,4 @@ def test_a_rank_that_dies_or_hangs_ends_the_others(shards, mode):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "cases":
-        raise SystemExit(_cli_cases(sys.argv[2], sys.argv[3]))
     raise SystemExit(_fault_rank(sys.argv[1], sys.argv[2]))
