@@ -6,7 +6,8 @@ k holds the entries of every relation whose *tail* lies in its block ``[lo, hi)`
 (:class:`kge.sharding.ColumnShard`, a hypersparse CSR) and every node value of a batch as its
 ``(B, N_k)`` block of columns.
 
-* Anchors: the one-hot's column on the rank owning the anchor.
+* Anchors: the one-hot's column on the rank owning the anchor.  A projection of anchors needs no
+  exchange (every rank knows them): each rank reads its block of ``M_r[anchor, :]`` from its shard.
 * Intersection, union, complement (``1 - x``): pointwise, local (the executor's own code).
 * Projection ``p`` / negated projection ``np`` (:meth:`ShardedExecutor._project_rows`): every
   rank gathers the active input entries of all ranks, sparse ``(row, entity, value)`` triples
@@ -64,7 +65,7 @@ class _RelBlock(NamedTuple):
     """
 
     stack: "ops.StackedMatrices"
-    #: -1, then the heads: ``heads_or_none[a + 1]`` maps a kernel witness ``a`` (-1: none) to an entity id
+    #: -1, then the heads (int32): ``heads_or_none[a + 1]`` maps a kernel witness ``a`` (-1: none) to an entity id
     heads_or_none: torch.Tensor
     tails: torch.Tensor
 
@@ -117,8 +118,8 @@ class ShardRows:
             crow[: k1 - k0 + 1] = self.ptr[k0:k1 + 1] - e0
             stack = ops.prepare_matrices((crow, self.col[e0:e1], self.val[e0:e1]), num_entities=n,
                                          name=f"shard relation {r}")
-            heads = torch.cat([torch.full((1,), -1, dtype=torch.int64, device=self.device),
-                               self.keys[k0:k1] - r * self.num_entities])
+            heads = torch.cat([torch.full((1,), -1, dtype=torch.int32, device=self.device),
+                               (self.keys[k0:k1] - r * self.num_entities).to(torch.int32)])
             block = _RelBlock(stack, heads, tails)
         self._blocks[r] = block
         return block
@@ -238,10 +239,48 @@ class ShardedExecutor(Executor):
         self.hops.append(_Hop(sum(comm.received.values()) - before, dense, 0))
         return g_rows, g_ents, g_vals
 
-    def _project_one_hot(self, ents: Any, rels: Any, want_arg: bool, negated: bool, *, keep_sparse: bool) -> None:
-        """No gather fast path: an anchor's row lives on every rank that owns one of its tails, so one-hot rows
-        go through the exchange of :meth:`_project_rows` like any other."""
-        return None
+    def _project_one_hot(self, ents: Sequence[int], rels: Sequence[int], want_arg: bool, negated: bool, *,
+                         keep_sparse: bool):
+        """One-hot rows (anchors, value 1): every rank knows the anchors, so its block of ``M_r[anchor, :]`` comes
+        from its own shard, with no exchange and no kernel call (:meth:`Executor._project_one_hot
+        <engine.exec.executor.Executor._project_one_hot>`'s float32 formulas: the kernel's bits).  Always dense."""
+        rows_obj = cast(ShardRows, self.rows)
+        b, w = len(rels), self.width
+        rel_np = np.asarray(rels, dtype=np.int64)
+        keys = rows_obj.shard.keys
+        key = rel_np * self.num_entities + np.asarray(ents, dtype=np.int64)
+        t = np.searchsorted(keys, key)
+        tc = np.minimum(t, max(keys.size - 1, 0))
+        found = (t < keys.size) & (keys[tc] == key) if keys.size else np.zeros(b, dtype=bool)
+        ptr = rows_obj.shard.ptr
+        start = np.where(found, ptr[tc], 0)
+        cnt = np.where(found, ptr[np.minimum(tc + 1, ptr.size - 1)] - start, 0)
+        total = int(cnt.sum())
+        rep = np.repeat(np.arange(b, dtype=np.int64), cnt)
+        pos = np.repeat(start - (np.cumsum(cnt) - cnt), cnt) + np.arange(total, dtype=np.int64)
+        tail_ptr = rows_obj.shard.tail_ptr
+        local = rows_obj.shard.tails[tail_ptr[rel_np[rep]] + rows_obj.shard.col[pos]]
+        flat = rep * w + local
+        vals = rows_obj.shard.val[pos]
+        if negated:
+            one = np.float32(1.0)
+            vals = one - np.minimum(one, vals * np.float32(self.neg_scale))
+            y = np.ones(b * w, dtype=np.float32)
+        else:
+            y = np.zeros(b * w, dtype=np.float32)
+        y[flat] = vals
+        arg = None
+        if want_arg:
+            heads = np.asarray(ents, dtype=np.int32)
+            if negated:
+                a = np.repeat(heads, w)
+                a[flat[vals <= 0]] = -1
+            else:
+                a = np.full(b * w, -1, dtype=np.int32)
+                hit = vals > 0
+                a[flat[hit]] = np.repeat(heads, cnt)[hit]
+            arg = torch.from_numpy(a).view(b, w).to(self.device)
+        return torch.from_numpy(y).view(b, w).to(self.device), arg
 
     def _project_rows(self, x: Any, rels: list[int], negated: bool, want_arg: bool,
                       strategy: str = "auto", *, keep_sparse: bool = False):
@@ -276,10 +315,11 @@ class ShardedExecutor(Executor):
             # a column without an entry here is out of every support, and so is an active head without entries
             all_val, all_id = self._row_max(b, g_rows, g_ents, g_vals)
             y = all_val.unsqueeze(1).repeat(1, self.width)
-            arg = torch.where(all_val > 0, all_id, -1).unsqueeze(1).repeat(1, self.width) if want_arg else None
+            arg = torch.where(all_val > 0, all_id, -1).to(torch.int32).unsqueeze(1).repeat(1, self.width) \
+                if want_arg else None
         else:
             y = torch.zeros(b, self.width, dtype=torch.float32, device=dev)
-            arg = torch.full((b, self.width), -1, dtype=torch.int64, device=dev) if want_arg else None
+            arg = torch.full((b, self.width), -1, dtype=torch.int32, device=dev) if want_arg else None
         rel0 = torch.zeros(b, dtype=torch.int64, device=dev)
         counts_l, e_counts_l = counts.tolist(), e_counts.tolist()
         first = e_first = 0
@@ -310,13 +350,13 @@ class ShardedExecutor(Executor):
                     ic = off_id[rows_g].unsqueeze(1)
                     ka = torch.where(akg >= 0, akg, big_n)
                     w = torch.where(yk > c, ka, torch.where(c > yk, ic, torch.minimum(ka, ic)))
-                    akg = torch.where(v > 0, w, -1)
+                    akg = torch.where(v > 0, w, -1).to(torch.int32)
                 yk = v
             idx = (rows_g.unsqueeze(1), blk.tails)
             y[idx] = yk
             if arg is not None:
                 arg[idx] = akg
-        return y, None if arg is None else arg.to(torch.int32)
+        return y, arg
 
     @staticmethod
     def _row_max(b: int, rows: torch.Tensor, ents: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
