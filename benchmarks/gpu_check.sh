@@ -25,8 +25,9 @@
 #                    module whose imports are missing on the lent machine is reported, not fatal)
 #   ops-bench  (75)  benchmarks/ops_cuda_bench.py: ops.project vs torch's own sparse max-product, CUDA events
 #   crossover  (50)  benchmarks/test_ops_bench.py -k push_pull_crossover: the data behind the CUDA auto rule
-#   e2e        (120) with --artifact and --queries: kge.materialize on the GPU when the artifact is lazy,
-#                    then engine.evaluate on cuda and on cpu (same queries, metrics compared)
+#   e2e        (150) with --artifact and --queries: engine.evaluate on cuda and on cpu, same queries, metrics
+#                    compared; a lazy artifact is also evaluated lazily on cuda, then made eager there
+#                    (kge.materialize --device cuda) for the other two runs
 set -u
 
 usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -125,31 +126,33 @@ env_info() {
 }
 
 e2e() {
-  local art="$ARTIFACT" lim=() t0 t1
+  # runs: label artifact device; a lazy artifact is evaluated lazily on the GPU too, then made eager on the GPU
+  local lim=() runs=() t0 t1 label art dev
   [ "$DRY" = 1 ] && lim=(--limit 5)
-  if "$PY" -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get('matrices') == 'lazy' else 1)" "$art/meta.json"; then
-    if [ "$DRY" = 1 ]; then
-      echo "lazy artifact: evaluated lazily (a dry run does not materialize)"
-    else
-      t0=$(date +%s.%N)
-      # the lent machine's MemAvailable starts far below the memory it grows to, so the build's memory check
-      # (which reads MemAvailable) is off; the budget only has to hold FB15k-237-sized matrices
-      "$PY" -m kge.materialize --artifact "$art" --out "$WORK/eager" --device "$DEV" --max-matrix-gb 16 \
-        --no-memory-check --quiet || return 1
-      awk -v a="$t0" -v b="$(date +%s.%N)" -v d="$DEV" 'BEGIN { printf "kge.materialize on %s: %.1f s\n", d, b - a }'
-      art="$WORK/eager"
-    fi
+  if [ "$DRY" = 0 ] && "$PY" -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get('matrices') == 'lazy' else 1)" "$ARTIFACT/meta.json"; then
+    runs+=("$DEV-lazy" "$ARTIFACT" "$DEV")
+    t0=$(date +%s.%N)
+    # the lent machine's MemAvailable starts far below the memory it grows to, so the build's memory check
+    # (which reads MemAvailable) is off; the budget only has to hold FB15k-237-sized matrices
+    "$PY" -m kge.materialize --artifact "$ARTIFACT" --out "$WORK/eager" --device "$DEV" --max-matrix-gb 16 \
+      --no-memory-check --quiet || return 1
+    awk -v a="$t0" -v b="$(date +%s.%N)" -v d="$DEV" 'BEGIN { printf "kge.materialize on %s: %.1f s\n", d, b - a }'
+    runs+=("$DEV" "$WORK/eager" "$DEV" cpu "$WORK/eager" cpu)
+  elif [ "$DEV" = cpu ]; then
+    runs+=(cpu "$ARTIFACT" cpu)
+  else
+    runs+=("$DEV" "$ARTIFACT" "$DEV" cpu "$ARTIFACT" cpu)
   fi
-  local devs=("$DEV")
-  [ "$DEV" = cpu ] || devs+=(cpu)
-  for dev in "${devs[@]}"; do
+  local labels=()
+  while [ ${#runs[@]} -gt 0 ]; do
+    label="${runs[0]}" art="${runs[1]}" dev="${runs[2]}"; runs=("${runs[@]:3}"); labels+=("$label")
     t0=$(date +%s.%N)
     "$PY" -m engine.evaluate --artifact "$art" --queries "$QUERIES" --device "$dev" --no-progress \
-      --skip-artifact-checksums --json "$WORK/eval-$dev.json" "${lim[@]}" > "$WORK/eval-$dev.txt" || return 1
+      --skip-artifact-checksums --json "$WORK/eval-$label.json" "${lim[@]}" > "$WORK/eval-$label.txt" || return 1
     t1=$(date +%s.%N)
-    echo "$t0 $t1" > "$WORK/eval-$dev.time"
+    echo "$t0 $t1" > "$WORK/eval-$label.time"
   done
-  "$PY" benchmarks/gpu_check_e2e.py "$WORK" "${devs[@]}"
+  "$PY" benchmarks/gpu_check_e2e.py "$WORK" "${labels[@]}"
 }
 
 export -f build env_info e2e has_cuda_kernels
@@ -169,7 +172,7 @@ else
   [ -f benchmarks/results/ops_push_pull_crossover_cuda.md ] && cp benchmarks/results/ops_push_pull_crossover_cuda.md "$OUT/"
 fi
 if [ -n "$ARTIFACT" ]; then
-  step e2e 120 "ratio|identical|differ" -- e2e
+  step e2e 150 "ratio|identical|differ" -- e2e
 else
   printf 'e2e\t-\tskipped\tno --artifact/--queries given\n' >> "$ROWS"
 fi

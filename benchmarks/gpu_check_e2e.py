@@ -1,11 +1,12 @@
-"""The end-to-end rows of ``benchmarks/gpu_check.sh``: one ``engine.evaluate`` run per device, compared.
+"""The end-to-end rows of ``benchmarks/gpu_check.sh``: one ``engine.evaluate`` run per label, compared.
 
-    python benchmarks/gpu_check_e2e.py WORK cuda cpu
+    python benchmarks/gpu_check_e2e.py WORK cuda-lazy cuda cpu
 
-reads ``WORK/eval-<dev>.json`` (``engine.evaluate --json``) and ``WORK/eval-<dev>.time`` (two wall-clock
-stamps around the run) for each device named, prints the queries per second of each run (the whole process:
-loading the artifact, moving it to the device, every batch), the per-structure MRR table, and the largest
-difference of any metric between the first device and each other one.  The scores of the two devices come
+reads, for each run label, ``WORK/eval-<label>.json`` (``engine.evaluate --json``), ``WORK/eval-<label>.time``
+(two wall-clock stamps around the process) and ``WORK/eval-<label>.txt`` (its printed table, whose last line
+gives the load and evaluate seconds), prints the queries per second of each run (the whole process, and the
+evaluation alone), the ratio of the last run's times to each other's, the per-structure MRR table, and the
+largest difference of any metric between the first run and each other one.  The scores of the two devices come
 from different kernels (max-product is exact, but the t-norms' float32 products may round differently), so
 the line says "identical" only when every metric is equal and otherwise gives the largest difference.
 Exit status 1 when a difference exceeds 1e-4 (a ranking changed beyond float32 rounding).
@@ -13,16 +14,20 @@ Exit status 1 when a difference exceeds 1e-4 (a ranking changed beyond float32 r
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 TOLERANCE = 1e-4
 
 
-def _load(work: Path, dev: str) -> tuple[dict, float]:
-    data = json.loads((work / f"eval-{dev}.json").read_text())
-    start, end = (float(v) for v in (work / f"eval-{dev}.time").read_text().split())
-    return data, end - start
+def _load(work: Path, label: str) -> tuple[dict, float, float | None]:
+    """(the JSON, the process's wall seconds, the evaluation's own seconds or None when not printed)."""
+    data = json.loads((work / f"eval-{label}.json").read_text())
+    start, end = (float(v) for v in (work / f"eval-{label}.time").read_text().split())
+    txt = work / f"eval-{label}.txt"
+    found = re.search(r"evaluate ([0-9.]+) s\)", txt.read_text()) if txt.is_file() else None
+    return data, end - start, float(found.group(1)) if found else None
 
 
 def _metrics(data: dict) -> dict[tuple[str, str, str], float]:
@@ -37,18 +42,21 @@ def _metrics(data: dict) -> dict[tuple[str, str, str], float]:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
-        print("usage: python benchmarks/gpu_check_e2e.py WORK DEVICE [DEVICE ...]", file=sys.stderr)
+        print("usage: python benchmarks/gpu_check_e2e.py WORK LABEL [LABEL ...]", file=sys.stderr)
         return 2
     work, devs = Path(argv[0]), argv[1:]
     runs = {dev: _load(work, dev) for dev in devs}
     first = runs[devs[0]][0]
     n = sum(int(r["num_queries"]) for r in first["results"])
-    for dev, (_, secs) in runs.items():
-        print(f"engine.evaluate on {dev}: {n} queries in {secs:.2f} s ({n / secs:.1f} queries/s, whole process)")
+    for dev, (_, secs, ev) in runs.items():
+        own = f"; evaluation alone {ev:.2f} s, {n / ev:.1f} queries/s" if ev else ""
+        print(f"engine.evaluate, {dev}: {n} queries in {secs:.2f} s ({n / secs:.1f} queries/s, whole process{own})")
     if len(devs) > 1:
-        base = runs[devs[-1]][1]
+        _, base, base_ev = runs[devs[-1]]
         for dev in devs[:-1]:
-            print(f"wall ratio {devs[-1]} / {dev}: {base / runs[dev][1]:.2f}x")
+            _, secs, ev = runs[dev]
+            alone = f", evaluation alone {base_ev / ev:.2f}x" if ev and base_ev else ""
+            print(f"ratio {devs[-1]} / {dev}: whole process {base / secs:.2f}x{alone}")
     print()
     print("| structure | queries | " + " | ".join(f"MRR {d}" for d in devs) + " |")
     print("|---|---:|" + "---:|" * len(devs))

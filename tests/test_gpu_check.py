@@ -85,11 +85,14 @@ def test_e2e_comparer(tmp_path, cpu_mrr, rc, verdict):
     _eval_json(tmp_path / "eval-cpu.json", cpu_mrr)
     (tmp_path / "eval-cuda.time").write_text("100.0 101.0")
     (tmp_path / "eval-cpu.time").write_text("200.0 204.0")
+    (tmp_path / "eval-cuda.txt").write_text("| mean | 5 |\n(5 queries, ties=average; load 0.5 s, evaluate 0.25 s)\n")
+    (tmp_path / "eval-cpu.txt").write_text("(5 queries, ties=average; load 1.0 s, evaluate 2.5 s)\n")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check_e2e.py"), str(tmp_path), "cuda", "cpu"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == rc, proc.stdout + proc.stderr
-    assert "engine.evaluate on cuda: 5 queries in 1.00 s (5.0 queries/s" in proc.stdout
-    assert "wall ratio cpu / cuda: 4.00x" in proc.stdout
+    assert ("engine.evaluate, cuda: 5 queries in 1.00 s (5.0 queries/s, whole process; evaluation alone 0.25 s, "
+            "20.0 queries/s)") in proc.stdout
+    assert "ratio cpu / cuda: whole process 4.00x, evaluation alone 10.00x" in proc.stdout
     assert "| 1p | 3 | 25.00 |" in proc.stdout
     assert f"cuda vs cpu: {verdict}" in proc.stdout
 
@@ -111,5 +114,5 @@ def test_dry_run_runs_every_step(tmp_path, umls_tiny_artifact):
         assert rows[name][2] == "ok", rows[name]
     assert "torch" in report and "cores:" in report
     assert "# ops.project on CPU" in report  # the ops benchmark's table, quick, on the CPU
-    assert "engine.evaluate on cpu:" in report and "| 1p |" in report
+    assert "engine.evaluate, cpu:" in report and "| 1p |" in report
     assert (tmp_path / "r" / "ops_cuda_bench.md").is_file()
