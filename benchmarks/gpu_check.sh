@@ -28,6 +28,7 @@
 #   e2e        (150) with --artifact and --queries: engine.evaluate on cuda and on cpu, same queries, metrics
 #                    compared; a lazy artifact is also evaluated lazily on cuda, then made eager there
 #                    (kge.materialize --device cuda) for the other two runs
+#   sanitize   (90)  compute-sanitizer memcheck over the cuda tests of the projection, calibration and fuzzy ops
 set -u
 
 usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -175,6 +176,15 @@ if [ -n "$ARTIFACT" ]; then
   step e2e 150 "ratio|identical|differ" -- e2e
 else
   printf 'e2e\t-\tskipped\tno --artifact/--queries given\n' >> "$ROWS"
+fi
+if [ "$DRY" = 0 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+  # out-of-bounds accesses and races in the kernels, on the small random cases of their tests (torch's caching
+  # allocator off, so an access past a tensor's end is past an allocation's end)
+  step sanitize 90 "ERROR SUMMARY|passed|failed" -- env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \
+    --error-exitcode 3 "$PY" -m pytest -q -p no:cacheprovider -m cuda -x tests/test_ops_project_cuda.py \
+    tests/test_ops_calibrate_rows.py tests/test_ops_fuzzy.py
+else
+  printf 'sanitize\t-\tskipped\t%s\n' "$([ "$DRY" = 1 ] && echo 'dry run' || echo 'compute-sanitizer not found')" >> "$ROWS"
 fi
 
 {

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-STEPS = ("env", "build", "tests", "ops-bench", "crossover", "e2e")
+STEPS = ("env", "build", "tests", "ops-bench", "crossover", "e2e", "sanitize")
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                                 reason="needs bash and coreutils' timeout")
@@ -62,6 +62,7 @@ def test_no_budget_skips_every_step_and_still_reports(tmp_path):
     assert set(rows) == set(STEPS)
     for name in STEPS:
         assert rows[name][2] == "skipped", rows[name]
+    assert rows["sanitize"][3] == "dry run"
     assert "no --artifact/--queries given" in rows["e2e"][3]
     assert "0 s of the budget left" in rows["env"][3]
     # the report folder holds what a device call returns: a few plain files, no scratch left behind
@@ -110,8 +111,9 @@ def test_dry_run_runs_every_step(tmp_path, umls_tiny_artifact):
     assert proc.returncode == 0, report
     rows = _rows(report)
     assert set(rows) == set(STEPS)
-    for name in STEPS:
+    for name in STEPS[:-1]:
         assert rows[name][2] == "ok", rows[name]
+    assert rows["sanitize"][2:] == ["skipped", "dry run"]
     assert "torch" in report and "cores:" in report
     assert "# ops.project on CPU" in report  # the ops benchmark's table, quick, on the CPU
     assert "engine.evaluate, cpu:" in report and "| 1p |" in report
