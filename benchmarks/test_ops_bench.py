@@ -262,7 +262,7 @@ def test_write_table(cases):
         "# Projection throughput: `ops.project` vs baselines",
         "",
         "Command: `" + (f"KGREASON_BENCH_THREADS={THREADS} " if THREADS > 0 else "")
-        + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]) + "`  ",
+        + " ".join(["python -m pytest"] + _without_plugin_flags(sys.argv[1:])) + "`  ",
         f"Machine: {os.environ.get('KGREASON_BENCH_MACHINE') or machine_description()}  ",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
         f"Load average at the end of the run (1/5/15 min): {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
@@ -562,7 +562,7 @@ def test_fold_before_after(cases, tmp_path):
              f"Command: `KGREASON_BENCH_BEFORE_TREE={before_tree} "
              + (f"KGREASON_BENCH_THREADS={THREADS} " if THREADS > 0 else "")
              + (f"KGREASON_BENCH_FOLD_EXTRA={extra} " if extra else "")
-             + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]) + "`  ",
+             + " ".join(["python -m pytest"] + _without_plugin_flags(sys.argv[1:])) + "`  ",
              f"Machine: {os.environ.get('KGREASON_BENCH_MACHINE') or machine_description()}  ",
              f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average at the end (1/5/15 min): "
              f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (shared machine)  ",
@@ -598,6 +598,19 @@ def test_fold_before_after(cases, tmp_path):
 # choice between the two ends.  The sweep runs up to every entity active, where push's steps equal pull's.  KGREASON_BENCH_DEVICE=cuda (the default when a GPU is present;
 # without one the test skips unless KGREASON_BENCH_DEVICE=cpu).  Writes
 # benchmarks/results/ops_push_pull_crossover_<device type>.md.
+
+def _without_plugin_flags(args: list[str]) -> list[str]:
+    """The command line without ``-p NAME`` / ``-pNAME`` (this run's plugin switches, not the benchmark's)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "-p":
+            skip = True
+        elif not a.startswith("-p"):
+            out.append(a)
+    return out
+
 
 CROSS_FRACTIONS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.2, 0.5, 1.0)
 CROSS_B = 64
@@ -693,7 +706,7 @@ def test_push_pull_crossover(cases):
     lines = [f"# Push / pull crossover of `ops.project` on {device.type}",
              "",
              "Command: `" + (f"KGREASON_BENCH_DEVICE={name} " if os.environ.get("KGREASON_BENCH_DEVICE") else "")
-             + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]) + "`  ",
+             + " ".join(["python -m pytest"] + _without_plugin_flags(sys.argv[1:])) + "`  ",
              f"Device: {dev_desc}" + (f", torch {torch.__version__}" if device.type == "cuda" else "") + "  ",
              f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average (1/5/15 min): "
              f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}  ",
