@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from kgreason.cli import ArgumentParser
 from kgreason.errors import UserError, cli_main, unknown_name
-from kgreason.files import loads_json, write_output
+from kgreason.files import check_output_file, loads_json, write_output
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -672,11 +672,15 @@ def _read_json(path: Path) -> Any:
         raise UserError(f"{path}: not JSON ({exc})") from None
 
 
+def saved_file(folder: str | os.PathLike, name: str) -> Path:
+    """Where the run of the report ``name`` is saved (the fold table's: its ``after`` phase)."""
+    return Path(folder) / (f"{name}_after.json" if name == "ops_single_relation" else f"{name}.json")
+
+
 def load(folder: str | os.PathLike, name: str) -> Measurements:
     """The run saved as ``<folder>/<name>.json``; a missing file says which command saves it."""
     table = table_of(name)
-    saved = name if table != "ops_single_relation" or name != table else f"{name}_after"
-    path = Path(folder) / f"{saved}.json"
+    path = saved_file(folder, name)
     if not path.is_file():
         raise UserError(f"{path}: no saved measurements for the report {name}; measure first: "
                           f"python -m pytest {TABLES[table].bench} --bench-out {folder}")
@@ -701,13 +705,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("names", nargs="+", metavar="NAME", help="the saved runs to write (<NAME>.json in --from)")
     p.add_argument("--from", dest="saved", default=str(DEFAULT_SAVED),
                    help=f"the folder the benchmark run saved into (its --bench-out; default {DEFAULT_SAVED})")
-    p.add_argument("--results", default=str(RESULTS), help=f"where the tables go (default {RESULTS})")
+    p.add_argument("--results", default=str(RESULTS),
+                   help=f"an existing folder where the tables go, each replacing its namesake (default {RESULTS})")
     args = p.parse_args(argv)
+    outs = {name: check_output_file(Path(args.results) / f"{name}.md", what="--results",
+                                    inputs=[("--from", saved_file(args.saved, name))]) for name in args.names}
     # every name checked before any table is written: one bad name leaves all tables alone
     texts = {name: render(load(args.saved, name)) for name in args.names}
-    Path(args.results).mkdir(parents=True, exist_ok=True)
     for name, text in texts.items():
-        out = write_output(Path(args.results) / f"{name}.md", text, what="--results")
+        out = write_output(outs[name], text, what="--results")
         print(text, end="")
         print(f"wrote {out}", file=sys.stderr)
     return 0

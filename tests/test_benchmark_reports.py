@@ -118,6 +118,7 @@ def _header_row(text: str) -> str:
 def test_a_complete_run_writes_the_table_in_its_committed_format(report, table, tmp_path, capsys):
     assert table in report.TABLES
     saved, results = tmp_path / "saved", tmp_path / "results"
+    results.mkdir()
     complete_run(report, table).save(saved)
     if table == "ops_single_relation":  # the before phase, as the checkout before the fold wrote it
         before = dict(results={"1|onehot|values": dict(single_ms=2.0, multi_ms=1.0, strategy="push", rounds=5)},
@@ -163,11 +164,21 @@ def test_a_missing_cell_fails_naming_it_and_writes_nothing(report, tmp_path, cap
 
 def test_one_bad_name_writes_no_table(report, tmp_path, capsys):
     complete_run(report, "kge_build").save(tmp_path)
+    (tmp_path / "r").mkdir()
     assert report.main(["kge_build", "kge_train", "--from", str(tmp_path), "--results", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "kge_train.json: no saved measurements for the report kge_train; measure first: " \
            f"python -m pytest benchmarks/test_kge_train.py --bench-out {tmp_path}" in err
-    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+    assert not any((tmp_path / "r").iterdir())
+
+
+def test_outputs_are_checked_before_any_work(report, tmp_path, capsys):
+    complete_run(report, "kge_build").save(tmp_path)
+    assert report.main(["kge_build", "--from", str(tmp_path), "--results", str(tmp_path / "missing")]) == 2
+    assert "--results" in capsys.readouterr().err and not (tmp_path / "missing").exists()
+    (tmp_path / "kge_build.md").mkdir()  # the table's path is a folder
+    assert report.main(["kge_build", "--from", str(tmp_path), "--results", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name,says", [("kge_buld", "unknown report 'kge_buld'; closest known: 'kge_build'"),
