@@ -487,13 +487,13 @@ def test_fold_before_after(cases, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Push / pull crossover on one device: the data to calibrate the CUDA kernel's auto rule
-# (kPushStepsPerPull in csrc/cuda/project_cuda.cu, never measured on a GPU) and, on the CPU, a check of
-# auto's choice between the two ends.  KGREASON_BENCH_DEVICE=cuda (the default when a GPU is present;
+# Push / pull crossover on one device: the data behind the CUDA kernel's auto rule (push for every row: on an
+# H200 push won at every share, 2026-11-28, csrc/cuda/project_cuda.cu) and, on the CPU, a check of auto's
+# choice between the two ends.  The sweep runs up to every entity active, where push's steps equal pull's.  KGREASON_BENCH_DEVICE=cuda (the default when a GPU is present;
 # without one the test skips unless KGREASON_BENCH_DEVICE=cpu).  Writes
 # benchmarks/results/ops_push_pull_crossover_<device type>.md.
 
-CROSS_FRACTIONS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.2, 0.5)
+CROSS_FRACTIONS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.2, 0.5, 1.0)
 CROSS_B = 64
 
 
@@ -594,8 +594,8 @@ def test_push_pull_crossover(cases):
              f"Data: {_INFO.get('data', '?')}; B = {CROSS_B} rows, each with the given share of entities active "
              "(uniform), values uniform in (0, 1]",
              "",
-             "`push steps / row` is the work the CUDA auto rule counts for a row, active entities + the entries "
-             "of their rows of M (mean over the batch); a pull costs N + nnz steps per row.  The three "
+             "`push steps / row` is a row's push work, active entities + the entries of their rows of M (mean "
+             "over the batch); a pull costs N + nnz steps per row.  The three "
              "strategies returned the same Y bit for bit at every share.",
              "",
              "| active share | active / row | push steps / row | push ms | pull ms | auto ms | auto picked "
@@ -609,8 +609,9 @@ def test_push_pull_crossover(cases):
         lines.append("No crossover inside the sweep (one strategy was faster at every share).")
     else:
         lines.append(f"Pull starts to win at ~{cross_at:.0f} push steps per row: push costs as much as a pull of "
-                     f"N + nnz = {n + nnz} steps when (N + nnz) / (active + entries) = **{implied:.1f}**; "
-                     "the CUDA rule's kPushStepsPerPull is 20 (csrc/cuda/project_cuda.cu).")
+                     f"N + nnz = {n + nnz} steps when (N + nnz) / (active + entries) = **{implied:.1f}**"
+                     + ("; the CUDA kernel's auto pushes every row (csrc/cuda/project_cuda.cu), so a crossover "
+                        "here says that rule is wrong for this GPU." if device.type == "cuda" else "."))
     lines.append("")
     (Path(RESULTS) / f"ops_push_pull_crossover_{device.type}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
