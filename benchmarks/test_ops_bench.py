@@ -355,7 +355,9 @@ def test_fold_single_relation(cases, b, kind, variant):
 # Before / after the fold, side by side in one run: KGREASON_BENCH_BEFORE_TREE=<a checkout of the code before
 # (its ops/_C built)> times every fold case on that tree and on this one, in two worker processes driven
 # alternately (case by case, two passes), so that a load change on a shared machine hits both; both must
-# return the same bits.  Writes benchmarks/results/ops_fold_before_after.md.
+# return the same bits.  Writes benchmarks/results/ops_fold_before_after.md.  The worker runs on either tree,
+# so it keeps the before tree's names (ops.prepare, ops.project_negated: removed from this one) where
+# ops.prepare_matrices is missing.
 
 _WORKER = r'''
 import json, sys, time
