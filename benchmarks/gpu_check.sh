@@ -4,10 +4,11 @@
 #
 #   bash benchmarks/gpu_check.sh --out DIR [--artifact A --queries Q.jsonl] [--budget SECONDS]
 #   bash benchmarks/gpu_check.sh --dry-run --out DIR [--artifact A --queries Q.jsonl]   # on a CPU machine
+#   bash benchmarks/gpu_check.sh --out DIR --steps env,build,tests --budget 200           # a short lease
 #
 # A GPU is lent for minutes, so every step runs under its own time cap and the whole run under --budget
-# (default 540 s: a device call may last 600): a step that would start with less than its cap left is
-# skipped and the report says so, and a step that fails or times out does not stop the ones after it. The
+# (default 540 s: a device call may last 600): a step runs under the smaller of its cap and the budget left,
+# one with under 10 s left is skipped and the report says so; --steps runs only the steps named, and a step that fails or times out does not stop the ones after it. The
 # report (DIR/report.md) holds the machine, one row per step (seconds, status, its summary line) and the
 # tables the steps wrote; DIR/gpu_check.log holds every step's full output. DIR stays small (at most 8
 # files) so that a device call returns all of it.
@@ -34,6 +35,7 @@ set -u
 usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
 
 OUT="" ; DRY=0 ; BUDGET=540 ; ARTIFACT="" ; QUERIES="" ; PY="${PYTHON:-python3}"
+ALL_STEPS="env,build,tests,ops-bench,crossover,e2e,sanitize" ; STEPS="$ALL_STEPS"
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="${2:-}"; shift 2 ;;
@@ -42,6 +44,7 @@ while [ $# -gt 0 ]; do
     --artifact) ARTIFACT="${2:-}"; shift 2 ;;
     --queries) QUERIES="${2:-}"; shift 2 ;;
     --python) PY="${2:-}"; shift 2 ;;
+    --steps) STEPS="${2:-}"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "error: gpu_check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -57,6 +60,9 @@ fi
 if { [ -n "$ARTIFACT" ] && [ -z "$QUERIES" ]; } || { [ -z "$ARTIFACT" ] && [ -n "$QUERIES" ]; }; then
   echo "error: gpu_check.sh: --artifact and --queries go together (the end-to-end step needs both)" >&2; exit 2
 fi
+for s_ in ${STEPS//,/ }; do
+  case ",$ALL_STEPS," in *",$s_,"*) ;; *) echo "error: gpu_check.sh: --steps: unknown step '$s_' (choose from $ALL_STEPS)" >&2; exit 2 ;; esac
+done
 command -v "$PY" >/dev/null 2>&1 || { echo "error: gpu_check.sh: --python $PY: not found" >&2; exit 2; }
 
 cd "$(dirname "$0")/.." || exit 2
@@ -72,16 +78,22 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 # caches (the lazy row store among them) go to the scratch folder, never into the report folder
 export KGREASON_HOME="$WORK/home"
+touch "$WORK/start"
+
+wants() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 # step NAME CAP SUMMARY_REGEX -- CMD...: run CMD under `timeout CAP`, its output appended to the log; the last
 # output line matching SUMMARY_REGEX becomes the report row's summary.
 step() {
   local name="$1" cap="$2" pat="$3"; shift 4
+  if ! wants "$name"; then printf '%s\t-\tskipped\tnot in --steps\n' "$name" >> "$ROWS"; return 0; fi
   local left=$(( BUDGET - (SECONDS - START) ))
-  if [ "$left" -lt "$cap" ]; then
-    printf '%s\t-\tskipped\t%s s of the budget left, the step may take %s\n' "$name" "$left" "$cap" >> "$ROWS"
-    echo "== $name: skipped ($left s left < cap $cap s)" | tee -a "$LOG"; return 0
+  [ "$left" -lt 0 ] && left=0
+  if [ "$left" -lt 10 ]; then
+    printf '%s\t-\tskipped\t%s s of the budget left\n' "$name" "$left" >> "$ROWS"
+    echo "== $name: skipped ($left s of the budget left)" | tee -a "$LOG"; return 0
   fi
+  [ "$left" -lt "$cap" ] && cap=$left
   echo "== $name: $*" | tee -a "$LOG"
   local t0=$SECONDS rc
   if declare -F "$1" >/dev/null; then  # a function of this script: timeout runs programs, so through bash
@@ -170,14 +182,15 @@ else
   step tests 150 "passed|failed|error" -- "$PY" -m pytest -q -p no:cacheprovider -m cuda --maxfail=20 --continue-on-collection-errors tests
   step ops-bench 75 "^error|[*][*]NO" -- "$PY" benchmarks/ops_cuda_bench.py --device cuda --out "$OUT/ops_cuda_bench.md" --overwrite
   step crossover 50 "passed|failed|error|skipped" -- env KGREASON_BENCH_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider benchmarks/test_ops_bench.py -k push_pull_crossover
-  [ -f benchmarks/results/ops_push_pull_crossover_cuda.md ] && cp benchmarks/results/ops_push_pull_crossover_cuda.md "$OUT/"
+  # the sweep rewrites the committed table: copied only when this run wrote it
+  [ benchmarks/results/ops_push_pull_crossover_cuda.md -nt "$WORK/start" ] && cp benchmarks/results/ops_push_pull_crossover_cuda.md "$OUT/"
 fi
-if [ -n "$ARTIFACT" ]; then
+if [ -n "$ARTIFACT" ] || ! wants e2e; then
   step e2e 150 "ratio|identical|differ" -- e2e
 else
   printf 'e2e\t-\tskipped\tno --artifact/--queries given\n' >> "$ROWS"
 fi
-if [ "$DRY" = 0 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+if ! wants sanitize || { [ "$DRY" = 0 ] && command -v compute-sanitizer >/dev/null 2>&1; }; then
   # out-of-bounds accesses and races in the kernels, on the small random cases of their tests (torch's caching
   # allocator off, so an access past a tensor's end is past an allocation's end)
   # (memcheck ran ~60% of the three ops' cuda tests in 90 s on an H200: the projection's and calibration's)
@@ -191,7 +204,7 @@ fi
 {
   echo "# GPU check"
   echo
-  echo "Command: \`bash benchmarks/gpu_check.sh$([ "$DRY" = 1 ] && echo ' --dry-run') --out $(basename "$OUT")$([ -n "$ARTIFACT" ] && echo " --artifact $ARTIFACT --queries $QUERIES") --budget $BUDGET\`, $((SECONDS - START)) s in all"
+  echo "Command: \`bash benchmarks/gpu_check.sh$([ "$DRY" = 1 ] && echo ' --dry-run') --out $(basename "$OUT")$([ -n "$ARTIFACT" ] && echo " --artifact $ARTIFACT --queries $QUERIES") --budget $BUDGET$([ "$STEPS" != "$ALL_STEPS" ] && echo " --steps $STEPS")\`, $((SECONDS - START)) s in all"
   echo
   echo '```'
   cat "$WORK/env.out" 2>/dev/null

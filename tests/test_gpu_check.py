@@ -43,6 +43,7 @@ def _rows(report: str) -> dict[str, list[str]]:
     (["--out", "{tmp}/r", "--artifact", "{tmp}"], "--artifact {tmp}: no meta.json there"),
     (["--out", "{tmp}/r", "--queries", "{tmp}/none.jsonl"], "--queries {tmp}/none.jsonl: no such file"),
     (["--out", "{tmp}/r", "--queries", "{tmp}/q.jsonl"], "--artifact and --queries go together"),
+    (["--out", "{tmp}/r", "--steps", "env,bogus"], "--steps: unknown step 'bogus' (choose from env,build,"),
 ])
 def test_bad_arguments_are_one_error_line(tmp_path, args, message):
     (tmp_path / "q.jsonl").write_text("")
@@ -67,6 +68,17 @@ def test_no_budget_skips_every_step_and_still_reports(tmp_path):
     assert "0 s of the budget left" in rows["env"][3]
     # the report folder holds what a device call returns: a few plain files, no scratch left behind
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["gpu_check.log", "report.md"]
+
+
+def test_steps_runs_only_the_named_steps(tmp_path):
+    proc = _run("--dry-run", "--out", str(tmp_path / "r"), "--steps", "env", "--budget", "100")
+    assert proc.returncode == 0, proc.stderr
+    report = (tmp_path / "r" / "report.md").read_text()
+    rows = _rows(report)
+    assert rows["env"][2] == "ok" and "torch" in rows["env"][3]
+    for name in STEPS[1:]:
+        assert rows[name][2:] == ["skipped", "not in --steps"], rows[name]
+    assert "--budget 100 --steps env`" in report
 
 
 def _eval_json(path: Path, mrr: float) -> None:
