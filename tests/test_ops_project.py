@@ -304,3 +304,29 @@ def test_stacked_transpose_kernel_path_equals_argsort_path(seed, dtypes, shape, 
     for a, b in zip(fast, slow):
         assert a.dtype == b.dtype
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("col", r"column indices must lie in \[0, 4\)"),
+    ("crow", "crow must be non-decreasing"),
+    ("shape", "crow must have R\\*N\\+1 entries for N = 4, got 8"),
+    ("end", "crow must start at 0 and end at nnz = 3"),
+])
+def test_stacked_transpose_kernel_refuses_a_malformed_stack(case, message):
+    """The kernel runs on whatever it is given (torch.ops is public): a bad index is an error, never a write
+    outside the outputs."""
+    if not ops.has_kernel("csr_transpose", torch.device("cpu")):
+        pytest.skip("no csr_transpose kernel")
+    crow = torch.tensor([0, 1, 1, 2, 2, 3, 3, 3, 3], dtype=torch.int64)  # R = 2 relations, N = 4
+    col = torch.tensor([0, 3, 1], dtype=torch.int32)
+    val = torch.tensor([0.5, 0.25, 1.0])
+    if case == "col":
+        col[1] = 4
+    elif case == "crow":
+        crow[2] = 0
+    elif case == "shape":
+        crow = crow[:8]
+    else:
+        crow[-1] = 2
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.kgreason.csr_transpose(crow, col, val, 4)
