@@ -76,6 +76,23 @@ def test_shard_files_hold_only_their_block(umls_tiny_artifact, shards):
         assert total == art.matrices.nnz
 
 
+def test_a_first_slice_shard_folder_is_refused_with_the_rewrite_command(shards, tmp_path):
+    """Shard format 1 (local columns, no per-relation tails) cannot be read as format 2: one error line that
+    says how to write it again, not a KeyError from the shard file."""
+    import shutil
+
+    from kge.sharding import load_shard
+    from kgreason.errors import UserError
+
+    old = tmp_path / "format1"
+    shutil.copytree(shards[2], old)
+    meta = json.loads((old / "meta.json").read_text())
+    meta["shard_format"] = 1
+    (old / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=r"shard format 1, this version reads 2; write it again with python -m kge.shard"):
+        load_shard(old, 0, 2)
+
+
 def test_sharded_cli_prints_what_one_process_prints(umls_tiny_artifact, two_ranks):
     from engine.answer import main
 
