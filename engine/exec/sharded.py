@@ -334,6 +334,10 @@ class ShardedExecutor(Executor):
             ents, e_rows, vals = g_ents[sel], g_rows[sel], g_vals[sel]
             at = torch.searchsorted(heads, ents)
             found = heads[at.clamp(max=heads.numel() - 1)] == ents
+            if not bool(found.any()):
+                # no active head with an entry here: the kernel would add nothing (plain: zeros; negated: every
+                # active entity is out of every support, which the row maximum already holds)
+                continue
             n_g = blk.stack.n
             xc = torch.zeros(c_g, n_g, dtype=torch.float32, device=dev)
             xc[pos[e_rows[found]], at[found]] = vals[found]
