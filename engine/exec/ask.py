@@ -103,6 +103,8 @@ RANGE_EXAMPLES = 6
 KIND_WEIGHT = 1.5
 KIND_COVERAGE = 0.5
 KIND_WORDS = 1
+#: A relation whose tails are at least this share of a larger relation's tails reads as that one's kind.
+KIND_CONTAINMENT = 0.9
 #: Relations named per side of a kind text (the most covering first): a bound on the text's length.
 KIND_RELATIONS = 8
 LENGTH_PRIOR = 0.04
@@ -1180,10 +1182,23 @@ class Asker:
             return m
 
         as_head, as_tail = incidence(heads[fwd]), incidence(tails[fwd])
+        # Relations whose tails are (almost) all tails of a larger relation read as that one: one kind, one
+        # text (in_language^-1's films are among release_year^-1's), so that centring the texts does not
+        # blow up the small differences between near-copies into what tells them apart.
+        reach = sparse.csr_matrix((np.ones(len(rels), dtype=np.float32), (rels, tails)), shape=(len(names), n_ent))
+        reach.data[:] = 1.0
+        both = (reach @ reach.T).toarray()
+        size = np.diag(both).copy()
+        rep = [int(np.lexsort((np.arange(len(names)), -size * (both[r] >= KIND_CONTAINMENT * size[r])))[0])
+               if size[r] else r for r in range(len(names))]
         out: list[str] = []
         cov = self.settings.kind_coverage
+        own: dict[int, str] = {}
         for r in range(len(names)):
-            t = np.unique(tails[rels == r])
+            if rep[r] in own:
+                out.append(own[rep[r]])
+                continue
+            t = np.unique(tails[rels == rep[r]])
             if not len(t):
                 out.append("")
                 continue
@@ -1195,7 +1210,8 @@ class Asker:
                 if keep:
                     joined = (", " if fmt.startswith("thing") else " or ").join(relation_text(base_ids[b]) for b in keep)
                     parts.append(fmt.format(joined))
-            out.append("; ".join(parts))
+            own[rep[r]] = "; ".join(parts)
+            out.append(own[rep[r]])
         return out
 
     def _kind_embeddings(self) -> np.ndarray:
