@@ -24,12 +24,15 @@ For each question:
    (cost 0) even when the KG lacks its edges; after them the plan's cheapest one-step variants
    (``plan_variants``) that have answers.  Embedding-only retrieval ranks every relation sequence of
    1..``max_hops`` hops from the topic by the similarity of its text to the
-   question's (KARPA-H with the question as the plan), an answer-type term, a
-   question-length prior per extra hop and the relations the question names word
-   for word (:meth:`Asker.embedding_retrieve`).
+   question's (KARPA-H with the question as the plan), an answer-type term, a kind
+   term (the kind of entity a path ends in, read from the KG, against the kind the
+   question asks for: :meth:`Asker.kind_texts`), a question-length prior per extra
+   hop and the relations the question names word for word (:meth:`Asker.embedding_retrieve`).
 5. **reasoning**: every candidate path becomes a logical query
-   ``(p r_L … (p r_1 topic))``, all of them run by the executor in one batch
-   (scores, explanations).  With a :class:`Reasoner` the LLM sees the paths and
+   ``(p r_L … (p r_1 topic))``, all of them run by the executor in one batch, each
+   distinct query once; the entities each reaches and their scores serve the answers,
+   the reasoner's context and the vote, and the returned answers' explanations come
+   from one batch of their paths restricted to them.  With a :class:`Reasoner` the LLM sees the paths and
    their tail entities (:mod:`engine.exec.context`, bounded in tokens) and picks
    paths and/or answers; without one (or when it fails) the answers are ranked
    by a vote of the best ``vote_paths`` candidate paths (:func:`vote_ranking`); a pick of paths alone
@@ -361,7 +364,8 @@ class AskPath:
     names: tuple[str, ...]
     cost: float
     query: str
-    answers: tuple[Any, ...]  # engine.exec.explain.Answer, best first (topic excluded when asked)
+    answers: tuple[Any, ...]  # engine.exec.explain.Answer, best first (topic excluded when asked); no explanation
+    # (the executor ran the path once, for scores; AskAnswer.explanation explains what is returned)
     num_tails: int  # entities the path reaches in the KG graph (topic excluded when asked)
     source: str  # "plan", "plan-variant" or "embedding"
     entity_paths: tuple = field(default=(), compare=False)  # a few (head, relation, tail) id paths (evidence)
@@ -1281,9 +1285,11 @@ class Asker:
         """Embedding-only retrieval: per topic the ``k`` cheapest reachable relation sequences, cost
         ``1 − cos(embed(path text), embed(question text)) + (length_penalty + length_prior · (length_pivot
         − question words)) · (hops − 1) − answer_type_weight · cos(answer phrase, range text of the last
-        relation) − lexical_weight · F1(relations followed, relations named)`` (KARPA-H with the question as
-        the plan, a per-hop cost that depends on the question's length, an answer-type term and a lexical
-        term: :meth:`path_text`, :meth:`answer_type_scores`, :meth:`named_relations`); ties by
+        relation) − kind_weight · cos(kind phrase, kind text of the last relation) − lexical_weight ·
+        F1(relations followed, relations named)`` (KARPA-H with the question as the plan, a per-hop cost that
+        depends on the question's length, an answer-type term, a kind term and a lexical term, all on this
+        one cost scale: :meth:`path_text`, :meth:`answer_type_scores`, :meth:`kind_scores`,
+        :meth:`named_relations`); ties by
         length, then ids.  With a verbalizer the first two embeddings are centred on the mean of the
         relations' verbalized texts (:meth:`_verbalized_mean`)."""
         s = self.settings
