@@ -553,6 +553,14 @@ def test_anchor_projections_from_cached_rows_equal_the_kernel(seed, monkeypatch,
     assert lazy.matrices.stats.cache_hits > 0
 
 
+def _twin_matrices(rng: np.random.Generator, n: int, r: int) -> tuple[LazyMatrices, LazyMatrices]:
+    """Two LazyMatrices over the same random embeddings and edges (one to warm, one to compute cold)."""
+    ent, rel = random_embeddings(rng, n, r)
+    obs = random_observed(rng, n, r, 3 * n)
+    return tuple(LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0)
+                 for _ in range(2))  # type: ignore[return-value]
+
+
 def test_warm_row_slices_build_no_index(seed):
     """A warm read of a few rows (an anchor hop) finds each by a binary search of its relation's cached heads:
     the set's O(N) index (member mask, entity pointers) is not built for it (on FB15k-237 that cost a single
@@ -560,10 +568,7 @@ def test_warm_row_slices_build_no_index(seed):
     from it; both equal the computed rows."""
     rng = np.random.default_rng(seed)
     n, r = int(rng.integers(10, 40)), int(rng.integers(2, 6))
-    ent, rel = random_embeddings(rng, n, r)
-    obs = random_observed(rng, n, r, 3 * n)
-    m = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0)
-    cold = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0)
+    m, cold = _twin_matrices(rng, n, r)
     heads = np.sort(rng.choice(n, size=int(rng.integers(2, n)), replace=False))
     m.rows(1 * n + heads)  # relation 1's first rows: its merged set
     main = m.cache.main(1)
@@ -646,10 +651,7 @@ def test_warm_rows_gather_equals_the_rows_computed(seed):
     order asked, repeats included, equal to a cold computation; a row missing from them falls back."""
     rng = np.random.default_rng(seed)
     n, r = int(rng.integers(10, 40)), int(rng.integers(1, 6))
-    ent, rel = random_embeddings(rng, n, r)
-    obs = random_observed(rng, n, r, 3 * n)
-    warm = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0)
-    cold = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0)
+    warm, cold = _twin_matrices(rng, n, r)
     cached = rng.choice(n * r, size=int(rng.integers(1, n * r + 1)), replace=False)
     warm.rows(cached)
     warm.rows(cached)  # rows left pending by the first call are merged
