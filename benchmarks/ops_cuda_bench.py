@@ -296,9 +296,9 @@ def run(cfg: Config) -> tuple[str, bool]:
         f"Baseline: {base.kind}, one call per distinct relation of the batch.  ",
         f"ms per call (warm-up, then the median of {ROUNDS} rounds of repeated calls"
         f"{', timed by CUDA events' if device.type == 'cuda' else ''}); base/auto > 1 means ops.project "
-        "is faster. Negated: strategy auto (always the pull form). \"auto pushes\": rows the per-row plan "
-        "pushes. \"same as baseline\": every strategy's values equal the baseline's and their argmax "
-        "each other's.",
+        "is faster. Negated: strategy auto (always the pull form). \"auto pushes\": rows auto pushes "
+        "(ops.project_strategies; the CPU plans each row, CUDA pushes every row). \"same as baseline\": "
+        "every strategy's values equal the baseline's and their argmax each other's.",
         "",
         table(head, rows),
     ]
@@ -387,6 +387,8 @@ def _main(argv: list[str] | None = None) -> int:
     cfg = parse(argv)
     # torch's one-time notice on creating a sparse CSR tensor (the baseline's matrices)
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
+    # torch 2.11's notice on the same tensors (seen on a lent GPU machine's image)
+    warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled", category=UserWarning)
     if cfg.device == "cpu" or cfg.device.startswith("cpu"):
         torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     text, ok = run(cfg)

@@ -1,8 +1,9 @@
 """Query throughput of the batched executor, per BetaE structure, against a batch-1 operator loop.
 
-Run::
+Run (measure, then write the table)::
 
     python -m pytest benchmarks/test_engine_throughput.py
+    python -m benchmarks.report engine_throughput
 
 For each of the 14 structures, on the FB15k-237 artifact (or a synthetic one
 of the same size when it is absent), three measurements in the same run:
@@ -27,10 +28,13 @@ Like the loop, the engine modes compute every query's (N,) scores and drop them
 (``iter_scores``); ``Executor.scores`` additionally fills a (Q, N) result.
 
 Queries are grounded in the observed graph (random answer, walking observed
-edges backwards), as in ``engine.exec.examples``.  The ratios go to
+edges backwards), as in ``engine.exec.examples``.  The run saves its numbers
+(``artifacts/bench/engine_throughput.json``, or ``--bench-out DIR``); then
+``python -m benchmarks.report engine_throughput`` writes the ratios to
 ``benchmarks/results/engine_throughput.md`` with the command and machine
-(``engine_throughput_synthetic.md`` on the synthetic artifact, whose sets are
-sparse: run with ``KGREASON_FB15K237_ARTIFACT=none`` to get it).
+(``engine_throughput_synthetic`` on the synthetic artifact, whose sets are
+sparse: run with ``KGREASON_FB15K237_ARTIFACT=none`` to get it;
+``engine_throughput_threads<n>`` with ``ENGINE_BENCH_THREADS=n``).
 """
 from __future__ import annotations
 
@@ -39,7 +43,6 @@ import os
 import random
 import resource
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,7 +57,10 @@ from engine.lang.structures import STRUCTURES
 from kge import Artifact
 from kgreason.constants import INVERSE_SUFFIX, QTO_NEG_SCALE
 
-from conftest import RESULTS, Measurements, machine_description, measurements_for  # benchmarks/conftest.py (rootdir-relative import)
+from conftest import measurements_for  # benchmarks/conftest.py (rootdir-relative import)
+from report import Measurements  # benchmarks/report.py
+
+REPORT_TABLE = "engine_throughput"
 
 B_LARGE = 1024
 N_SMALL = B_LARGE  # queries timed one by one (loop and b1): the same queries as the batched mode
@@ -95,13 +101,22 @@ def synthetic_artifact(seed: int = 0, n: int = 14_505, base_relations: int = 237
 
 
 @pytest.fixture(scope="module")
-def artifact(fb15k237_artifact, _measurements_by_file):
-    info = measurements_for(_measurements_by_file, __file__).info
+def artifact(fb15k237_artifact):
+    m = measurements_for(REPORT_TABLE)
+    m.info.update(structures=list(STRUCTURES), columns=list(COLUMNS), tnorm=TNORM, neg_scale=NEG_SCALE,
+                  n_small=N_SMALL, b_large=B_LARGE, rounds=ROUNDS, qto_queries=QTO_QUERIES)
+    m.name = REPORT_TABLE + _threads_suffix()
     if fb15k237_artifact is not None:
-        info["data"] = f"FB15k-237 artifact ({fb15k237_artifact.path})"
+        m.info["data"] = f"FB15k-237 artifact ({fb15k237_artifact.path})"
         return fb15k237_artifact
-    info["data"] = "synthetic FB15k-237-sized artifact (artifacts/FB15k-237 absent)"
+    m.info["data"] = "synthetic FB15k-237-sized artifact (artifacts/FB15k-237 absent)"
+    m.name += "_synthetic"  # another KG: never the FB15k-237 table
     return synthetic_artifact()
+
+
+def _threads_suffix() -> str:
+    threads = os.environ.get("ENGINE_BENCH_THREADS")
+    return f"_threads{int(threads)}" if threads else ""
 
 
 #: M_r of every relation of the benchmark artifact, prepared by the ``executor`` fixture for the loop baseline.
@@ -109,14 +124,14 @@ _MATRICES: dict[int, "ops.StackedMatrices"] = {}
 
 
 @pytest.fixture(scope="module")
-def executor(artifact, _measurements_by_file):
+def executor(artifact):
     threads = os.environ.get("ENGINE_BENCH_THREADS")
     if threads:  # e.g. ENGINE_BENCH_THREADS=1 to take thread scheduling out of the measurement
         torch.set_num_threads(int(threads))
     ex = Executor(artifact, tnorm=TNORM, neg_scale=NEG_SCALE)
     for r in range(artifact.num_relations):  # prepare every matrix up front: not part of any timing
         _MATRICES[r] = ex.rows.relation(r)
-    info = measurements_for(_measurements_by_file, __file__).info
+    info = measurements_for(REPORT_TABLE).info
     info["backend"] = "cpp" if ops.has_kernel("project", "cpu") else "reference"
     info["pass_rows"] = ex.pass_rows
     return ex
@@ -303,53 +318,3 @@ def test_qto_dense_reference(artifact, executor, queries, structure, measurement
     total = time.perf_counter() - t
     measurements.put(structure, "qto", len(qs) / (total - qto.densify_s))
     measurements.put(structure, "qto_densify", len(qs) / total)
-
-
-def test_write_report(measurements):
-    """Writes the ratios table once every structure has every column (whatever order the tests ran in)."""
-    # page faults per query may be 0 (a pass whose outputs glibc recycles entirely)
-    measurements.require((list(STRUCTURES), COLUMNS), info=("data", "backend", "pass_rows"),
-                         may_be_zero=("faults", "faults_1pass"))
-    info = measurements.info
-    lines = [
-        "# Engine throughput (queries per second)",
-        "",
-        "Command: `" + (f"ENGINE_BENCH_THREADS={os.environ['ENGINE_BENCH_THREADS']} " if os.environ.get("ENGINE_BENCH_THREADS") else "")
-        + "python -m pytest benchmarks/test_engine_throughput.py`",
-        f"Machine: {machine_description()}",
-        f"Data: {info['data']}; ops backend: {info['backend']}; t-norm {TNORM}, neg_scale {NEG_SCALE}, "
-        f"QTO negation; {N_SMALL} queries one by one (loop, b1), {B_LARGE} per batch (b1024), best of {ROUNDS} rounds; "
-        f"the first {QTO_QUERIES} of them through the dense QTO reference (qto), one round.",
-        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        "",
-        "`loop` = one query at a time through the same `ops` operators (the reference QTO way);"
-        " `b1`/`b1024` = `Executor.iter_scores` with batch size 1/1024"
-        f" (executed in passes of at most {info['pass_rows']} rows);"
-        " `sparse` = b1024 with sparse intermediate sets where they are small (`Executor(sparse=True)`);"
-        " `qto` = QTO's dense per-query algorithm"
-        " (each projection a max-product over the relation's dense N x N matrix; the matrices, which QTO"
-        " builds once up front, are densified when used but that time is not counted);"
-        " `qto+densify` counts it too."
-        " All compute every query's scores and drop them.",
-        "",
-        "| structure | qto q/s | qto+densify q/s | loop q/s | b1 q/s | sparse q/s | b1024 q/s | b1 / loop "
-        "| sparse / loop | b1024 / loop | b1024 / qto | page faults / query (one pass → passes) "
-        "| b1024 q/s in one pass |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name in STRUCTURES:
-        r = {col: measurements.get(name, col) for col in COLUMNS}
-        qto, loop, b1, b1024, sparse = r["qto"], r["loop"], r["b1"], r["b1024"], r["sparse"]
-        fmt = lambda v: f"{v:,.0f}" if v >= 10 else f"{v:.2f}"  # noqa: E731
-        ratio = lambda a, b: f"{a / b:,.2f}×"  # noqa: E731
-        lines.append(f"| {name} | {fmt(qto)} | {fmt(r['qto_densify'])} | {fmt(loop)} | {fmt(b1)} | {fmt(sparse)} | {fmt(b1024)} | "
-                     f"{ratio(b1, loop)} | {ratio(sparse, loop)} | {ratio(b1024, loop)} | {ratio(b1024, qto)} | "
-                     f"{r['faults_1pass']:.1f} → {r['faults']:.1f} | "
-                     f"{fmt(r['b1024_1pass'])} |")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    suffix = f"_threads{torch.get_num_threads()}" if os.environ.get("ENGINE_BENCH_THREADS") else ""
-    if str(info["data"]).startswith("synthetic"):  # another KG: never overwrite the FB15k-237 table
-        suffix += "_synthetic"
-    out = Path(RESULTS) / f"engine_throughput{suffix}.md"
-    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines))

@@ -1,6 +1,7 @@
 """Calibrated-matrix build throughput vs the same machine's plain float32 matmul rate.
 
-Run: ``python -m pytest benchmarks/test_kge_build.py -q`` (from the repo root).
+Run: ``python -m pytest benchmarks/test_kge_build.py -q`` then ``python -m benchmarks.report kge_build``
+(from the repo root).
 
 The calibration is FLOP-bound: per (relation, head) row it multiplies a
 ``2d`` vector with the ``(2d, N)`` tail matrix.  We time it on a subset of
@@ -9,13 +10,12 @@ else random ones with the same N, R and rank), count its useful matmul FLOPs
 (``2 * rows * 2d * N``) and divide by the rate of a bare ``torch.mm`` of the
 same shape measured in the same run.  The ratio says how much of the machine's
 matmul rate the whole pipeline (softmax, threshold, gather included) keeps;
-the target is >= 0.5.  Results go to ``benchmarks/results/kge_build.md``.
+the target is >= 0.5.  Results go to ``benchmarks/results/kge_build.md`` (the report's second step).
 """
 from __future__ import annotations
 
 import os
 import time
-from datetime import datetime, timezone
 
 import numpy as np
 import pytest
@@ -23,20 +23,20 @@ import torch
 
 from kge.calibrate import DEFAULT_THRESHOLD, calibrate, default_chunk_rows
 
-from conftest import RESULTS, machine_description, measurements_for  # benchmarks/conftest.py (rootdir-relative import)
+from conftest import measurements_for  # benchmarks/conftest.py (rootdir-relative import)
+
+REPORT_TABLE = "kge_build"
 
 N_ENT, N_REL, RANK = 14505, 474, 100
 SUBSET = int(os.environ.get("KGE_BENCH_RELATIONS", "6"))
-#: Measurements cells (row "build"): what the report needs from the two timed tests.
-NUMBERS = ("mm_gflops", "cal_gflops", "cal_seconds", "rows", "relations", "full_seconds", "nnz_subset",
-           "nnz_full_estimate", "chunk", "n", "r", "d", "low_seconds", "low_nnz")
 
 pytestmark = pytest.mark.benchmark
 
 
 @pytest.fixture(scope="module")
-def embeddings(fb15k237_artifact, _measurements_by_file):
-    info = measurements_for(_measurements_by_file, __file__).info
+def embeddings(fb15k237_artifact):
+    info = measurements_for(REPORT_TABLE).info
+    info["qto_threshold"] = DEFAULT_THRESHOLD
     if fb15k237_artifact is not None and fb15k237_artifact.embeddings is not None:
         e = fb15k237_artifact.embeddings
         info["embeddings"] = f"trained, from {fb15k237_artifact.path}"
@@ -109,37 +109,3 @@ def test_calibration_rate(benchmark, embeddings, measurements):
         d=d,
     ).items():
         measurements.put("build", key, value)
-
-
-def test_write_report(measurements):
-    measurements.require((["build"], NUMBERS), info=("embeddings", "threshold", "mm_shape"))
-    r = {**measurements.info, **{k: measurements.get("build", k) for k in NUMBERS}}
-    for k in ("rows", "relations", "nnz_subset", "chunk", "n", "r", "d", "low_nnz"):
-        r[k] = int(r[k])
-    ratio = r["cal_gflops"] / r["mm_gflops"]
-    load = os.getloadavg()
-    text = f"""# Calibrated matrix build: FLOP rate vs plain matmul
-
-Command: `python -m pytest benchmarks/test_kge_build.py -q` (KGE_BENCH_RELATIONS={r['relations']})
-Date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}
-Machine: {machine_description()}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}
-(the machine is shared with other jobs: absolute numbers are noisy, the ratio less so)
-
-Embeddings: {r['embeddings']}; N = {r['n']:,}, R = {r['r']}, complex rank d = {r['d']} (real matmul width 2d = {2 * r['d']}),
-threshold {r['threshold']:.3g} (the artifact's; QTO's {DEFAULT_THRESHOLD:g} in the last rows).
-
-| measurement | value |
-|---|---|
-| plain float32 `torch.mm` {r['mm_shape']} | {r['mm_gflops']:.1f} GFLOP/s |
-| calibration of {r['relations']} relations ({r['rows']:,} rows, chunk {r['chunk']} rows) | {r['cal_seconds']:.2f} s |
-| calibration useful matmul rate (2 * rows * 2d * N / time) | {r['cal_gflops']:.1f} GFLOP/s |
-| **ratio calibration / plain matmul** | **{ratio:.2f}** (target >= 0.5) |
-| extrapolated time for all {r['r']} relations | {r['full_seconds'] / 60:.1f} min |
-| nnz in the subset / extrapolated to all relations | {r['nnz_subset']:,} / {r['nnz_full_estimate']:,.0f} |
-| same rows at threshold {DEFAULT_THRESHOLD:g}: time, useful rate, ratio | {r['low_seconds']:.2f} s, {2.0 * r['rows'] * 2 * r['d'] * r['n'] / r['low_seconds'] / 1e9:.1f} GFLOP/s, {2.0 * r['rows'] * 2 * r['d'] * r['n'] / r['low_seconds'] / 1e9 / r['mm_gflops']:.2f} |
-| nnz at {DEFAULT_THRESHOLD:g} in the subset / extrapolated | {r['low_nnz']:,} / {r['low_nnz'] * r['r'] / r['relations']:,.0f} |
-"""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "kge_build.md").write_text(text, encoding="utf-8")
-    print(text)
-    assert ratio > 0

@@ -1,6 +1,7 @@
 """KGE training throughput: the 1-N ComplEx-N3 loop (kge.complex_n3) vs pykeen's LCWA loop, same model and batch.
 
-Run: ``python -m pytest benchmarks/test_kge_train.py -q`` (from the repo root; ~5 minutes on 2 cores).
+Run: ``python -m pytest benchmarks/test_kge_train.py -q`` (from the repo root; ~5 minutes on 2 cores), then
+``python -m benchmarks.report kge_train``.
 
 Both loops train ComplEx with N3 and a softmax cross-entropy over all N tails
 on FB15k-237's training edges (``../shared/data/betae/FB15k-237-betae``; a
@@ -15,13 +16,14 @@ in the same run (target >= 0.5), and the speed-up over pykeen.  Results go to
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import FB15K237_BETAE, RESULTS, machine_description, measurements_for  # benchmarks/conftest.py
+from conftest import FB15K237_BETAE, measurements_for  # benchmarks/conftest.py
+
+REPORT_TABLE = "kge_train"
 
 BATCH = 1000
 STEPS = int(os.environ.get("KGE_TRAIN_BENCH_STEPS", "12"))
@@ -35,7 +37,7 @@ pytestmark = pytest.mark.benchmark
 
 
 @pytest.fixture(scope="module")
-def kg(_measurements_by_file):
+def kg():
     from kge.graph import KnowledgeGraph, load_kg
 
     if FB15K237_BETAE.is_dir():
@@ -46,8 +48,9 @@ def kg(_measurements_by_file):
         tr = np.stack([rng.integers(0, n, e), rng.integers(0, r, e), rng.integers(0, n, e)], 1)
         g = KnowledgeGraph(entities=tuple(f"e{i}" for i in range(n)), relations=tuple(f"r{i}" for i in range(r)),
                            train=tr, valid=tr[:0], test=tr[:0], source="random, FB15k-237 size")
-    measurements_for(_measurements_by_file, __file__).info["graph"] = (
-        f"{g.source} (N = {g.num_entities:,}, R = {g.num_relations})")
+    measurements_for(REPORT_TABLE).info.update(
+        graph=f"{g.source} (N = {g.num_entities:,}, R = {g.num_relations})", batch=BATCH, steps=STEPS,
+        ranks=list(RANKS), precisions=list(PRECISIONS), loops=[list(x) for x in LOOPS])
     return g
 
 
@@ -137,39 +140,3 @@ def test_pykeen_lcwa_loop(benchmark, kg, rank, measurements):
     steps = int(np.ceil(len(sub) / BATCH))
     measurements.put(f"{rank}/pykeen", "step_s", sec / steps)
     measurements.put(f"{rank}/pykeen", "gflops", _flops(steps, kg.num_entities, rank) / sec / 1e9)
-
-
-def test_write_report(measurements):
-    m = measurements
-    m.require((["matmul"], PRECISIONS), ([f"{rank}/{key}" for rank in RANKS for key, _ in LOOPS], ("step_s", "gflops")),
-              info=("graph", "mm_shape"))
-    mm32, mm16 = m.get("matmul", "fp32"), m.get("matmul", "bf16")
-    load = os.getloadavg()
-    lines = [
-        "# KGE training throughput: 1-N ComplEx-N3 loop vs pykeen's LCWA loop",
-        "",
-        "Command: `python -m pytest benchmarks/test_kge_train.py -q`",
-        f"Date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"Machine: {machine_description()}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}",
-        f"Graph: {m.info['graph']}; batch {BATCH} score rows, "
-        f"{STEPS} steps per measurement; Adagrad lr 0.1, N3 weight 5e-2, init std 1e-3 in both loops.",
-        "",
-        f"Plain GEMM {m.info['mm_shape']}: float32 {mm32:.0f} GFLOP/s"
-        + f", bfloat16 {mm16:.0f} GFLOP/s ({mm16 / mm32:.1f}x).",
-        "Useful FLOPs per step: 3 GEMMs x 2 x batch x 2d x N (the same for both loops).",
-        "",
-        "| rank d | loop | s per step | useful GFLOP/s | fraction of fp32 matmul rate | speed-up vs pykeen LCWA |",
-        "|---|---|---|---|---|---|",
-    ]
-    for rank in RANKS:
-        base = m.get(f"{rank}/pykeen", "step_s")
-        for key, label in LOOPS:
-            step, gflops = m.get(f"{rank}/{key}", "step_s"), m.get(f"{rank}/{key}", "gflops")
-            if step is None or gflops is None or base is None:  # not applicable here (no bf16)
-                continue
-            lines.append(f"| {rank} | {label} | {step:.3f} | {gflops:.0f} | "
-                         f"{gflops / mm32:.2f} | {base / step:.1f}x |")
-    text = "\n".join(lines) + "\n"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "kge_train.md").write_text(text, encoding="utf-8")
-    print(text)

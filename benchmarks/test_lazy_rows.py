@@ -6,6 +6,7 @@ Run (FB15k-237; every variable optional, see below)::
     KGREASON_LAZY_QUERY_ARTIFACT=/tmp/fb-lazy-same KGREASON_EAGER_QUERY_ARTIFACT=/tmp/fb-n3 \\
     KGREASON_LAZY_QUERIES=/tmp/r13/fb237_q1000.jsonl \\
     python -m pytest benchmarks/test_lazy_rows.py -q
+    python -m benchmarks.report lazy_rows
 
 (a) Rows per second.  ``LAZY_BENCH_ROWS`` (default 4 chunks) random rows of the
 lazy artifact at ``$KGREASON_LAZY_ARTIFACT`` (else of a synthetic
@@ -32,7 +33,8 @@ milliseconds per query and the ratios lazy / eager; the largest score
 difference lazy vs eager is recorded.  Skipped unless all three are set and
 exist.
 
-The table goes to ``benchmarks/results/lazy_rows.md`` (command, machine, load).
+The table goes to ``benchmarks/results/lazy_rows.md`` (command, machine, load), written from the
+run's saved numbers by the second command.
 Runtime ~1-3 minutes on 2 cores (most of it loading the 1.1 GB eager FB15k-237 matrices).
 """
 from __future__ import annotations
@@ -40,7 +42,6 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +53,10 @@ from kge.calibrate import DEFAULT_THRESHOLD
 from kge.complex_n3 import matmul_rate
 from kge.lazy import LazyMatrices
 
-from conftest import RESULTS, Measurements, machine_description, measurements_for  # benchmarks/conftest.py
+from conftest import measurements_for  # benchmarks/conftest.py
+from report import Measurements  # benchmarks/report.py
+
+REPORT_TABLE = "lazy_rows"
 
 pytestmark = pytest.mark.benchmark
 
@@ -74,8 +78,10 @@ def _env_path(name: str) -> Path | None:
 
 
 @pytest.fixture(scope="module")
-def lazy_matrices(_measurements_by_file) -> LazyMatrices:
-    info = measurements_for(_measurements_by_file, __file__).info
+def lazy_matrices() -> LazyMatrices:
+    info = measurements_for(REPORT_TABLE).info
+    info.update(row_columns=list(ROW_COLUMNS), latency_columns=list(LATENCY_COLUMNS), structs=list(STRUCTS),
+                queries=QUERIES)
     path = _env_path("KGREASON_LAZY_ARTIFACT")
     if path is not None:
         from kge import Artifact
@@ -153,7 +159,7 @@ def test_lazy_rows_torch_reference(benchmark, lazy_matrices, measurements):
 
 # ------------------------------------------------------------------ (b) query latency
 def _no_latency(m: Measurements, reason: str, structures=STRUCTS) -> None:
-    """Mark the latency cells of ``structures`` not applicable (so the writer prints no part (b) rows), then skip."""
+    """Mark the latency cells of ``structures`` not applicable (so the report prints no part (b) rows), then skip."""
     for s in structures:
         for column in LATENCY_COLUMNS:
             m.not_applicable(s, column, reason)
@@ -161,8 +167,10 @@ def _no_latency(m: Measurements, reason: str, structures=STRUCTS) -> None:
 
 
 @pytest.fixture(scope="module")
-def query_setup(_measurements_by_file):
-    m = measurements_for(_measurements_by_file, __file__)
+def query_setup():
+    m = measurements_for(REPORT_TABLE)
+    m.info.update(row_columns=list(ROW_COLUMNS), latency_columns=list(LATENCY_COLUMNS), structs=list(STRUCTS),
+                  queries=QUERIES)
     lazy_path = _env_path("KGREASON_LAZY_QUERY_ARTIFACT")
     eager_path = _env_path("KGREASON_EAGER_QUERY_ARTIFACT")
     q_path = _env_path("KGREASON_LAZY_QUERIES")
@@ -183,7 +191,8 @@ def query_setup(_measurements_by_file):
         _no_latency(m, "KGREASON_LAZY_QUERY_ARTIFACT must be lazy and KGREASON_EAGER_QUERY_ARTIFACT eager")
     thr_e = float(eager.meta.get("calibration", {}).get("threshold", float("nan")))
     thr_l = lazy.matrices.threshold
-    info.update(q_lazy=str(lazy_path), q_eager=str(eager_path), q_file=str(q_path), thr_eager=thr_e, thr_lazy=thr_l)
+    info.update(q_lazy=str(lazy_path), q_eager=str(eager_path), q_file=str(q_path), thr_eager=thr_e, thr_lazy=thr_l,
+                latency_backend="cpp" if ops.has_kernel("calibrate_rows", "cpu") else "reference")
     if thr_l != thr_e and thr_e == thr_e:
         # A build that raised its threshold records it unrounded (e.g. 0.000931693...), a lazy build
         # given "the same" threshold on the command line its rounded value: compute the lazy rows at
@@ -255,83 +264,3 @@ def test_query_latency(benchmark, query_setup, structure, measurements):
     out.update({f"{k}_mean": statistics.fmean(res[k]) * 1e3 for k in ("eager", "cold", "warm")})
     for column, value in dict(out, n=len(qs), rows=res["rows"], maxdiff=res["maxdiff"]).items():
         measurements.put(structure, column, value)
-
-
-def test_write_report(measurements):
-    m = measurements
-    m.require((["matmul"], ["gflops"]), (["cpp", "reference"], ROW_COLUMNS), (STRUCTS, LATENCY_COLUMNS),
-              info=("rows_data", "mm_shape", "rows", "n", "r", "d", "chunk", "threshold"), may_be_zero=("maxdiff",))
-    i = m.info
-    r = {b: {c: m.get(b, c) for c in ROW_COLUMNS} for b in ("cpp", "reference") if m.get(b, "rows_s") is not None}
-    lat = {s: {c: m.get(s, c) for c in LATENCY_COLUMNS} for s in STRUCTS if m.get(s, "eager") is not None}
-    mm = m.get("matmul", "gflops")
-    load = os.getloadavg()
-    lines = [
-        "# Lazy calibrated rows: rows/s vs matmul rate, and query latency lazy vs eager",
-        "",
-        "Command: `" + " ".join(f"{k}={os.environ[k]}" for k in (
-            "KGREASON_LAZY_ARTIFACT", "KGREASON_LAZY_QUERY_ARTIFACT", "KGREASON_EAGER_QUERY_ARTIFACT",
-            "KGREASON_LAZY_QUERIES", "LAZY_BENCH_ROWS", "LAZY_BENCH_QUERIES") if os.environ.get(k))
-        + " python -m pytest benchmarks/test_lazy_rows.py -q`",
-        f"Date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"Machine: {machine_description()}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}",
-        "(the machine is shared with other jobs: absolute numbers are noisy, ratios less so)",
-        "",
-        "## (a) Rows per second",
-        "",
-        f"Data: {i['rows_data']}; N = {i['n']:,}, R = {i['r']}, complex rank d = {i['d']}, threshold {i['threshold']:g}; "
-        f"{i['rows']:,} random rows in chunks of {i['chunk']} through `LazyMatrices.rows` with an empty cache "
-        "(GEMM + calibration + CSR pieces + cache fill), best of 3 rounds.",
-        "",
-        "| measurement | value |",
-        "|---|---|",
-        f"| plain fp32 `torch.mm` {i['mm_shape']} (`kge.complex_n3.matmul_rate`, best of 3) | {mm:.1f} GFLOP/s |",
-    ]
-    for b, name in (("cpp", "fused kernel (`ops` backend cpp)"), ("reference", "torch reference (`ops` backend reference, the former code)")):
-        if b in r:
-            x = r[b]
-            lines.append(f"| {name}: rows/s, useful GEMM GFLOP/s, **ratio to torch.mm** | {x['rows_s']:,.0f} rows/s, "
-                         f"{x['gflops']:.1f} GFLOP/s, **{x['gflops'] / mm:.2f}** (target >= 0.5) |")
-    if "cpp" in r and "reference" in r:
-        lines.append(f"| fused kernel / torch reference (rows/s) | **{r['cpp']['rows_s'] / r['reference']['rows_s']:.2f}x** |")
-        lines.append(f"| kept entries per row | {r['cpp']['nnz_row']:.0f} |")
-    if lat:
-        lines += [
-            "",
-            "## (b) Query latency, lazy vs eager",
-            "",
-            f"Eager: {i['q_eager']} (threshold {i['thr_eager']:.6g}; loaded in {i['eager_load_s']:.1f} s, "
-            f"the queries' relations prepared in {i['eager_prepare_s']:.1f} s, both untimed); "
-            f"lazy: {i['q_lazy']} (its threshold {i['thr_lazy']:.6g}"
-            + (f", computed at the eager one, {i['thr_eager']:.6g}" if i['thr_lazy'] != i['thr_eager'] else "")
-            + f"); queries: the first {QUERIES} per structure of "
-            f"{i['q_file']}, one at a time (`Executor.scores([q])`), ops backend "
-            f"{'cpp' if ops.has_kernel('calibrate_rows', 'cpu') else 'reference'}.  Cold: row cache emptied before "
-            "every query; warm: every row the query needs cached.  Milliseconds per query, median (mean); "
-            "ratios of the medians (means).  Rows computed: mean per query (a few queries need most of them).",
-            "",
-            "| structure | queries | eager ms | lazy cold ms | lazy warm ms | cold / eager | warm / eager | "
-            "rows computed / query (cold) | max abs score diff |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for s in STRUCTS:
-            if s in lat:
-                x = lat[s]
-                lines.append(
-                    f"| {s} | {int(x['n'])} | {x['eager']:.2f} ({x['eager_mean']:.2f}) | {x['cold']:.2f} ({x['cold_mean']:.2f}) "
-                    f"| {x['warm']:.2f} ({x['warm_mean']:.2f}) | {x['cold'] / x['eager']:.1f}x "
-                    f"({x['cold_mean'] / x['eager_mean']:.1f}x) | {x['warm'] / x['eager']:.1f}x "
-                    f"({x['warm_mean'] / x['eager_mean']:.1f}x) | {x['rows']:,.0f} | {x['maxdiff']:.2g} |")
-        lines += [
-            "",
-            "Reading the latency table: a cold lazy query pays for its rows (GEMM + `calibrate_rows`, at the rate of "
-            "part (a); the persisted row store is off here) and for gathering them into a compact stack with its "
-            "transpose; a warm one reads each relation's cached rows as a one-relation stack prepared once "
-            "(`kge.lazy.RowCache`), so what it adds to eager is one `ops.project` call and its Python per "
-            "relation of the query.  On a loaded machine every thread-pool region of those small steps can also "
-            "wait for a descheduled worker.",
-        ]
-    text = "\n".join(lines) + "\n"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "lazy_rows.md").write_text(text, encoding="utf-8")
-    print(text)

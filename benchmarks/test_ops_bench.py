@@ -1,17 +1,19 @@
 """Projection throughput: our kernels vs baselines, measured side by side in one run.
 
-Run (one pytest-benchmark run; writes benchmarks/results/ops_projection.md)::
+Run (one pytest-benchmark run saving its numbers, then the reports writing
+benchmarks/results/ops_projection.md and ops_single_relation.md)::
 
     python -m pytest benchmarks/test_ops_bench.py -q
+    python -m benchmarks.report ops_projection ops_single_relation
 
 ``KGREASON_FB15K237_ARTIFACT=<folder>`` points at the FB15k-237 artifact (default
 ``artifacts/FB15k-237``); ``KGREASON_BENCH_MACHINE`` overrides the machine line of the
 table (e.g. to name the CPU generation a VM's /proc/cpuinfo hides).
 
 ``KGREASON_BENCH_THREADS=1`` runs every method on one thread (torch.set_num_threads)
-and writes ``ops_projection_1thread.md`` instead: on a machine shared with other
-jobs the single-threaded ratios are the stable ones, because a parallel region
-waits for descheduled workers.
+and saves ``ops_projection_1thread`` instead (``python -m benchmarks.report
+ops_projection_1thread``): on a machine shared with other jobs the single-threaded
+ratios are the stable ones, because a parallel region waits for descheduled workers.
 
 Matrices: relations of the FB15k-237 artifact (the one with the most entries
 and the one at the median) when ``fb15k237_artifact`` is available, else a
@@ -55,7 +57,8 @@ import pytest
 import torch
 
 import ops
-from conftest import RESULTS, fb15k237_artifact_path, machine_description
+from conftest import fb15k237_artifact_path, machine_description, measurements_for
+from report import RESULTS  # benchmarks/report.py (rootdir-relative import)
 from kgreason.constants import QTO_NEG_SCALE
 
 BATCHES = (1, 16, 256, 1024)
@@ -66,7 +69,6 @@ SLICE = {"reference": 16, "qto_loop": 2}
 THREADS = int(os.environ.get("KGREASON_BENCH_THREADS", "0"))
 if THREADS > 0:
     torch.set_num_threads(THREADS)  # queries actually timed for the slow baselines
-_RESULTS: dict[tuple[str, int, str, str], tuple[float, bool]] = {}  # (matrix, B, kind, method) -> (s, scaled)
 _INFO: dict[str, str] = {}
 
 try:
@@ -116,7 +118,7 @@ class Case:
         self.sp = scipy_csr.tocsr()
         self.n = self.sp.shape[0]
         self.M = _torch_csr(self.sp)
-        self.P = ops.prepare_matrices(self.M) if hasattr(ops, "prepare_matrices") else ops.prepare(self.M)
+        self.P = ops.prepare_matrices(self.M)
         self.Mt = torch.sparse_csr_tensor(self.P.ccol.long(), self.P.row.long(), self.P.tval, size=(self.n, self.n))
         self.nnz = self.P.nnz
         self.anchors = torch.from_numpy(np.flatnonzero(np.diff(self.sp.indptr) > 0))
@@ -137,7 +139,20 @@ def _cases(artifact) -> list[Case]:
 
 @pytest.fixture(scope="module")
 def cases(fb15k237_artifact):
-    return _cases(fb15k237_artifact)
+    out = _cases(fb15k237_artifact)
+    m = _projection_measurements()
+    m.info.update(data=_INFO["data"], cases=[dict(name=c.name, n=c.n, nnz=int(c.nnz)) for c in out],
+                  batches=list(BATCHES), kinds=list(KINDS), methods=list(METHODS), slice=dict(SLICE))
+    measurements_for("ops_single_relation").info.update(data=_INFO["data"], batches=list(BATCHES), kinds=list(KINDS),
+                                                        variants=list(FOLD_VARIANTS))
+    return out
+
+
+def _projection_measurements():
+    """The projection table's measurements (saved as ops_projection, or ops_projection_<n>thread)."""
+    m = measurements_for("ops_projection")
+    m.name = "ops_projection" if THREADS <= 0 else f"ops_projection_{THREADS}thread"
+    return m
 
 
 def make_x(case: Case, b: int, kind: str, seed: int = 0) -> torch.Tensor:
@@ -211,14 +226,18 @@ METHODS = ["ours", "ours+argmax", "ours+out", "sparse.mm", "reference", "qto_loo
 @pytest.mark.parametrize("b", BATCHES)
 @pytest.mark.parametrize("case_index", [0, 1])  # one benchmark fixture per test: one matrix each
 def test_projection(benchmark, cases, case_index, b, kind, method):
-    if method == "torch_sparse" and not HAVE_TORCH_SPARSE:
-        pytest.skip("torch_sparse not installed (optional; ~18 min to compile)")
-    if method == "graphblas" and not HAVE_GRAPHBLAS:
-        pytest.skip("python-graphblas not installed (optional)")
-    if method.startswith("ours") and not ops.has_kernel("project", "cpu"):
-        pytest.skip("compiled extension not available")
     if case_index >= len(cases):
         pytest.skip("only one matrix (synthetic data)")
+    m = _projection_measurements()
+    row = f"{cases[case_index].name}|{b}|{kind}"
+    why = ("torch_sparse not installed (optional; ~18 min to compile)" if method == "torch_sparse" and not HAVE_TORCH_SPARSE
+           else "python-graphblas not installed (optional)" if method == "graphblas" and not HAVE_GRAPHBLAS
+           else "compiled extension not available" if method.startswith("ours") and not ops.has_kernel("project", "cpu")
+           else None)
+    if why:
+        for column in (method,) + (("matrix_bytes",) if method == "ours" else ()):
+            m.not_applicable(row, column, why)
+        pytest.skip(why)
     for case in cases[case_index:case_index + 1]:
         x = make_x(case, b, kind)
         fn = _method(case, method)
@@ -235,7 +254,16 @@ def test_projection(benchmark, cases, case_index, b, kind, method):
         rounds = int(max(2, min(15, 1.5 / max(once, 1e-6))))
         benchmark.extra_info.update(matrix=case.name, B=b, kind=kind, timed_queries=timed)
         benchmark.pedantic(fn, args=(xs,), rounds=rounds, iterations=1, warmup_rounds=0)
-        _RESULTS[(case.name, b, kind, method)] = (benchmark.stats.stats.median * b / timed, timed < b)
+        m.put(row, method, benchmark.stats.stats.median * b / timed)  # scaled to B when timed < B (SLICE)
+        if method == "ours":  # the plan auto picks, and the matrix bytes it reads (the bandwidth column)
+            strategy = ops.choose_strategy(x, case.P)
+            m.info.setdefault("strategies", {})[row] = strategy
+            if strategy == "push":  # the rows of the active entities only
+                deg = (case.P.crow[1:] - case.P.crow[:-1]).double()
+                matrix_bytes = 8 * float(((x > 0).double() @ deg).sum()) + 4 * (case.n + 1)
+            else:
+                matrix_bytes = case.nnz * 8 + (case.n + 1) * 4
+            m.put(row, "matrix_bytes", matrix_bytes)
 
 
 def copy_bandwidth() -> float:
@@ -250,118 +278,37 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / best / 1e9
 
 
-def test_write_table(cases):
-    """Collect the run into benchmarks/results/ops_projection.md (ratios, bandwidth, command, machine)."""
-    if not _RESULTS:
-        pytest.skip("no projection timings were collected")
-    bw = copy_bandwidth()
-    load = os.getloadavg()
-    present = [m for m in METHODS if any(k[3] == m for k in _RESULTS)]
-    baselines = [m for m in present if not m.startswith("ours")]
-    lines = [
-        "# Projection throughput: `ops.project` vs baselines",
-        "",
-        "Command: `" + (f"KGREASON_BENCH_THREADS={THREADS} " if THREADS > 0 else "")
-        + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]) + "`  ",
-        f"Machine: {os.environ.get('KGREASON_BENCH_MACHINE') or machine_description()}  ",
-        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
-        f"Load average at the end of the run (1/5/15 min): {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
-        "(the machine is shared with other jobs; numbers taken under load are noisy)  ",
-        f"Data: {_INFO.get('data', '?')}  ",
-        f"Plain copy bandwidth (torch copy_, 256 MB, read + write): {bw:.1f} GB/s",
-        "",
-        "Times are medians in ms.  Ratio columns: baseline time / our time (> 1 means ours is faster); "
-        "`ours+out` writes into a preallocated, reused output (`out=`).",
-        "`*` = timed on the first queries of the batch and scaled linearly to B.  ",
-        "Effective bandwidth = (X read + Y written + the matrix entries the strategy must read: all of them "
-        "for pull, the active rows for push) / our time.",
-        "",
-    ]
-    skipped = [m for m in METHODS if m not in present]
-    if skipped:
-        lines.append(f"Not measured (not installed): {', '.join(skipped)}")
-        lines.append("")
-    for case in cases:
-        lines += [f"## {case.name} (N = {case.n}, nnz = {case.nnz})", ""]
-        head = ["B", "X", "strategy", "ours ms", "ours+argmax ms", "ours+out ms"] + [f"{m} ms" for m in baselines] + \
-               [f"{m} / ours" for m in baselines] + ["sparse.mm / ours+out", "eff. GB/s", "% of copy"]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for b in BATCHES:
-            for kind in KINDS:
-                ours = _RESULTS.get((case.name, b, kind, "ours"))
-                if ours is None:
-                    continue
-                strategy = ops.choose_strategy(make_x(case, b, kind), case.P)
-                row = [str(b), kind, strategy, f"{ours[0] * 1e3:.3f}"]
-                oa = _RESULTS.get((case.name, b, kind, "ours+argmax"))
-                row.append(f"{oa[0] * 1e3:.3f}" if oa else "-")
-                oo = _RESULTS.get((case.name, b, kind, "ours+out"))
-                row.append(f"{oo[0] * 1e3:.3f}" if oo else "-")
-                cells_t, cells_r = [], []
-                for m in baselines:
-                    r = _RESULTS.get((case.name, b, kind, m))
-                    if r is None:
-                        cells_t.append("-")
-                        cells_r.append("-")
-                        continue
-                    star = "*" if r[1] else ""
-                    cells_t.append(f"{r[0] * 1e3:.2f}{star}")
-                    cells_r.append(f"**{r[0] / ours[0]:.1f}x**" if m == "sparse.mm" else f"{r[0] / ours[0]:.1f}x")
-                x = make_x(case, b, kind)
-                if strategy == "push":  # the rows of the active entities only
-                    deg = (case.P.crow[1:] - case.P.crow[:-1]).double()
-                    matrix_bytes = 8 * float(((x > 0).double() @ deg).sum()) + 4 * (case.n + 1)
-                else:
-                    matrix_bytes = case.nnz * 8 + (case.n + 1) * 4
-                bytes_moved = 2 * b * case.n * 4 + matrix_bytes
-                eff = bytes_moved / ours[0] / 1e9
-                sp_mm = _RESULTS.get((case.name, b, kind, "sparse.mm"))
-                out_ratio = f"**{sp_mm[0] / oo[0]:.1f}x**" if (sp_mm and oo) else "-"
-                row += cells_t + cells_r + [out_ratio, f"{eff:.1f}", f"{100 * eff / bw:.0f}%"]
-                lines.append("| " + " | ".join(row) + " |")
-        lines.append("")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = Path(RESULTS) / ("ops_projection.md" if THREADS <= 0 else f"ops_projection_{THREADS}thread.md")
-    out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+def test_copy_bandwidth():
+    """The plain-copy bandwidth the projection table compares ours with, in the same run."""
+    _projection_measurements().put("copy", "gb_s", copy_bandwidth())
 
 
 # ----------------------------------------------------------------------------------------------------
 # The single-relation case through the multi-relation kernel (issue 23: "the fold is measured, not assumed")
 #
-# ``single``: ``ops.project(x, P)`` / ``ops.project_negated(x, P)`` on the prepared matrix; ``multi``: the same
-# matrix as a one-relation stack, every row relation 0 (``ops.project_multi(x, zeros(B), S)`` before the fold,
-# ``ops.project(x, S, rel)`` after it).  Both are timed interleaved in one test (round k times single then
-# multi), so a load spike hits both; medians.  Each run writes its numbers to
-# ``artifacts/bench/ops_single_relation_<phase>.json`` (phase: ``before`` while the old single-relation
-# kernels exist, else ``after``); the table, benchmarks/results/ops_single_relation.md, gets the before
-# columns and, when both files exist, the after columns.
+# ``single``: ``ops.project(x, P, negate=...)`` on the prepared matrix; ``multi``: the same matrix as a
+# one-relation stack, every row relation 0 (``ops.project(x, S, rel)``).  Both are timed interleaved in one
+# test (round k times single then multi), so a load spike hits both; medians.  The run saves its numbers as
+# ``<--bench-out>/ops_single_relation_after.json``; ``python -m benchmarks.report ops_single_relation`` writes
+# benchmarks/results/ops_single_relation.md from it and, when it lies beside it, the
+# ``ops_single_relation_before.json`` that this file wrote in the checkout before issue 23's fold (the
+# single-relation kernels it compared are gone).
 
 FOLD_VARIANTS = ("values", "argmax", "negated", "negated+argmax")
-FOLDED = not hasattr(torch.ops.kgreason, "project_multi") if ops.extension_available() else False
-FOLD_PHASE = "after" if FOLDED else "before"
-FOLD_JSON = Path(__file__).resolve().parent.parent / "artifacts" / "bench"
-_FOLD: dict[str, dict] = {}
 
 
 def _fold_calls(case: Case, variant: str, b: int):
     """(single, multi) callables of one variant on the compiled kernels (values only or with argmax)."""
     neg, arg = variant.startswith("negated"), variant.endswith("argmax")
     if not hasattr(case, "S"):
-        # the degenerate one-relation stack (R = 1), built by the stacked path (argsort transpose)
+        # the degenerate one-relation stack (R = 1), built by the stacked path (a (crow, col, val) triple)
         parts = (case.M.crow_indices(), case.M.col_indices(), case.M.values())
-        case.S = (ops.prepare_matrices if FOLDED else ops.prepare_stacked)(parts, num_entities=case.n)
+        case.S = ops.prepare_matrices(parts, num_entities=case.n)
     rel = torch.zeros(b, dtype=torch.int64)
     kw = dict(backend="cpp", validate=False, return_argmax=arg)
-    if FOLDED:  # one entry point: the prepared matrix is the degenerate stack, rel None = relation 0
-        single = lambda x: ops.project(x, case.P, negate=neg, neg_scale=QTO_NEG_SCALE, **kw)  # noqa: E731
-        multi = lambda x: ops.project(x, case.S, rel, negate=neg, neg_scale=QTO_NEG_SCALE, **kw)  # noqa: E731
-    else:
-        if neg:
-            single = lambda x: ops.project_negated(x, case.P, neg_scale=QTO_NEG_SCALE, **kw)  # noqa: E731
-        else:
-            single = lambda x: ops.project(x, case.P, **kw)  # noqa: E731
-        multi = lambda x: ops.project_multi(x, rel, case.S, negated=neg, neg_scale=QTO_NEG_SCALE, **kw)  # noqa: E731
+    # one entry point: the prepared matrix is the degenerate stack, rel None = relation 0
+    single = lambda x: ops.project(x, case.P, negate=neg, neg_scale=QTO_NEG_SCALE, **kw)  # noqa: E731
+    multi = lambda x: ops.project(x, case.S, rel, negate=neg, neg_scale=QTO_NEG_SCALE, **kw)  # noqa: E731
     return single, multi
 
 
@@ -370,7 +317,12 @@ def _fold_calls(case: Case, variant: str, b: int):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("b", BATCHES)
 def test_fold_single_relation(cases, b, kind, variant):
+    fold = measurements_for("ops_single_relation")
+    fold.name = "ops_single_relation_after"  # this checkout is after issue 23's fold
+    key = f"{b}|{kind}|{variant}"
     if not ops.has_kernel("project", "cpu"):
+        for column in ("single_ms", "multi_ms", "rounds"):
+            fold.not_applicable(key, column, "compiled extension not available")
         pytest.skip("compiled extension not available")
     case = cases[0]
     x = make_x(case, b, kind)
@@ -393,75 +345,19 @@ def test_fold_single_relation(cases, b, kind, variant):
         ts.append(t1 - t0)
         tm.append(t2 - t1)
     strategy = "negated" if variant.startswith("negated") else ops.choose_strategy(x, case.P)
-    _FOLD[f"{b}|{kind}|{variant}"] = dict(single_ms=float(np.median(ts)) * 1e3, multi_ms=float(np.median(tm)) * 1e3,
-                                          strategy=strategy, rounds=rounds)
-
-
-def test_write_fold_table(cases):
-    """benchmarks/results/ops_single_relation.md: multi-degenerate / single, before and (when measured) after."""
-    if not _FOLD:
-        pytest.skip("no fold timings were collected")
-    import json
-
-    load = os.getloadavg()
-    FOLD_JSON.mkdir(parents=True, exist_ok=True)
-    run = dict(results=_FOLD, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               machine=os.environ.get("KGREASON_BENCH_MACHINE") or machine_description(),
-               load=f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}", data=_INFO.get("data", "?"),
-               command=("KGREASON_BENCH_THREADS=%d " % THREADS if THREADS > 0 else "")
-               + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]))
-    (FOLD_JSON / f"ops_single_relation_{FOLD_PHASE}.json").write_text(json.dumps(run, indent=1))
-    runs = {}
-    for phase in ("before", "after"):
-        p = FOLD_JSON / f"ops_single_relation_{phase}.json"
-        if p.is_file():
-            runs[phase] = json.loads(p.read_text())
-    before, after = runs.get("before"), runs.get("after")
-    lines = ["# The single-relation case: one-relation stack through the multi-relation kernel vs the single op",
-             "",
-             "Issue 23 folds `ops.project`, `ops.project_negated` and `ops.project_multi` into one kernel; this "
-             "table is the evidence that a single relation (a one-relation stack, every row relation 0) loses "
-             "nothing.  `single`: `ops.project(x, P)` / `ops.project_negated(x, P)` on the prepared matrix; "
-             "`multi`: the same matrix as a stack of one relation (`ops.project_multi(x, zeros(B), S)` before the "
-             "fold).  Both timed interleaved in one test (medians in ms), compiled CPU kernels, "
-             "`validate=False`, strategy auto.  Ratio `multi / single` < 1: the multi kernel is faster.  The "
-             "after columns compare runs made at different times (on a shared machine, at different loads); the "
-             "before / after comparison made side by side in one run is "
-             "[ops_fold_before_after.md](ops_fold_before_after.md).",
-             ""]
-    for phase, r in runs.items():
-        lines += [f"**{phase}** run: `{r['command']}`  ", f"Machine: {r['machine']}  ",
-                  f"Date: {r['date']}, load average at the end (1/5/15 min): {r['load']}  ", f"Data: {r['data']}", ""]
-    head = ["B", "X", "variant", "strategy", "before: single ms", "before: multi ms", "before: multi / single"]
-    if before is not None and after is not None:
-        head += ["after: `ops.project(x, P)` ms", "after: `ops.project(x, S, rel)` ms", "after P / before single"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    base = before or after
-    for b in BATCHES:
-        for kind in KINDS:
-            for variant in FOLD_VARIANTS:
-                key = f"{b}|{kind}|{variant}"
-                r = base["results"].get(key)
-                if r is None:
-                    continue
-                row = [str(b), kind, variant, r["strategy"], f"{r['single_ms']:.3f}", f"{r['multi_ms']:.3f}",
-                       f"**{r['multi_ms'] / r['single_ms']:.2f}x**"]
-                if before is not None and after is not None:
-                    a = after["results"].get(key)
-                    row += ([f"{a['single_ms']:.3f}", f"{a['multi_ms']:.3f}",
-                             f"**{a['single_ms'] / r['single_ms']:.2f}x**"] if a else ["-", "-", "-"])
-                lines.append("| " + " | ".join(row) + " |")
-    lines.append("")
-    out = Path(RESULTS) / "ops_single_relation.md"
-    out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    fold.put(key, "single_ms", float(np.median(ts)) * 1e3)
+    fold.put(key, "multi_ms", float(np.median(tm)) * 1e3)
+    fold.put(key, "rounds", rounds)
+    fold.info.setdefault("strategies", {})[key] = strategy
 
 
 # ----------------------------------------------------------------------------------------------------
 # Before / after the fold, side by side in one run: KGREASON_BENCH_BEFORE_TREE=<a checkout of the code before
 # (its ops/_C built)> times every fold case on that tree and on this one, in two worker processes driven
 # alternately (case by case, two passes), so that a load change on a shared machine hits both; both must
-# return the same bits.  Writes benchmarks/results/ops_fold_before_after.md.
+# return the same bits.  Writes benchmarks/results/ops_fold_before_after.md.  The worker runs on either tree,
+# so it keeps the before tree's names (ops.prepare, ops.project_negated: removed from this one) where
+# ops.prepare_matrices is missing.
 
 _WORKER = r'''
 import json, sys, time
@@ -562,7 +458,7 @@ def test_fold_before_after(cases, tmp_path):
              f"Command: `KGREASON_BENCH_BEFORE_TREE={before_tree} "
              + (f"KGREASON_BENCH_THREADS={THREADS} " if THREADS > 0 else "")
              + (f"KGREASON_BENCH_FOLD_EXTRA={extra} " if extra else "")
-             + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]) + "`  ",
+             + " ".join(["python -m pytest"] + _without_plugin_flags(sys.argv[1:])) + "`  ",
              f"Machine: {os.environ.get('KGREASON_BENCH_MACHINE') or machine_description()}  ",
              f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average at the end (1/5/15 min): "
              f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (shared machine)  ",
@@ -593,13 +489,26 @@ def test_fold_before_after(cases, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Push / pull crossover on one device: the data to calibrate the CUDA kernel's auto rule
-# (kPushStepsPerPull in csrc/cuda/project_cuda.cu, never measured on a GPU) and, on the CPU, a check of
-# auto's choice between the two ends.  KGREASON_BENCH_DEVICE=cuda (the default when a GPU is present;
+# Push / pull crossover on one device: the data behind the CUDA kernel's auto rule (push for every row: on an
+# H200 push won at every share, 2026-11-28, csrc/cuda/project_cuda.cu) and, on the CPU, a check of auto's
+# choice between the two ends.  The sweep runs up to every entity active, where push's steps equal pull's.  KGREASON_BENCH_DEVICE=cuda (the default when a GPU is present;
 # without one the test skips unless KGREASON_BENCH_DEVICE=cpu).  Writes
 # benchmarks/results/ops_push_pull_crossover_<device type>.md.
 
-CROSS_FRACTIONS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.2, 0.5)
+def _without_plugin_flags(args: list[str]) -> list[str]:
+    """The command line without ``-p NAME`` / ``-pNAME`` (this run's plugin switches, not the benchmark's)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "-p":
+            skip = True
+        elif not a.startswith("-p"):
+            out.append(a)
+    return out
+
+
+CROSS_FRACTIONS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.2, 0.5, 1.0)
 CROSS_B = 64
 
 
@@ -693,15 +602,15 @@ def test_push_pull_crossover(cases):
     lines = [f"# Push / pull crossover of `ops.project` on {device.type}",
              "",
              "Command: `" + (f"KGREASON_BENCH_DEVICE={name} " if os.environ.get("KGREASON_BENCH_DEVICE") else "")
-             + " ".join(["python -m pytest"] + [a for a in sys.argv[1:] if not a.startswith("-p")]) + "`  ",
+             + " ".join(["python -m pytest"] + _without_plugin_flags(sys.argv[1:])) + "`  ",
              f"Device: {dev_desc}" + (f", torch {torch.__version__}" if device.type == "cuda" else "") + "  ",
              f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average (1/5/15 min): "
              f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}  ",
              f"Data: {_INFO.get('data', '?')}; B = {CROSS_B} rows, each with the given share of entities active "
              "(uniform), values uniform in (0, 1]",
              "",
-             "`push steps / row` is the work the CUDA auto rule counts for a row, active entities + the entries "
-             "of their rows of M (mean over the batch); a pull costs N + nnz steps per row.  The three "
+             "`push steps / row` is a row's push work, active entities + the entries of their rows of M (mean "
+             "over the batch); a pull costs N + nnz steps per row.  The three "
              "strategies returned the same Y bit for bit at every share.",
              "",
              "| active share | active / row | push steps / row | push ms | pull ms | auto ms | auto picked "
@@ -715,8 +624,9 @@ def test_push_pull_crossover(cases):
         lines.append("No crossover inside the sweep (one strategy was faster at every share).")
     else:
         lines.append(f"Pull starts to win at ~{cross_at:.0f} push steps per row: push costs as much as a pull of "
-                     f"N + nnz = {n + nnz} steps when (N + nnz) / (active + entries) = **{implied:.1f}**; "
-                     "the CUDA rule's kPushStepsPerPull is 20 (csrc/cuda/project_cuda.cu).")
+                     f"N + nnz = {n + nnz} steps when (N + nnz) / (active + entries) = **{implied:.1f}**"
+                     + ("; the CUDA kernel's auto pushes every row (csrc/cuda/project_cuda.cu), so a crossover "
+                        "here says that rule is wrong for this GPU." if device.type == "cuda" else "."))
     lines.append("")
     (Path(RESULTS) / f"ops_push_pull_crossover_{device.type}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,11 +1,13 @@
 """Multi-relation projection: one ``ops.project(X, M, rel)`` call vs a per-relation loop of ``ops.project``, in one run.
 
-Run (one pytest-benchmark run; writes benchmarks/results/ops_project_multi.md)::
+Run (one pytest-benchmark run saving its numbers, then the report writing
+benchmarks/results/ops_project_multi.md)::
 
     python -m pytest benchmarks/test_ops_project_multi.py -q
+    python -m benchmarks.report ops_project_multi
 
-``KGREASON_BENCH_THREADS=n`` sets torch's thread count (the file name gets a
-``_<n>thread`` suffix).  Data: the FB15k-237 artifact's stacked matrices when
+``KGREASON_BENCH_THREADS=n`` sets torch's thread count (the saved name and the
+table get a ``_<n>thread`` suffix: ``python -m benchmarks.report ops_project_multi_<n>thread``).  Data: the FB15k-237 artifact's stacked matrices when
 ``$KGREASON_FB15K237_ARTIFACT`` (or ``artifacts/FB15k-237``) holds one, else a
 generated graph of FB15k-237's size (14,505 entities, 474 relations = 237 and
 their inverses, ~310k edges, relation sizes and entity degrees power-law).
@@ -17,11 +19,10 @@ their size):
 - ``onehot`` B = 1,024: one-hot anchors, each with its own relation (a 1p batch);
 - ``dense``  B = 256: uniform dense rows (a later hop), each with its own relation;
 
-each plain and negated (``project_negated`` semantics).  Methods, both on the
+each plain and negated (``negate=True``, QTO's negated projection).  Methods, both on the
 compiled CPU kernels, values only, ``validate=False``:
 
-- ``multi``: one ``ops.project(X, stack, rel)`` call over the prepared stack (``ops.project_multi`` before
-  issue 23's fold);
+- ``multi``: one ``ops.project(X, stack, rel)`` call over the prepared stack;
 - ``loop``: what the executor did before: sort the rows by relation, one
   ``ops.project`` call (``negate=`` as the case) per distinct relation on its
   contiguous slice (relations prepared once, outside the timing), scatter back.
@@ -32,16 +33,14 @@ Both must return the same Y (checked before timing).  The table reports
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import ops
-from conftest import RESULTS, machine_description
+from conftest import measurements_for
 from kgreason.constants import QTO_NEG_SCALE
 from ops import SWEEP
 
@@ -51,8 +50,7 @@ METHODS = ("multi", "loop")
 THREADS = int(os.environ.get("KGREASON_BENCH_THREADS", "0"))
 if THREADS > 0:
     torch.set_num_threads(THREADS)
-_RESULTS: dict[tuple[str, int, bool, str], float] = {}
-_INFO: dict[str, str] = {}
+REPORT_TABLE = "ops_project_multi"
 
 
 def synthetic_stack(n: int = N_SYNTH, r: int = R_SYNTH, edges: int = EDGES_SYNTH, seed: int = 0):
@@ -89,14 +87,17 @@ class Data:
 
 @pytest.fixture(scope="module")
 def data(fb15k237_artifact):
+    info = measurements_for(REPORT_TABLE).info
+    measurements_for(REPORT_TABLE).name = REPORT_TABLE if THREADS <= 0 else f"{REPORT_TABLE}_{THREADS}thread"
+    info["cases"] = [list(c) for c in CASES]
     if fb15k237_artifact is not None:
         a = fb15k237_artifact
-        _INFO["data"] = (f"FB15k-237 artifact: N = {a.num_entities}, R = {a.num_relations}, "
-                         f"{a.matrices.nnz} entries")
+        info["data"] = (f"FB15k-237 artifact: N = {a.num_entities}, R = {a.num_relations}, "
+                        f"{a.matrices.nnz} entries")
         return Data(a.matrices, "FB15k-237")
     m = synthetic_stack()
-    _INFO["data"] = (f"generated graph of FB15k-237's size (no artifact found): N = {N_SYNTH}, R = {R_SYNTH}, "
-                     f"{m.nnz} edges; relation sizes ~ rank^-1, degrees ~ rank^-0.8")
+    info["data"] = (f"generated graph of FB15k-237's size (no artifact found): N = {N_SYNTH}, R = {R_SYNTH}, "
+                    f"{m.nnz} edges; relation sizes ~ rank^-1, degrees ~ rank^-0.8")
     return Data(m, "synthetic")
 
 
@@ -140,20 +141,29 @@ def _method(d: Data, name: str, negated: bool):
 @pytest.mark.benchmark
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("kind,b,negated", CASES, ids=[f"{k}-{b}-{'neg' if g else 'plain'}" for k, b, g in CASES])
-def test_project_multi(benchmark, data, kind, b, negated, method):
+def test_project_multi(benchmark, data, kind, b, negated, method, measurements):
+    row = f"{kind}|{b}|{'neg' if negated else 'plain'}"
     if not ops.has_kernel("project", "cpu"):
-        pytest.skip("compiled extension (project_multi) not available")
+        for column in (method,) + (("distinct", "push", "sweep", "pull", "zeros_ms") if method == "multi" else ()):
+            measurements.not_applicable(row, column, "no compiled project kernel")
+        pytest.skip("compiled extension (project) not available")
     x, rel = make_batch(data, b, kind)
     fn = _method(data, method, negated)
     if method == "multi":  # both methods compute the same Y (exact float32 products and maxima)
-        assert torch.equal(fn(x, rel), loop_project(data, x, rel, negated)), "project_multi differs from the loop"
+        assert torch.equal(fn(x, rel), loop_project(data, x, rel, negated)), "ops.project differs from the loop"
     t0 = time.perf_counter()
     fn(x, rel)
     once = time.perf_counter() - t0
     rounds = int(max(3, min(20, 2.0 / max(once, 1e-6))))
     benchmark.extra_info.update(kind=kind, B=b, negated=negated, distinct_relations=int(rel.unique().numel()))
     benchmark.pedantic(fn, args=(x, rel), rounds=rounds, iterations=1, warmup_rounds=1)
-    _RESULTS[(kind, b, negated, method)] = benchmark.stats.stats.median
+    measurements.put(row, method, benchmark.stats.stats.median)
+    if method == "multi":  # the rows' plans, and the floor of a fresh output, in the same run
+        codes = ops.project_strategies(x, data.stack, rel)
+        for column, code in (("push", ops.STRATEGIES["push"]), ("sweep", SWEEP), ("pull", ops.STRATEGIES["pull"])):
+            measurements.put(row, column, int(codes.eq(code).sum()))
+        measurements.put(row, "distinct", int(rel.unique().numel()))
+        measurements.put(row, "zeros_ms", zeros_ms(b, data.n))
 
 
 def zeros_ms(b: int, n: int, rounds: int = 7) -> float:
@@ -163,50 +173,3 @@ def zeros_ms(b: int, n: int, rounds: int = 7) -> float:
         torch.zeros(b, n)
         times.append(time.perf_counter() - t0)
     return float(np.median(times)) * 1e3
-
-
-def test_write_table(data):
-    """Collect the run into benchmarks/results/ops_project_multi[_<n>thread].md."""
-    if not _RESULTS:
-        pytest.skip("no timings were collected")
-    load = os.getloadavg()
-    argv, skip = [], False
-    for arg in sys.argv[1:]:  # drop "-p <plugin>" pairs
-        if skip or arg == "-p":
-            skip = arg == "-p"
-            continue
-        argv.append(arg)
-    lines = [
-        "# Multi-relation projection: one `ops.project(X, M, rel)` call vs a per-relation loop of `ops.project`",
-        "",
-        "Command: `" + (f"KGREASON_BENCH_THREADS={THREADS} " if THREADS > 0 else "")
-        + " ".join(["python -m pytest"] + argv) + "`  ",
-        f"Machine: {machine_description()}  ",
-        f"Load average at the end of the run (1/5/15 min): {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
-        "(the machine is shared with other jobs; numbers taken under load are noisy)  ",
-        f"Data: {_INFO.get('data', '?')}",
-        "",
-        "Medians in ms (values only, `validate=False`).  `loop / multi` > 1: the single call is faster.  "
-        "`push / sweep / pull rows`: how `strategy=\"auto\"` handled the rows (push: scatter from the row's "
-        "active entities; sweep: scatter from the relation's own entries; pull: gather per column, rows of a "
-        "relation in tiles).  "
-        "`zeros ms`: `torch.zeros(B, N)` alone, a fresh (B, N) float32 output with its page faults, in the same "
-        "run (the floor of any op that allocates its output).",
-        "",
-        "| X | B | negated | distinct relations | push / sweep / pull rows | multi ms | loop ms | loop / multi "
-        "| zeros ms |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for kind, b, negated in CASES:
-        m, lp = _RESULTS.get((kind, b, negated, "multi")), _RESULTS.get((kind, b, negated, "loop"))
-        if m is None or lp is None:
-            continue
-        x, rel = make_batch(data, b, kind)
-        codes = ops.project_strategies(x, data.stack, rel)
-        plans = " / ".join(str(int(codes.eq(c).sum())) for c in (ops.STRATEGIES["push"], SWEEP, ops.STRATEGIES["pull"]))
-        lines.append(f"| {kind} | {b} | {'yes' if negated else 'no'} | {int(rel.unique().numel())} | {plans} | "
-                     f"{m * 1e3:.2f} | {lp * 1e3:.2f} | **{lp / m:.1f}x** | {zeros_ms(b, data.n):.2f} |")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = Path(RESULTS) / ("ops_project_multi.md" if THREADS <= 0 else f"ops_project_multi_{THREADS}thread.md")
-    out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))

@@ -1,6 +1,7 @@
 """Batched shortest paths and KARPA retrieval on FB15k-237 (pytest-benchmark).
 
 Run:  python -m pytest benchmarks/test_paths_bench.py --benchmark-columns=mean,stddev,rounds -q
+then  python -m benchmarks.report paths
 
 Graph: the FB15k-237 artifact's observed triples when it is built, else the
 BetaE train split (544,230 directed edges incl. inverses; 14,505 entities, 474
@@ -16,24 +17,24 @@ matrix holding the cheapest parallel edge, and a plain-Python heapq Dijkstra
 op's strategies bit for bit against each other, scipy to float32 rounding.
 KARPA-P/H latency per topic entity with the real all-MiniLM-L6-v2 encoder at
 batch 1 and batch 1,000; each topic's plan is a random 2-hop relation path that
-exists from it.  Writes benchmarks/results/paths.md.
+exists from it.  The report (second command) writes benchmarks/results/paths.md.
 """
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from conftest import (  # benchmarks/conftest.py (rootdir-relative import, as in the other benchmark files)
-    FB15K237_BETAE, RESULTS, Measurements, fb15k237_artifact_path, machine_description, measurements_for,
-)
+from conftest import FB15K237_BETAE, fb15k237_artifact_path, measurements_for  # benchmarks/conftest.py
 from engine.paths import PathGraph, PathRetriever, shortest_paths
 from kgreason.constants import INVERSE_SUFFIX
 from ops.paths_reference import dijkstra_heapq
+from report import Measurements  # benchmarks/report.py (rootdir-relative import)
+
+REPORT_TABLE = "paths"
 
 NUM_SOURCES = 1000  # KARPA topics
 DIJKSTRA_SOURCES = 300
@@ -66,8 +67,10 @@ def _have_data() -> bool:
 
 
 @pytest.fixture(scope="module")
-def kg(fb15k237_artifact, _measurements_by_file):
-    info = measurements_for(_measurements_by_file, __file__).info
+def kg(fb15k237_artifact):
+    info = measurements_for(REPORT_TABLE).info
+    info.update(dijkstra=[list(x) for x in DIJKSTRA], karpa_modes=list(KARPA_MODES), num_sources=NUM_SOURCES,
+                dijkstra_sources=DIJKSTRA_SOURCES, heapq_sources=HEAPQ_SOURCES)
     if fb15k237_artifact is not None:
         info["graph"] = "FB15k-237 artifact (observed)"
         return PathGraph.from_artifact(fb15k237_artifact), fb15k237_artifact, info["graph"]
@@ -121,6 +124,10 @@ def _load() -> str:
     return open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
 
 
+#: The op's distances of the interleaved test's sources, which the heapq test checks its own against.
+_DIST: dict[str, np.ndarray] = {}
+
+
 def test_dijkstra_interleaved(problem, measurements):
     """Each round times every strategy of the op and scipy back to back (after one untimed warm-up round)."""
     from scipy.sparse.csgraph import dijkstra
@@ -157,7 +164,7 @@ def test_dijkstra_interleaved(problem, measurements):
             measurements.put(f"dijkstra/{key}", f"ratio_{name}",
                              float(np.median(np.array(t["scipy"]) / np.array(t[key]))))
     measurements.info["dijkstra_rounds"] = DIJKSTRA_ROUNDS
-    measurements.info["dist"] = dist
+    _DIST["ours-auto"] = dist  # for the heapq test's check (not saved: an array)
 
 
 def test_dijkstra_python_heapq(problem, measurements):
@@ -169,12 +176,12 @@ def test_dijkstra_python_heapq(problem, measurements):
     t0 = time.perf_counter()
     d = _cpu_timed(lambda: [dijkstra_heapq(adj, cost_list, s) for s in few], cpu)()
     _put_dijkstra(measurements, "heapq", time.perf_counter() - t0, cpu[0], HEAPQ_SOURCES)
-    if "dist" in measurements.info:
-        np.testing.assert_allclose(measurements.info["dist"][:HEAPQ_SOURCES], np.array(d), rtol=1e-5, atol=1e-5)
+    if "ours-auto" in _DIST:
+        np.testing.assert_allclose(_DIST["ours-auto"][:HEAPQ_SOURCES], np.array(d), rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
-def karpa(kg, _measurements_by_file):
+def karpa(kg):
     graph, artifact, _ = kg
     t0 = time.perf_counter()
     ret = PathRetriever(graph, encoder="minilm", artifact=artifact)
@@ -195,7 +202,7 @@ def karpa(kg, _measurements_by_file):
         j2 = int(rng.integers(lo2, hi2))
         topics.append(t)
         plans.append([graph.relation_names[int(rels_r[j])], graph.relation_names[int(rels_r[j2])]])
-    measurements_for(_measurements_by_file, __file__).put("karpa-setup", "seconds", load_s)
+    measurements_for(REPORT_TABLE).put("karpa-setup", "seconds", load_s)
     return ret, topics, plans
 
 
@@ -228,92 +235,3 @@ def test_karpa_latency(benchmark, karpa, mode, batch, measurements):
         measurements.put(f"karpa/{mode}", "planned_path_ranked_first", sum(
             1 for r, p in zip(res, plans) if r.paths and list(r.paths[0].names) == p) / batch)
     measurements.put(f"karpa/{mode}", f"per_topic_{batch}", per_topic)
-
-
-def test_write_results(measurements):
-    if not _have_data():
-        pytest.skip("FB15k-237 data not available")
-    m = measurements
-    timed = [f"dijkstra/{key}" for key, _ in DIJKSTRA if key != "heapq"]
-    m.require(([f"dijkstra/{key}" for key, _ in DIJKSTRA], ("seconds", "cpu", "sources")),
-              (timed, ("ratio_wall", "ratio_cpu")),
-              ([f"karpa/{mode}" for mode in KARPA_MODES],
-               ("per_topic_1", f"per_topic_{NUM_SOURCES}", "planned_path_ranked_first")),
-              (["karpa-setup"], ("seconds",)), (["karpa-heuristic-cold"], ("seconds", "new_texts")),
-              info=("graph", "dijkstra_rounds"),
-              # a count and a fraction that a poor run may leave at 0 (the table then shows it)
-              may_be_zero=("planned_path_ranked_first", "new_texts"))
-    source = m.info["graph"]
-    stat = {key: {c: m.get(f"dijkstra/{key}", c) for c in ("seconds", "cpu", "sources")} for key, _ in DIJKSTRA}
-    ours = stat["ours-auto"]["seconds"] / DIJKSTRA_SOURCES
-    heapq_s = stat["heapq"]["seconds"] / HEAPQ_SOURCES
-    ours_cpu = stat["ours-auto"]["cpu"] / DIJKSTRA_SOURCES
-    import torch
-
-    threads = torch.get_num_threads()
-    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    rounds = m.info["dijkstra_rounds"]
-    lines = [
-        "# Relation-path search benchmarks (engine.paths)",
-        "",
-        "Command: `python -m pytest benchmarks/test_paths_bench.py --benchmark-columns=mean,stddev,rounds -q`",
-        f"Machine: {machine_description()}",
-        f"Load when the table was written: `{uptime}`. The machine was shared with other helpers' jobs: "
-        "absolute times are noisy; the ratios were measured side by side in the same run.",
-        f"Graph: {source}; {DIJKSTRA_SOURCES} random sources (all targets), random relation costs U[0, 1).",
-        "",
-        "## Batched single-source shortest paths (all targets)",
-        "",
-        f"{rounds} interleaved rounds (every implementation once per round, after an untimed warm-up round); "
-        "wall and CPU times are medians over the rounds, \"scipy / this\" is the median over the rounds of the "
-        "ratio within a round. CPU time is the process CPU time of the call summed over threads (the per-core "
-        "cost; scipy uses one thread). Same answers: the op's strategies are identical bit for bit, scipy "
-        "(float64) agrees to float32 rounding (checked in the run).",
-        "",
-        "| implementation | sources | wall ms / source | CPU ms / source | scipy / this (wall) "
-        "| scipy / this (CPU) | load avg during the rounds |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for key, label in DIJKSTRA:
-        st = stat[key]
-        per = st["seconds"] / st["sources"]
-        cpu_per = st["cpu"] / st["sources"]
-        if key == "heapq":
-            ratio_w = f"{stat['scipy']['seconds'] / DIJKSTRA_SOURCES / per:.3f}x (1 run)"
-            ratio_c = f"{stat['scipy']['cpu'] / DIJKSTRA_SOURCES / cpu_per:.3f}x"
-        else:
-            ratio_w = f"**{m.get(f'dijkstra/{key}', 'ratio_wall'):.2f}x**"
-            ratio_c = f"**{m.get(f'dijkstra/{key}', 'ratio_cpu'):.2f}x**"
-        lines.append(f"| {label} | {int(st['sources'])} | {per * 1e3:.3f} | {cpu_per * 1e3:.3f} | {ratio_w} "
-                     f"| {ratio_c} | {m.info[f'load/{key}']} |")
-    before = stat["ours-radix"]["seconds"] / DIJKSTRA_SOURCES
-    lines += ["", f"Default vs scipy (wall clock, {threads} threads): "
-              f"**{m.get('dijkstra/ours-auto', 'ratio_wall'):.1f}x**; per core (CPU time): "
-              f"**{m.get('dijkstra/ours-auto', 'ratio_cpu'):.1f}x**. Before/after (the previous default, "
-              f"Dijkstra with the radix heap, in the same rounds): {before * 1e3:.3f} -> {ours * 1e3:.3f} wall ms "
-              f"/ source ({before / ours:.1f}x). Plain-Python heapq is {heapq_s / ours:.0f}x slower per source "
-              f"than the default (CPU: {stat['heapq']['cpu'] / HEAPQ_SOURCES / ours_cpu:.0f}x).", ""]
-    lines += [
-        "## KARPA retrieval latency per topic entity (all-MiniLM-L6-v2, K = 16, 2-hop plans)",
-        "",
-        "| mode | batch 1 (ms / topic) | batch 1,000 (ms / topic) |",
-        "|---|---|---|",
-    ]
-    for mode in KARPA_MODES:
-        b1 = m.get(f"karpa/{mode}", "per_topic_1")
-        bn = m.get(f"karpa/{mode}", f"per_topic_{NUM_SOURCES}")
-        lines.append(f"| {mode} | {b1 * 1e3:.2f} | {bn * 1e3:.2f} |")
-    lines.append("")
-    lines.append(f"Retriever setup (model load + 474 relation embeddings, or the artifact cache): "
-                 f"{m.get('karpa-setup', 'seconds'):.1f} s.")
-    lines.append(f"Heuristic mode, first batch of 1,000 (cold sequence cache): "
-                 f"{m.get('karpa-heuristic-cold', 'seconds'):.1f} s, "
-                 f"{int(m.get('karpa-heuristic-cold', 'new_texts') or 0)} new sequence texts embedded; "
-                 "the table shows the warm cache.")
-    for mode in KARPA_MODES:
-        lines.append(f"{mode}: the planned relation path is ranked first for "
-                     f"{100 * (m.get(f'karpa/{mode}', 'planned_path_ranked_first') or 0):.1f}% of the 1,000 topics.")
-    lines.append("")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "paths.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines))

@@ -42,7 +42,7 @@ import resource
 import sys
 import time
 import zipfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -250,7 +250,7 @@ def _build(config: BuildConfig, progress: bool, output: OutputFolder, tmp: Path)
         print(kg.summary(), file=sys.stderr)
 
     train_cfg = default_train_config(kg, name=_flag, **config.train, seed=config.seed, device=config.device)
-    memory = _check_memory(config, kg, train_cfg, progress)
+    memory, train_cfg = _check_memory(config, kg, train_cfg, progress)
     t = time.perf_counter()
     if config.embeddings is not None:
         trained = _reuse_embeddings(config.embeddings, kg, train_cfg)
@@ -425,18 +425,21 @@ def estimate_build_memory(*, num_entities: int, num_relations: int, num_triples:
       Adagrad state, the best epoch's copy, the complex64 export, the artifact's), 2 when reusing embeddings;
     * ``training_buffers``: the largest of a step's ``(B, C)`` score buffers (scores, softmax, gradient,
       a bf16 copy; ``C`` = N, or ``B + candidates`` when sampling), the validation ranker's
-      ``(1024, N)`` chunk, and pykeen's evaluator (capped at 1 GiB by ``kge.train.pykeen_link_metrics``);
+      ``(rows, N)`` chunk (:func:`kge.complex_n3.rank_chunk_rows`: 1,024 rows, fewer past 262k entities),
+      and pykeen's evaluator (capped at 1 GiB by ``kge.train.pykeen_link_metrics``);
     * ``matrices``: an eager build's peak, :data:`EAGER_PEAK_FACTOR` x the matrices (at most
       ``max_matrix_gb``, at most 8 bytes x every entry) plus two 64 MB chunk buffers; 0 for lazy
       and auto (auto picks lazy when the eager matrices would not fit, see :func:`_auto_matrices`).
     """
+    from .complex_n3 import rank_chunk_rows
+
     n, r, d = num_entities, num_relations, rank
     parts = {"base": BASE_BYTES, "graph": num_triples * 3 * 8 * 6 + n * 200}
     parts["embeddings"] = (n + r) * 2 * d * 4 * (6 if train else 2)
     buffers = 0
     if train:
         cols = n if candidates is None or candidates >= n else min(n, batch_size + candidates)
-        buffers = max(batch_size * cols * 4 * 4, 1024 * n * 4 * 3)
+        buffers = max(batch_size * cols * 4 * 4, rank_chunk_rows(n) * n * 4 * 3)
         if n < HUGE_FROM:  # pykeen's evaluator broadcasts (batch, N, d) complex products, capped at 1 GiB
             buffers = max(buffers, min(1 << 30, 256 * n * d * 16))
     parts["training_buffers"] = buffers
@@ -448,23 +451,41 @@ def estimate_build_memory(*, num_entities: int, num_relations: int, num_triples:
     return {**parts, "total_bytes": sum(parts.values())}
 
 
-def _check_memory(config: BuildConfig, kg, train_cfg, progress: bool) -> dict[str, Any]:
-    """The up-front estimate (:func:`estimate_build_memory`) of this build; a UserError when it exceeds MemAvailable.
+def _check_memory(config: BuildConfig, kg, train_cfg, progress: bool) -> tuple[dict[str, Any], Any]:
+    """The up-front estimate (:func:`estimate_build_memory`) of this build and the training config it allows.
 
-    A rank left to the time budget counts as the largest it may pick, so the estimate is an upper bound.
+    A rank left to the time budget counts as the largest it may pick; when that would not fit MemAvailable,
+    the largest candidate rank that fits becomes the budget's upper bound (``max_rank``, said in one line)
+    instead of refusing.  A UserError when even the smallest rank, or a rank the user gave, does not fit.
     """
     from .complex_n3 import CANDIDATE_RANKS
 
-    rank = train_cfg.rank
-    if rank is None:
-        rank = max(x for x in CANDIDATE_RANKS if train_cfg.max_rank is None or x <= train_cfg.max_rank)
-    est = estimate_build_memory(num_entities=kg.num_entities, num_relations=kg.num_relations,
-                                num_triples=len(kg.train) + len(kg.missing), rank=rank,
-                                batch_size=train_cfg.batch_size,
-                                candidates=train_cfg.candidates if train_cfg.training_loop == "1n" else None,
-                                matrices=config.matrices, max_matrix_gb=config.max_matrix_gb,
-                                train=config.embeddings is None)
+    def estimate(rank: int) -> dict[str, int]:
+        return estimate_build_memory(num_entities=kg.num_entities, num_relations=kg.num_relations,
+                                     num_triples=len(kg.train) + len(kg.missing), rank=rank,
+                                     batch_size=train_cfg.batch_size,
+                                     candidates=train_cfg.candidates if train_cfg.training_loop == "1n" else None,
+                                     matrices=config.matrices, max_matrix_gb=config.max_matrix_gb,
+                                     train=config.embeddings is None)
+
     available = available_memory_bytes()
+    rank, chosen = train_cfg.rank, train_cfg.rank is not None
+    est: dict[str, int] = {}
+    if chosen:
+        est = estimate(rank)
+    else:
+        ranks = sorted((x for x in CANDIDATE_RANKS if train_cfg.max_rank is None or x <= train_cfg.max_rank),
+                       reverse=True) or [min(CANDIDATE_RANKS)]
+        for rank in ranks:
+            est = estimate(rank)
+            if not config.memory_check or available is None or est["total_bytes"] <= available:
+                break
+        if rank != ranks[0] and est["total_bytes"] <= (available or 0):
+            train_cfg = replace(train_cfg, max_rank=rank)
+            if progress:
+                print(f"memory: rank {ranks[0]} would need an estimated {_fmt_bytes(estimate(ranks[0])['total_bytes'])}"
+                      f" but {_fmt_bytes(available)} is available (MemAvailable): the time budget picks a rank up to "
+                      f"{rank}", file=sys.stderr)
     info: dict[str, Any] = {**est, "rank_assumed": rank, "available_bytes": available}
     parts = ", ".join(f"{k.replace('_', ' ')} {_fmt_bytes(v)}" for k, v in est.items()
                       if k != "total_bytes" and v)
@@ -472,13 +493,13 @@ def _check_memory(config: BuildConfig, kg, train_cfg, progress: bool) -> dict[st
         avail = f", {_fmt_bytes(available)} available" if available is not None else ""
         print(f"memory: estimated peak {_fmt_bytes(est['total_bytes'])} ({parts}){avail}", file=sys.stderr)
     if config.memory_check and available is not None and est["total_bytes"] > available:
-        hints = ["a smaller --rank" if "rank" in config.train else f"a --rank below {rank} (the budget's upper bound)"]
+        hints = ["a smaller --rank" if chosen else f"--rank N with N < {rank} (the smallest rank the time budget picks)"]
         if config.matrices == "eager":
             hints += ["--matrices auto (or lazy)", "a smaller --max-matrix-gb"]
         raise UserError(f"--kg {config.kg}: the build needs an estimated {_fmt_bytes(est['total_bytes'])} "
                         f"({parts}) but only {_fmt_bytes(available)} is available (MemAvailable); "
                         f"use {', '.join(hints)}, or --no-memory-check to try anyway")
-    return info
+    return info, train_cfg
 
 
 def _release_memory() -> None:

@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "resolve_precision", "tail_scores", "batch_loss", "train_1n", "filtered_tail_ranks", "to_pykeen_model",
            "n3_penalty", "matmul_rate", "choose_rank", "probe_step_seconds", "CANDIDATE_RANKS", "flops_per_epoch",
-           "sampled_batch_loss", "use_sampling", "budget_deadline", "VALID_CHUNK", "PROBE_SHARE", "TrainResult",
+           "sampled_batch_loss", "use_sampling", "budget_deadline", "VALID_CHUNK", "rank_chunk_rows", "PROBE_SHARE", "TrainResult",
            "resolve_device"]
 
 #: bf16: GEMMs in bfloat16 (float32 accumulation); fp32: everything float32; auto: bf16 where the hardware has it.
@@ -362,7 +362,8 @@ def _known_tails(known: np.ndarray, num_relations: int):
 
 
 def filtered_tail_ranks(entity, relation, triples: np.ndarray, known: np.ndarray, *, num_relations: int,
-                        chunk: int = 1024, precision: str = "fp32", deadline: float | None = None) -> np.ndarray:
+                        chunk: int | None = None, precision: str = "fp32",
+                        deadline: float | None = None) -> np.ndarray:
     """Realistic filtered tail ranks (E,) float64 of ``triples`` (E, 3) against all entities.
 
     Filtered: every other known tail of ``(h, r)`` (``known`` (K, 3), which
@@ -370,11 +371,13 @@ def filtered_tail_ranks(entity, relation, triples: np.ndarray, known: np.ndarray
     count half (``1 + #greater + #equal / 2``), pykeen's "realistic" rank.
     With a ``deadline`` (a ``time.perf_counter()`` value) the ranking stops after the first chunk that
     ends past it and returns the ranks of the triples done so far (a prefix; at least one chunk).
+    ``chunk``: triples per (chunk, N) score GEMM (default :func:`rank_chunk_rows`).
     """
     import torch
 
     if len(triples) == 0:
         return np.zeros(0)
+    chunk = chunk or rank_chunk_rows(entity.shape[0])
     keys, tails = _known_tails(known, num_relations)
     device = entity.device
     out = np.empty(len(triples))
@@ -416,8 +419,17 @@ def _make_optimizer(name: str, params, lr: float):
     return {"adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[name](params, lr=lr)
 
 
-#: Validation triples ranked per GEMM chunk (and per check of the time budget) during training.
+#: Validation triples ranked per GEMM chunk (and per check of the time budget) during training, at most.
 VALID_CHUNK = 1024
+#: Score entries of one ranking chunk, at most: 1 GiB of float32 (a million-entity KG ranks 256 triples a chunk;
+#: 1,024 rows there held 4 GiB of scores plus their comparison masks).
+RANK_CHUNK_ENTRIES = 1 << 28
+
+
+def rank_chunk_rows(num_entities: int) -> int:
+    """Triples per ranking chunk: :data:`VALID_CHUNK`, fewer when (rows, N) scores would pass
+    :data:`RANK_CHUNK_ENTRIES` (at least 16)."""
+    return max(16, min(VALID_CHUNK, RANK_CHUNK_ENTRIES // max(1, int(num_entities))))
 
 
 def budget_deadline(minutes: float | None) -> float:
@@ -438,9 +450,9 @@ def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str,
     The time budget ends at ``deadline`` (a ``time.perf_counter()`` value; default
     ``config.train_minutes`` from now, see :func:`budget_deadline`; :func:`kge.train.train_complex`
     starts it before the rank probes, which it pays for).  It is checked after every batch, so an
-    epoch longer than the budget is cut short, and after every :data:`VALID_CHUNK` validation
-    triples: a validation that runs past it stops there and scores the epoch on the triples ranked so
-    far (a random subset, since the order is random), and training stops after it.  At least one
+    epoch longer than the budget is cut short, and after every chunk of validation triples
+    (:func:`rank_chunk_rows`): a validation that runs past it stops there and scores the epoch on the
+    triples ranked so far (a random subset, since the order is random), and training stops after it.  At least one
     batch is trained and one chunk validated, so the budget is kept to within one batch and one
     validation chunk (plus a checkpoint, when one is written).  ``config.min_epochs`` plays no part
     here: it only sizes the rank (:func:`choose_rank`).
@@ -512,7 +524,7 @@ def train_1n(kg, config, *, progress: bool = True, on_epoch: Callable[[dict[str,
             mrr = float("nan")
             if evaluate:
                 ranks = filtered_tail_ranks(entity.detach(), relation.detach(), valid, known,
-                                            num_relations=num_rel, precision="fp32", chunk=VALID_CHUNK,
+                                            num_relations=num_rel, precision="fp32",
                                             deadline=deadline)
                 if len(ranks) < len(valid):
                     valid_cut = {"epoch": done_epoch, "ranked": int(len(ranks))}

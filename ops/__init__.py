@@ -20,15 +20,15 @@ Backends: ``"cpp"`` (the compiled ``ops._C`` kernels; torch.ops.kgreason.*) and
 default picks ``cpp`` when the extension has a kernel for the input's device;
 see :func:`set_backend`.
 
-Deprecated aliases of the release before issue 23's fold (one release, each warns):
-``project_negated``, ``project_multi``, ``project_multi_strategies``, ``prepare``,
-``prepare_stacked``, ``PreparedMatrix``, ``ops.sparse_rows.project_multi_sparse``.
+The names of the release before issue 23's fold (``project_negated``, ``project_multi``,
+``prepare``, ...) were deprecated aliases for one release and are gone; reading one raises an
+``AttributeError`` naming its replacement.
 """
 from ._backend import BACKENDS, extension_available, get_backend, has_kernel, set_backend
 from .fuzzy import TNORMS, check_tnorm, intersect, negate, topk_prune, union
 from .paths import HEAPS, ShortestPathTensors, check_relation_costs, dijkstra
-from .prepared import PreparedMatrix, StackedMatrices, prepare, prepare_matrices, prepare_stacked
-from .projection import STRATEGIES, SWEEP, choose_strategy, project, project_multi, project_negated, project_strategies
+from .prepared import StackedMatrices, prepare_matrices
+from .projection import STRATEGIES, SWEEP, choose_strategy, project, project_strategies
 
 __all__ = [
     "project",
@@ -53,19 +53,27 @@ __all__ = [
     "check_tnorm",
     "STRATEGIES",
     "SWEEP",
-    # deprecated aliases (one release)
-    "project_negated",
-    "project_multi",
-    "project_multi_strategies",
-    "prepare",
-    "prepare_stacked",
-    "PreparedMatrix",
 ]
-
-# (re-binds ops.project_multi to the function: importing the submodule set the attribute to the module)
-from .project_multi import project_multi, project_multi_strategies  # noqa: E402,F811  (deprecated aliases)
 
 # QTO calibration of GEMM score rows (ops/calibrate_rows.py; used by kge.calibrate.RowCalibrator).
 from .calibrate_rows import calibrate_rows  # noqa: E402
 
 __all__ += ["calibrate_rows"]
+
+#: The removed aliases of the release before issue 23's fold, and what replaces each.
+_REMOVED = {
+    "project_negated": "ops.project(X, M, negate=True)",
+    "project_multi": "ops.project(X, M, rel, negate=...)",
+    "project_multi_strategies": "ops.project_strategies(X, M, rel)",
+    "prepare": "ops.prepare_matrices(M)",
+    "prepare_stacked": "ops.prepare_matrices(M)",
+    "PreparedMatrix": "ops.StackedMatrices (from ops.prepare_matrices)",
+}
+
+
+def __getattr__(name: str):
+    """A removed alias says what replaces it (instead of a bare "no attribute")."""
+    if name in _REMOVED:
+        raise AttributeError(f"ops.{name} was removed (a deprecated alias of the release before issue 23's fold); "
+                             f"use {_REMOVED[name]}")
+    raise AttributeError(f"module 'ops' has no attribute {name!r}")

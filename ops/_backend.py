@@ -39,16 +39,8 @@ def extension_available() -> bool:
     return _EXTENSION_AVAILABLE
 
 
-#: Op names of the release before issue 23's fold, now served by kgreason::project (one release).
-_FOLDED_OPS = {"project_negated": "project", "project_multi": "project", "project_multi_out": "project_out",
-               "project_multi_strategy": "project_strategy"}
-
-
 def has_kernel(op: str, device: torch.device | str) -> bool:
-    """True when ``torch.ops.kgreason.<op>`` has a kernel for ``device``'s type (``cpu``/``cuda``).
-
-    The former names ``project_negated``, ``project_multi``, ``project_multi_out`` and
-    ``project_multi_strategy`` answer for the op that replaced them (``project``, ...)."""
+    """True when ``torch.ops.kgreason.<op>`` has a kernel for ``device``'s type (``cpu``/``cuda``)."""
     if not _EXTENSION_AVAILABLE:
         return False
     dev = device.type if isinstance(device, torch.device) else torch.device(device).type
@@ -56,7 +48,7 @@ def has_kernel(op: str, device: torch.device | str) -> bool:
     if found is None:
         key = "CUDA" if dev == "cuda" else "CPU"
         try:
-            found = bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"kgreason::{_FOLDED_OPS.get(op, op)}", key))
+            found = bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"kgreason::{op}", key))
         except RuntimeError:  # op not registered at all
             found = False
         _HAS_KERNEL[(op, dev)] = found

@@ -45,8 +45,8 @@ def _project_strategy_fake(x, rel, crow, num_entities):
 
 @register_fake("kgreason::csr_transpose")
 def _csr_transpose_fake(crow, col, val, n):
-    nnz = val.shape[0]
-    return crow.new_empty((n + 1,)), col.new_empty((nnz,)), val.new_empty((nnz,))
+    nnz = val.shape[0]  # a stack of R matrices: crow has R*N+1 entries, and so has the transpose's
+    return crow.new_empty((crow.shape[0],)), col.new_empty((nnz,)), val.new_empty((nnz,))
 
 
 @register_fake("kgreason::fuzzy_reduce")

@@ -7,14 +7,9 @@ both the rows (push walks the rows of the active entities) and the columns (pull
 the negated projection walk each output column's support).  A single relation is the
 one-relation stack.  :func:`prepare_matrices` validates a matrix or a stack once and
 builds the transpose; the engine prepares once and reuses it.
-
-``prepare`` / ``PreparedMatrix`` (one relation) and ``prepare_stacked`` are the names
-of the release before issue 23's fold; they remain as deprecated aliases building the
-same :class:`StackedMatrices`.
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,15 +19,9 @@ from kgreason.errors import UserError
 
 from ._backend import has_kernel
 
-__all__ = ["StackedMatrices", "prepare_matrices", "as_stack", "PreparedMatrix", "prepare", "prepare_stacked",
-           "check_fuzzy", "check_rel", "check_out", "write_out"]
+__all__ = ["StackedMatrices", "prepare_matrices", "as_stack", "check_fuzzy", "check_rel", "check_out", "write_out"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def deprecated(old: str, new: str) -> None:
-    """Warn that ``old`` is a deprecated alias of ``new`` (kept for one release after issue 23)."""
-    warnings.warn(f"{old} is deprecated (kept for one release); use {new}", DeprecationWarning, stacklevel=3)
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,7 +68,7 @@ class StackedMatrices:
         parts = (self.crow, self.col, self.val, self.tcrow, self.trow, self.tval)
         return StackedMatrices(self.n, self.num_relations, *(t.to(device) for t in parts))
 
-    # The one-relation view of the former PreparedMatrix: CSC = the transpose of the only relation.
+    # The one-relation view: CSC = the transpose of the only relation.
     @property
     def ccol(self) -> torch.Tensor:
         """The transpose's row pointers (one relation: the CSC column pointers of M)."""
@@ -129,14 +118,6 @@ class StackedMatrices:
         return (f"StackedMatrices(n={self.n}, num_relations={self.num_relations}, nnz={self.nnz}, "
                 f"index_dtypes={self.crow.dtype}/{self.col.dtype}, device={self.device})")
 
-
-class PreparedMatrix(StackedMatrices):
-    """Deprecated: a one-relation :class:`StackedMatrices` built with the former field order
-    ``(n, crow, col, val, ccol, row, tval)`` (CSR and CSC of one N x N matrix)."""
-
-    def __init__(self, n, crow, col, val, ccol, row, tval):
-        deprecated("ops.PreparedMatrix", "ops.StackedMatrices (one relation: num_relations=1)")
-        super().__init__(n, 1, crow, col, val, ccol, row, tval)
 
 
 def _as_tensor(a, name: str) -> torch.Tensor:
@@ -246,29 +227,17 @@ def _stacked_transpose(crow, col, val, n: int, r: int):
     """Row ``r*N + j`` of the result is column j of M_r, its rows i ascending (the pull kernels'
     smallest-index tie rule relies on that order).
 
-    Where the ``csr_transpose`` kernel exists (CPU), each relation's block is transposed by its
-    counting sort straight into the preallocated outputs: the transient memory is one relation's
-    block.  The argsort of all (r, j) keys below needs several int64 copies of the whole stack
-    (peak RSS 7.6 GiB for a 137M-entry FB15k-237 stack, where the outputs are 1.1 GB); it stays
-    for devices without the kernel.  Both give the same bits (a stable sort by (r, j) keeps each
+    Where the ``csr_transpose`` kernel exists (CPU), one call transposes every relation by its counting
+    sort, relations in parallel, straight into the outputs (no per-relation copies; the transient memory
+    is one N-entry counter per thread).  The argsort of all (r, j) keys below needs several int64 copies
+    of the whole stack (peak RSS 7.6 GiB for a 137M-entry FB15k-237 stack, where the outputs are 1.1 GB);
+    it stays for devices without the kernel.  Both give the same bits (a stable sort by (r, j) keeps each
     column's rows in the stack's (r, i) order, as the counting sort does).
     """
     dev = val.device
     nnz = val.numel()
     if r * n and has_kernel("csr_transpose", dev):
-        tcrow = torch.empty(r * n + 1, dtype=crow.dtype, device=dev)
-        tcrow[0] = 0
-        trow = torch.empty(nnz, dtype=col.dtype, device=dev)
-        tval = torch.empty(nnz, dtype=val.dtype, device=dev)
-        bounds = crow[::n].tolist()  # crow[k*N] for k = 0..r: each relation's entry range
-        for k in range(r):
-            lo, hi = int(bounds[k]), int(bounds[k + 1])
-            ptr = (crow[k * n:(k + 1) * n + 1] - lo).to(col.dtype)  # the kernel wants one index dtype
-            ccol, row, tv = torch.ops.kgreason.csr_transpose(ptr, col[lo:hi], val[lo:hi], n)
-            tcrow[k * n + 1:(k + 1) * n + 1] = ccol[1:].to(crow.dtype) + lo
-            trow[lo:hi] = row
-            tval[lo:hi] = tv
-        return tcrow, trow, tval
+        return torch.ops.kgreason.csr_transpose(crow, col, val, n)
     stack_row = torch.repeat_interleave(torch.arange(r * n, device=dev), (crow[1:] - crow[:-1]).long(),
                                         output_size=nnz)
     key = torch.div(stack_row, n, rounding_mode="floor") * n + col.long()  # r*N + j
@@ -328,7 +297,7 @@ def check_fuzzy(x: object, name: str = "X", *, ndim: int = 2, check_values: bool
 
 def _check_csr(m: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if not isinstance(m, torch.Tensor):
-        raise UserError(f"{name}: expected a torch sparse CSR tensor or PreparedMatrix, got {type(m).__name__}")
+        raise UserError(f"{name}: expected a torch sparse CSR tensor or StackedMatrices, got {type(m).__name__}")
     if m.layout != torch.sparse_csr:
         raise UserError(f"{name}: expected layout torch.sparse_csr, got {m.layout} (use M.to_sparse_csr())")
     if m.dim() != 2 or m.shape[0] != m.shape[1]:
@@ -402,7 +371,7 @@ def prepare_matrices(matrices, *, num_entities: int | None = None, device: torch
         return matrices if device is None else matrices.to(device)
     if isinstance(matrices, torch.Tensor) and matrices.dim() == 2 and matrices.shape[0] == matrices.shape[1] \
             and num_entities in (None, int(matrices.shape[1])):
-        s = _single(matrices, name)  # the former prepare(): its checks and its error messages
+        s = _single(matrices, name)  # one relation: a square CSR's own checks and error messages
         return s if device is None else s.to(device)
     if isinstance(matrices, torch.Tensor) and matrices.dim() == 2 and matrices.shape[1] \
             and matrices.shape[0] % matrices.shape[1] != 0 and matrices.layout == torch.sparse_csr:
@@ -417,21 +386,6 @@ def prepare_matrices(matrices, *, num_entities: int | None = None, device: torch
 def as_stack(m, name: str = "M") -> StackedMatrices:
     """``m`` as :class:`StackedMatrices` (prepared here unless it already is one)."""
     return m if isinstance(m, StackedMatrices) else prepare_matrices(m, name=name)
-
-
-def prepare(m, *, name: str = "M") -> StackedMatrices:
-    """Deprecated alias of :func:`prepare_matrices` for one N x N relation matrix (a one-relation stack)."""
-    deprecated("ops.prepare", "ops.prepare_matrices")
-    return as_stack(m, name)
-
-
-def prepare_stacked(matrices, *, num_entities: int | None = None, device: torch.device | str | None = None,
-                    name: str = "matrices") -> StackedMatrices:
-    """Deprecated alias of :func:`prepare_matrices` for a stacked (R*N, N) matrix."""
-    deprecated("ops.prepare_stacked", "ops.prepare_matrices")
-    if isinstance(matrices, StackedMatrices):
-        return matrices if device is None else matrices.to(device)
-    return _prepare_stack(matrices, num_entities=num_entities, device=device, name=name)
 
 
 def _check_out_tensor(t: object, name: str, shape: tuple[int, int], dtype: torch.dtype, x: torch.Tensor) -> None:

@@ -14,10 +14,6 @@ csrc/project.cpp): per row push, sweep or pull from one cost model
 (csrc/cpu/project_cost.h).  A sparse batch (:class:`ops.sparse_rows.SparseRows`) goes to
 the sparse-in, sparse-out kernel ``kgreason::project_multi_sparse`` from the same call.
 
-``project_negated`` and ``project_multi`` (and, in :mod:`ops.project_multi`,
-``project_multi_strategies``) are the names of the release before issue 23's fold:
-deprecated aliases of :func:`project` for one release.
-
 >>> import torch, ops
 >>> M = torch.tensor([[0.0, 0.9], [0.5, 0.0]]).to_sparse_csr()
 >>> ops.project(torch.tensor([[1.0, 0.2]]), M)
@@ -34,11 +30,10 @@ from kgreason.errors import UserError
 
 from . import reference
 from ._backend import has_kernel, resolve_backend
-from .prepared import StackedMatrices, as_stack, check_fuzzy, check_out, check_rel, deprecated, write_out
+from .prepared import StackedMatrices, as_stack, check_fuzzy, check_out, check_rel, write_out
 from .sparse_rows import SparseRows, _project_sparse
 
-__all__ = ["project", "project_strategies", "choose_strategy", "project_negated", "project_multi", "STRATEGIES",
-           "SWEEP"]
+__all__ = ["project", "project_strategies", "choose_strategy", "STRATEGIES", "SWEEP"]
 
 #: Codes of ``strategy=`` (the kernel's ``int strategy``).
 STRATEGIES = {"auto": 0, "push": 1, "pull": 2}
@@ -203,19 +198,3 @@ def choose_strategy(X: torch.Tensor, M, rel=None) -> str:
     codes = project_strategies(x, M, rel)
     return _PLAN_NAMES[int(torch.bincount(codes.long(), minlength=4).argmax())]
 
-
-# ------------------------------------------------------------------------ deprecated aliases (one release)
-def project_negated(X, M, *, neg_scale: float = QTO_NEG_SCALE, return_argmax: bool = False, strategy: str = "auto",
-                    backend: str | None = None, validate: bool = True):
-    """Deprecated: ``ops.project(X, M, negate=True, ...)``."""
-    deprecated("ops.project_negated", "ops.project(X, M, negate=True)")
-    return project(X, M, negate=True, neg_scale=neg_scale, return_argmax=return_argmax, strategy=strategy,
-                   backend=backend, validate=validate)
-
-
-def project_multi(X, rel, M, *, negated: bool = False, neg_scale: float = QTO_NEG_SCALE, return_argmax: bool = False,
-                  strategy: str = "auto", backend: str | None = None, validate: bool = True, out=None):
-    """Deprecated: ``ops.project(X, M, rel, negate=negated, ...)``."""
-    deprecated("ops.project_multi", "ops.project(X, M, rel)")
-    return project(X, M, rel, negate=negated, neg_scale=neg_scale, return_argmax=return_argmax, strategy=strategy,
-                   backend=backend, validate=validate, out=out)

@@ -49,10 +49,10 @@ from kgreason.errors import UserError
 
 from ._backend import resolve_backend
 from .fuzzy import check_tnorm
-from .prepared import StackedMatrices, as_stack, deprecated
+from .prepared import StackedMatrices, as_stack
 from .prepared import check_rel as _check_rel
 
-__all__ = ["SparseRows", "project_multi_sparse", "push_sizes", "sparse_align", "intersect_sparse", "union_sparse",
+__all__ = ["SparseRows", "push_sizes", "sparse_align", "intersect_sparse", "union_sparse",
            "reference_project_multi_sparse", "reference_sparse_align"]
 
 
@@ -177,7 +177,7 @@ def push_sizes(x: SparseRows, rel: torch.Tensor, M: StackedMatrices) -> torch.Te
 
 
 def reference_project_multi_sparse(x: SparseRows, rel: torch.Tensor, M: StackedMatrices) -> SparseRows:
-    """Pure-torch :func:`project_multi_sparse` (one pass of gathers; memory O(entries pushed))."""
+    """Pure-torch ``ops.project`` of a :class:`SparseRows` batch (one pass of gathers; memory O(entries pushed))."""
     n, b, dev = x.n, x.batch_size, x.device
     keep = x.val > 0
     src_row = x.row_ids()[keep]
@@ -202,15 +202,6 @@ def reference_project_multi_sparse(x: SparseRows, rel: torch.Tensor, M: StackedM
     out_row = torch.div(uniq, n, rounding_mode="floor")
     crow[1:] = torch.cumsum(torch.bincount(out_row, minlength=b), 0)
     return SparseRows(crow, uniq - out_row * n, val, n)
-
-
-def project_multi_sparse(x: SparseRows, rel, M: StackedMatrices, *, backend: str | None = None,
-                         validate: bool = True) -> SparseRows:
-    """Deprecated: ``ops.project(x, M, rel)`` with a :class:`SparseRows` x."""
-    deprecated("ops.sparse_rows.project_multi_sparse", "ops.project(X, M, rel) with a SparseRows X")
-    if not isinstance(M, StackedMatrices):
-        raise UserError(f"M: expected ops.StackedMatrices (from ops.prepare_matrices), got {type(M).__name__}")
-    return _project_sparse(x, M, rel, backend=backend, validate=validate)
 
 
 def _project_sparse(x: SparseRows, M: StackedMatrices, rel=None, *, backend: str | None = None,

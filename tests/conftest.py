@@ -20,7 +20,10 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit():
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# The cuda parameter carries the `cuda` marker from collection on, so `pytest -m cuda` selects every test that
+# runs on the GPU (benchmarks/gpu_check.sh runs exactly that); a marker added when the fixture runs would come
+# after the selection.
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if torch.cuda.is_available() else [])
 
 
 def pytest_collection_modifyitems(config, items):
@@ -78,8 +81,6 @@ from _llm_server import llm_artifact, local_llm  # noqa: E402,F401
 
 @pytest.fixture(params=DEVICES)
 def device(request):
-    if request.param == "cuda":
-        request.node.add_marker(pytest.mark.cuda)
     return request.param
 
 

@@ -40,7 +40,7 @@ from engine.lang.query import (
 from engine.lang.structures import STRUCTURES
 from kge import Artifact, UserError
 
-BACKENDS = ["reference"] + (["cpp"] if all(ops.has_kernel(o, "cpu") for o in ("project", "project_negated")) else [])
+BACKENDS = ["reference"] + (["cpp"] if ops.has_kernel("project", "cpu") else [])
 
 
 # ------------------------------------------------------------------------------ fixtures

@@ -494,3 +494,45 @@ def test_materialize_refusals_are_one_line(umls_artifact, tmp_path, capsys, monk
     refused(["--artifact", str(lazy), "--out", str(out)], "error: --out ", "already holds an artifact; pass --overwrite")
     assert materialize_main(["--artifact", str(lazy), "--out", str(out), "--quiet", "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eager", "lazy"]  # no staging folder or lock file left
+
+
+def test_a_rank_left_to_the_budget_is_capped_to_fit_memory(monkeypatch, capsys):
+    """Regression (issue 30): a 1M-entity, 10M-edge KG refused to build with the defaults ("use a --rank below
+    256") although rank 64 fits; the time budget's rank is now capped to the largest that fits MemAvailable."""
+    from types import SimpleNamespace
+
+    from kge import builder
+    from kge.complex_n3 import CANDIDATE_RANKS
+    from kge.train import default_train_config
+
+    kg = SimpleNamespace(num_entities=1_000_000, num_relations=1000, train=range(10_000_000), missing=range(0))
+    cfg = BuildConfig(kg="big.tsv", out="unused")
+    train_cfg = default_train_config(kg)
+    assert train_cfg.rank is None and train_cfg.max_rank == 256  # the huge preset: the budget picks <= 256
+
+    def est(rank):
+        return builder.estimate_build_memory(num_entities=kg.num_entities, num_relations=kg.num_relations,
+                                             num_triples=10_000_000, rank=rank, batch_size=train_cfg.batch_size,
+                                             candidates=train_cfg.candidates, matrices="auto", max_matrix_gb=1.25)
+    # between rank 64's and rank 128's estimates
+    available = (est(64)["total_bytes"] + est(128)["total_bytes"]) // 2
+    monkeypatch.setattr(builder, "available_memory_bytes", lambda: available)
+    info, capped = builder._check_memory(cfg, kg, train_cfg, progress=True)
+    assert capped.max_rank == 64 and capped.rank is None and info["rank_assumed"] == 64
+    err = capsys.readouterr().err
+    assert "memory: rank 256 would need an estimated" in err and "picks a rank up to 64" in err
+    # the ranking chunk stays within 1 GiB of scores at a million entities
+    assert est(64)["training_buffers"] <= 3 * (1 << 30) + (1 << 20)
+    # everything fits: nothing changes, nothing said
+    monkeypatch.setattr(builder, "available_memory_bytes", lambda: 1 << 50)
+    info, same = builder._check_memory(cfg, kg, train_cfg, progress=False)
+    assert same is train_cfg and info["rank_assumed"] == 256
+    # not even the smallest rank fits: one error naming the way out
+    monkeypatch.setattr(builder, "available_memory_bytes", lambda: 1 << 20)
+    with pytest.raises(UserError, match=rf"--rank N with N < {min(CANDIDATE_RANKS)} .*or --no-memory-check"):
+        builder._check_memory(cfg, kg, train_cfg, progress=False)
+    # a rank the user gave is never changed
+    given = dataclasses.replace(train_cfg, rank=128)
+    monkeypatch.setattr(builder, "available_memory_bytes", lambda: available)
+    with pytest.raises(UserError, match="use a smaller --rank"):
+        builder._check_memory(cfg, kg, given, progress=False)

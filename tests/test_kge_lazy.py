@@ -78,6 +78,21 @@ def lazy_rows_as_csr(lazy: LazyMatrices, keys):
 
 
 # ------------------------------------------------------------------------------ rows
+def assert_same_rows(got, want, device: str, threshold: float = 2e-3) -> None:
+    """Lazy rows vs eager rows: bit for bit on the CPU; on CUDA within 1e-6, the support the same except entries
+    at the threshold.  cuBLAS picks its GEMM kernel by shape, so a row computed in a chunk of another height
+    can differ in its last bits (seen on an H200, 2026-11-28: 17 of 30 entries of a relation block)."""
+    assert got.shape == want.shape
+    if device == "cpu":
+        assert (got != want).nnz == 0  # same function, same floats
+        assert got.nnz == want.nnz
+        return
+    d = abs(got - want).tocoo()
+    near_cut = (np.abs(got.toarray()[d.row, d.col] - threshold) < 1e-5) | (
+        np.abs(want.toarray()[d.row, d.col] - threshold) < 1e-5)
+    assert float(d.data[~near_cut].max(initial=0.0)) <= 1e-6
+
+
 def test_lazy_rows_equal_eager_rows_and_formula(seed, device):
     rng = np.random.default_rng(seed)
     n, r = int(rng.integers(5, 40)), int(rng.integers(1, 6))
@@ -86,16 +101,14 @@ def test_lazy_rows_equal_eager_rows_and_formula(seed, device):
     eager, lazy = artifact_pair(ent, rel, obs, device=device)
     keys = rng.permutation(n * r)  # any order, each row once
     got = lazy_rows_as_csr(lazy.matrices, keys)
-    want = eager.matrices[keys]
-    assert (got != want).nnz == 0  # same function, same floats
-    assert got.shape == want.shape and got.nnz == want.nnz
+    assert_same_rows(got, eager.matrices[keys], device)
     ref = calibrated_rows_reference(ent, rel, obs, keys[:20], threshold=2e-3, delta=1e-4)
     diff = np.abs(ref - got[:20].toarray())
     diff[np.abs(ref - 2e-3) < 1e-3 * 2e-3] = 0.0  # an entry at the cut may fall either way in float32
     assert diff.max() < 1e-5
     for lo in range(0, n * r, max(1, n)):  # whole relations too
         rr = lo // n
-        assert (lazy.relation_block(rr) != eager.relation_block(rr)).nnz == 0
+        assert_same_rows(lazy.relation_block(rr), eager.relation_block(rr), device)
 
 
 # ------------------------------------------------------------------------------ answers

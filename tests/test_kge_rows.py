@@ -24,7 +24,7 @@ from kge.lazy import LazyMatrices
 from kge.rows import EagerRows, LazyRows, RelationRows, RowBlock, active_pairs
 from ops.sparse_rows import SparseRows
 
-BACKENDS = ["reference"] + (["cpp"] if ops.has_kernel("project_multi", "cpu") else [])
+BACKENDS = ["reference"] + (["cpp"] if ops.has_kernel("project", "cpu") else [])
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -246,8 +246,8 @@ def test_lazy_sparse_sets_equal_dense_bitwise(seed, kw, monkeypatch):
 
 
 def test_one_route_one_op_call_per_block(monkeypatch):
-    """Single-relation batches go through the one op (ops.project with a per-row rel) like mixed ones; the
-    deprecated names are not used."""
+    """Single-relation batches go through the one op (ops.project with a per-row rel) like mixed ones (the
+    former names are gone: tests/test_ops_project.py::test_removed_aliases_name_their_replacement)."""
     art = random_artifact(5)
     calls = []
     real = ops.project
@@ -256,12 +256,7 @@ def test_one_route_one_op_call_per_block(monkeypatch):
         calls.append(a[2].tolist())
         return real(*a, **k)
 
-    def forbidden(*a, **k):
-        raise AssertionError("the executor projects through ops.project only")
-
     monkeypatch.setattr(ops, "project", counting)
-    monkeypatch.setattr(ops, "project_multi", forbidden)
-    monkeypatch.setattr(ops, "project_negated", forbidden)
     ex = Executor(art)
     y = ex.scores([parse("(p r1 e3)"), parse("(p r1 e4)")])  # one relation: the degenerate case
     assert calls == [[1, 1]]

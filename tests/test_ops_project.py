@@ -4,9 +4,13 @@ Brute force: dense ``max_i X[b, i] * D_{rel[b]}[i, j]`` (tests/_ops_helpers.dens
 products, so every backend must equal it bit for bit, argmax included.  Covers one matrix (CSR or prepared:
 the one-relation stack, ``rel=None``) and stacks with mixed relations, negate, argmax, ``out=``, forced
 strategies, N = 1, empty rows and columns, B = 0, int32 / int64 pointers and columns, sparse X; the
-deprecated aliases; and bad input naming the argument.
+removed aliases' errors; and bad input naming the argument.
 """
 from __future__ import annotations
+
+import importlib.machinery
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,51 +185,58 @@ def test_positional_order_of_the_former_single_relation_call():
     assert torch.equal(y, want_y) and torch.equal(a, want_a)
 
 
-def test_deprecated_aliases_warn_and_agree():
+def test_one_op_serves_the_former_entry_points():
+    """What the removed aliases did (project_multi, project_negated, prepare, prepare_stacked, PreparedMatrix,
+    project_multi_strategies, project_multi_sparse), through the one op: the same answers as the stack's."""
     gen = torch.Generator().manual_seed(4)
     stack, ds = _stack(2, 10, 0.3, gen)
     m, d = random_matrix(10, 0.3, gen)
     x = random_batch(4, 10, "dense", gen)
     rel = torch.tensor([0, 1, 1, 0])
-    with pytest.deprecated_call():
-        got = ops.project_multi(x, rel, stack, negated=True, return_argmax=True)
-    want = ops.project(x, stack, rel, negate=True, return_argmax=True)
+    got = ops.project(x, stack, rel, negate=True, return_argmax=True)
+    want = ops.reference.project_stacked(x, rel, stack, negated=True, return_argmax=True)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
-    with pytest.deprecated_call():
-        got = ops.project_negated(x, m, neg_scale=2.0)
-    assert torch.equal(got, ops.project(x, m, negate=True, neg_scale=2.0))
-    with pytest.deprecated_call():
-        p = ops.prepare(m)
+    got = ops.project(x, m, negate=True, neg_scale=2.0)
+    assert torch.equal(got, ops.project(x, ops.prepare_matrices(m), negate=True, neg_scale=2.0))
+    p = ops.prepare_matrices(m)
     assert isinstance(p, ops.StackedMatrices) and p.num_relations == 1
-    with pytest.deprecated_call():
-        s2 = ops.prepare_stacked(torch.cat(ds).to_sparse_csr())
+    s2 = ops.prepare_matrices(torch.cat(ds).to_sparse_csr())
     assert s2.num_relations == 2 and torch.equal(s2.tval, stack.tval)
-    with pytest.deprecated_call():
-        pm = ops.PreparedMatrix(p.n, p.crow, p.col, p.val, p.ccol, p.row, p.tval)
-    assert isinstance(pm, ops.StackedMatrices) and torch.equal(ops.project(x, pm), ops.project(x, p))
-    with pytest.deprecated_call():
-        codes = ops.project_multi_strategies(x, rel, stack)
-    assert torch.equal(codes, ops.project_strategies(x, stack, rel))
-    from ops.sparse_rows import project_multi_sparse
-
-    with pytest.deprecated_call():
-        sp = project_multi_sparse(SparseRows.from_dense(x), rel, stack)
+    pm = ops.StackedMatrices(p.n, 1, p.crow, p.col, p.val, p.ccol, p.row, p.tval)  # the former field order, R = 1
+    assert torch.equal(ops.project(x, pm), ops.project(x, p))
+    if ops.has_kernel("project_strategy", "cpu"):
+        codes = ops.project_strategies(x, stack, rel)
+        assert codes.shape == (4,) and set(codes.tolist()) <= {1, 2, ops.SWEEP}
+    sp = ops.project(SparseRows.from_dense(x), stack, rel)
     assert torch.equal(sp.to_dense(), ops.project(x, stack, rel))
-    with pytest.deprecated_call(), pytest.raises(UserError, match="SparseRows"):
-        project_multi_sparse(x, rel, stack)  # the alias took SparseRows only (ops.project takes both)
-    from ops.project_multi import reference_project_multi
-
-    with pytest.deprecated_call():
-        ref = reference_project_multi(x, rel, stack, negated=True, return_argmax=True)
-    assert all(torch.equal(g, w) for g, w in zip(ref, ops.reference.project_stacked(x, rel, stack, negated=True,
-                                                                                    return_argmax=True)))
 
 
-def test_has_kernel_answers_for_the_former_op_names():
+@pytest.mark.parametrize("old,new", [("project_negated", "ops.project(X, M, negate=True)"),
+                                     ("project_multi", "ops.project(X, M, rel"),
+                                     ("project_multi_strategies", "ops.project_strategies(X, M, rel)"),
+                                     ("prepare", "ops.prepare_matrices(M)"),
+                                     ("prepare_stacked", "ops.prepare_matrices(M)"),
+                                     ("PreparedMatrix", "ops.StackedMatrices")])
+def test_removed_aliases_name_their_replacement(old, new):
+    """The deprecated aliases of issue 23's fold are gone after their release; reading one says what replaces it."""
+    assert old not in ops.__all__
+    with pytest.raises(AttributeError, match=rf"^ops\.{old} was removed .*; use {re.escape(new)}"):
+        getattr(ops, old)
+    assert not hasattr(ops.sparse_rows, "project_multi_sparse")
+    # the module is gone from the package (looked up in ops' own folder: an editable install's finder may
+    # also list the main checkout)
+    assert importlib.machinery.PathFinder.find_spec("ops.project_multi", [str(Path(ops.__file__).parent)]) is None
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_op'"):
+        ops.no_such_op  # noqa: B018  (any other missing name: Python's usual error)
+
+
+def test_has_kernel_knows_only_the_current_op_names():
+    """The former op names (served by kgreason::project for one release) are no longer kernels."""
     if not ops.extension_available():
         pytest.skip("compiled extension ops._C not built")
+    assert ops.has_kernel("project", "cpu") and ops.has_kernel("project_out", "cpu")
     for old in ("project_negated", "project_multi", "project_multi_out", "project_multi_strategy"):
-        assert ops.has_kernel(old, "cpu") == ops.has_kernel("project", "cpu")
+        assert not ops.has_kernel(old, "cpu")
 
 
 def test_bad_input_names_the_argument():
@@ -293,3 +304,29 @@ def test_stacked_transpose_kernel_path_equals_argsort_path(seed, dtypes, shape, 
     for a, b in zip(fast, slow):
         assert a.dtype == b.dtype
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("col", r"column indices must lie in \[0, 4\)"),
+    ("crow", "crow must be non-decreasing"),
+    ("shape", "crow must have R\\*N\\+1 entries for N = 4, got 8"),
+    ("end", "crow must start at 0 and end at nnz = 3"),
+])
+def test_stacked_transpose_kernel_refuses_a_malformed_stack(case, message):
+    """The kernel runs on whatever it is given (torch.ops is public): a bad index is an error, never a write
+    outside the outputs."""
+    if not ops.has_kernel("csr_transpose", torch.device("cpu")):
+        pytest.skip("no csr_transpose kernel")
+    crow = torch.tensor([0, 1, 1, 2, 2, 3, 3, 3, 3], dtype=torch.int64)  # R = 2 relations, N = 4
+    col = torch.tensor([0, 3, 1], dtype=torch.int32)
+    val = torch.tensor([0.5, 0.25, 1.0])
+    if case == "col":
+        col[1] = 4
+    elif case == "crow":
+        crow[2] = 0
+    elif case == "shape":
+        crow = crow[:8]
+    else:
+        crow[-1] = 2
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.kgreason.csr_transpose(crow, col, val, 4)

@@ -19,8 +19,8 @@ from ops import SWEEP, StackedMatrices
 # torch warns once per process that sparse CSR tensors are "beta" when a test builds one; only a note
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state:UserWarning")
 
-CPP = ops.has_kernel("project_multi", "cpu")
-needs_cpp = pytest.mark.skipif(not CPP, reason="compiled extension ops._C (with project_multi) not built")
+CPP = ops.has_kernel("project", "cpu")
+needs_cpp = pytest.mark.skipif(not CPP, reason="compiled extension ops._C (with project) not built")
 STRATS = ["push", "pull", "auto"]
 NEG_SCALE = QTO_NEG_SCALE
 # (pointer dtype, column dtype): the artifact's stack is int64 / int32
@@ -29,7 +29,7 @@ INDEX_DTYPES = [(torch.int32, torch.int32), (torch.int64, torch.int32), (torch.i
 
 
 def _backends(device: str) -> list[str]:
-    return ["reference"] + (["cpp"] if ops.has_kernel("project_multi", device) else [])
+    return ["reference"] + (["cpp"] if ops.has_kernel("project", device) else [])
 
 
 def _check_equal(got, want, what: str, seed: int):
@@ -92,7 +92,7 @@ def _rels(b: int, r: int, mode: str, gen: torch.Generator) -> torch.Tensor:
     [(1, 1, 1, 1.0), (1, 4, 3, 1.0), (7, 5, 3, 0.3), (64, 0, 2, 0.05), (50, 40, 5, 0.1), (130, 70, 4, 0.03)]))
 def test_matches_brute_force(device, seed, backend, strategy, ptr_dtype, idx_dtype, negated, rel_mode, n, b, r,
                              density):
-    require_backend(backend, "project_multi", device)
+    require_backend(backend, "project", device)
     gen = torch.Generator().manual_seed(seed)
     stack, dense = random_stack(r, n, density, gen, ptr_dtype=ptr_dtype, idx_dtype=idx_dtype,
                                 empty_relations=1 if r > 2 else 0)
@@ -133,7 +133,8 @@ def test_kernel_equals_reference_larger(seed, negated, rel_mode, b):
 
 
 def per_relation_loop(x, rel, stack: StackedMatrices, negated: bool, backend: str, neg_scale: float = NEG_SCALE):
-    """The executor's semantics before project_multi: one ops.project(_negated) call per distinct relation."""
+    """The executor's semantics before the multi-relation kernel: one single-matrix ops.project call per distinct
+    relation."""
     y = torch.empty_like(x)
     a = torch.empty(x.shape, dtype=torch.int32)
     for r in rel.unique().tolist():
@@ -396,12 +397,12 @@ def test_validation_errors(kwargs, match):
          r"num_entities: expected an integer >= 1, got 0"),
     ],
 )
-def test_prepare_stacked_errors(parts, n, match):
+def test_prepare_matrices_stack_errors(parts, n, match):
     with pytest.raises(ValueError, match=match):
         ops.prepare_matrices(parts, num_entities=n, name="matrices")  # messages name the argument as given
 
 
-def test_prepare_stacked_shape_mismatch():
+def test_prepare_matrices_stack_shape_mismatch():
     with pytest.raises(ValueError, match=r"num_entities: 4 differs from matrices's 3 columns"):
         ops.prepare_matrices(torch.zeros(6, 3).to_sparse_csr(), num_entities=4, name="matrices")
     # (prepare_stacked said "crow has 6 entries"; prepare_matrices names the shape; a triple's crow count: above)
@@ -447,8 +448,8 @@ def test_opcheck(seed, negated, want_argmax):
 
 
 def test_exported_from_ops():
-    for name in ("project_multi", "prepare_stacked", "StackedMatrices", "project_multi_strategies"):
-        assert hasattr(ops, name), name
+    for name in ("project", "prepare_matrices", "StackedMatrices", "project_strategies", "SWEEP"):
+        assert hasattr(ops, name) and name in ops.__all__, name
 
 
 @pytest.mark.skipif(os.environ.get("KGREASON_SKIP_DOCTEST") == "1", reason="doctest disabled")

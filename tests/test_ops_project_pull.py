@@ -1,5 +1,5 @@
 """The batch-minor pull kernel of ``ops.project`` (tiles of 16/32 queries, accumulator chains,
-register transposes) and the ``out=`` outputs of ``ops.project`` / ``ops.project_multi``.
+register transposes) and the ``out=`` outputs of ``ops.project`` (one matrix or a stack with ``rel``).
 
 Every result is compared, bit for bit and argmax included, with the pure-torch reference
 (``backend="reference"``) or the brute-force dense product.
@@ -149,7 +149,7 @@ def test_pull_empty_matrix_and_all_zero_x(seed, b):
 @needs_cpp
 @pytest.mark.parametrize("b", [3, 40])
 def test_negated_and_multi_share_the_chained_gather(seed, b):
-    """project_negated and project_multi's pull use the same column gather (accumulator chains):
+    """The negated and the multi-relation (``rel``) pulls use the same column gather (accumulator chains):
     ties and a full column through both, against the references."""
     gen = torch.Generator().manual_seed(seed)
     n, r = 60, 3
@@ -205,7 +205,7 @@ def test_project_out_reused(seed, backend, strategy, kind):
 @pytest.mark.parametrize("negated", [False, True])
 @pytest.mark.parametrize("strategy", ["push", "pull", "auto"])
 def test_project_multi_out_reused(seed, backend, negated, strategy):
-    require_backend(backend, "project_multi", "cpu")
+    require_backend(backend, "project", "cpu")
     gen = torch.Generator().manual_seed(seed)
     n, r, b = 40, 4, 29
     mats = [random_matrix(n, 0.15, gen)[1] for _ in range(r)]
@@ -322,8 +322,8 @@ def faults():
     n, b = 8192, 1024
     m = torch.eye(64).to_sparse_csr()
     crow = torch.cat([m.crow_indices().long(), torch.full((n - 64,), 64)])
-    prep = ops.prepare(torch.sparse_csr_tensor(crow, m.col_indices().long(), m.values(), size=(n, n),
-                                              check_invariants=True))
+    prep = ops.prepare_matrices(torch.sparse_csr_tensor(crow, m.col_indices().long(), m.values(), size=(n, n),
+                                                       check_invariants=True))
     x = torch.zeros(b, n)
     x[torch.arange(b), torch.randint(0, 64, (b,))] = 1.0
     y = ops.project(x, prep, strategy="push", validate=False)
@@ -365,7 +365,7 @@ def _big_case(seed: int, b: int = 1030, n: int = 8192):
 
 
 @needs_cpp
-@pytest.mark.parametrize("op", ["project", "project_multi", "project_negated", "intersect", "union"])
+@pytest.mark.parametrize("op", ["project", "project_rel", "project_negate", "intersect", "union"])
 def test_large_outputs_from_the_cache_equal_and_usable(op):
     """Outputs of >= 32 MiB come from the output cache (csrc/cpu/fuzzy_common.h, empty_output): equal to
     the reference, and the tensor behaves as any other (written, cloned, freed, its block reused)."""
@@ -374,9 +374,9 @@ def test_large_outputs_from_the_cache_equal_and_usable(op):
     b, n = x.shape
     if op == "project":
         run, want = (lambda: ops.project(x, prep)), ops.project(x, prep, backend="reference")
-    elif op == "project_negated":
+    elif op == "project_negate":
         run, want = (lambda: ops.project(x, prep, negate=True)), ops.project(x, prep, negate=True, backend="reference")
-    elif op == "project_multi":
+    elif op == "project_rel":
         st = ops.prepare_matrices(csr)
         rel = torch.zeros(b, dtype=torch.int64)
         run, want = (lambda: ops.project(x, st, rel)), ops.project(x, prep, backend="reference")

@@ -98,7 +98,7 @@ def test_non_contiguous_and_empty_batch(device, seed, backend, strategy):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_empty_matrix(device, backend):
     require_backend(backend, "project", device)
-    require_backend(backend, "project_negated", device)
+    require_backend(backend, "project", device)
     n = 10
     m = torch.sparse_csr_tensor(torch.zeros(n + 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
                                 torch.zeros(0), size=(n, n), check_invariants=True).to(device)
@@ -124,7 +124,7 @@ def test_auto_strategy_choice():
     BACKENDS, [torch.int32, torch.int64], [(1, 1, 1.0), (30, 4, 0.2), (120, 19, 0.05), (200, 1, 0.5)],
     ["onehot", "sparse", "dense", "zeros", "ones"], [3.0, 0.7]))
 def test_project_negated_matches_dense_formula(device, seed, backend, index_dtype, n, b, density, kind, neg_scale):
-    require_backend(backend, "project_negated", device)
+    require_backend(backend, "project", device)
     gen = torch.Generator().manual_seed(seed)
     m, d = random_matrix(n, density, gen, index_dtype=index_dtype, empty_rows=n // 6, empty_cols=n // 6)
     x = random_batch(b, n, kind, gen)
@@ -140,7 +140,7 @@ def test_project_negated_matches_dense_formula(device, seed, backend, index_dtyp
 def test_project_negated_ties_and_full_support(device, seed, backend, neg_scale):
     """Ties, a column whose support is every row, and columns holding the 40 largest X entries
     (more than the kernels' 32-entry top list, forcing their full-row fallback)."""
-    require_backend(backend, "project_negated", device)
+    require_backend(backend, "project", device)
     gen = torch.Generator().manual_seed(seed)
     n, b = 100, 6
     _, d = random_matrix(n, 0.1, gen, ties=True)
@@ -163,7 +163,7 @@ def test_project_negated_ties_and_full_support(device, seed, backend, neg_scale)
 @needs_cpp
 @pytest.mark.parametrize("b,kind", lane_grid([1, 3, 8, 20], ["onehot", "sparse", "dense"]))
 def test_project_negated_kernel_equals_reference_larger(device, seed, b, kind):
-    require_backend("cpp", "project_negated", device)
+    require_backend("cpp", "project", device)
     gen = torch.Generator().manual_seed(seed)
     n = 900
     m, _ = random_matrix(n, 0.02, gen, empty_rows=30, empty_cols=30)

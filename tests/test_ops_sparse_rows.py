@@ -1,6 +1,6 @@
 """ops.sparse_rows: the compiled project_multi_sparse / sparse_align against their pure-torch references
 bit for bit (crow, col and values), and the densified results against the dense ops
-(ops.project_multi, ops.intersect, ops.union)."""
+(ops.project, ops.intersect, ops.union)."""
 from __future__ import annotations
 
 import pytest
@@ -38,7 +38,7 @@ def random_stack(r: int, n: int, gen: torch.Generator, *, ptr_dtype=torch.int64,
                  avg_degree: float = 4.0, shuffle_rows: bool = False) -> StackedMatrices:
     """A stacked (R*N, N) CSR with power-law rows (most rows of a relation empty, a few long ones), one
     empty relation when R > 2, values in [0, 1] with ties and stored zeros.  ``shuffle_rows``: the columns
-    of each row in random order with duplicates (prepare_stacked accepts that; the kernel must too)."""
+    of each row in random order with duplicates (prepare_matrices accepts that; the kernel must too)."""
     keys = []
     empty = int(torch.randint(0, r, (1,), generator=gen)) if r > 2 else -1
     for k in range(r):
@@ -112,7 +112,7 @@ def _check_projection(x: SparseRows, rel, stack: StackedMatrices, backend: str, 
     _equal_rows(y, reference_project_multi_sparse(x, torch.as_tensor(rel).long(), stack), f"{backend} vs reference",
                 seed)
     dense = ops.project(x.to_dense(), stack, rel)
-    _equal(y.to_dense(), dense, f"{backend} densified vs ops.project_multi", seed)
+    _equal(y.to_dense(), dense, f"{backend} densified vs dense ops.project", seed)
     sizes = y.crow[1:] - y.crow[:-1]
     assert bool((sizes <= push_sizes(x, torch.as_tensor(rel).long(), stack)).all()), f"push_sizes (seed={seed})"
     return y

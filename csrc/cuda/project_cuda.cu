@@ -18,28 +18,18 @@
 //       over one binary search per lane), or, when all 32 are in it and X[b,:] has more positive
 //       entries, a scan of the row.
 //
-// Plan (strategy auto), per row and on the device, so that no host sync decides anything:
-// plan_kernel sums over the row's active entities i (X[b,i] > 0) the push work 1 + |row i of M_r|
-// (one thread step per active entity plus one atomic per entry) and compares it with the pull work
-// of that row, N + nnz(M_r) column and support steps, of which kPushStepsPerPull cost one push step
-// (a pulled step is a coalesced, atomic-free load shared by a warp):
-//     push  iff  kPushStepsPerPull * (active + entries) < N + nnz(M_r).
-// For a matrix of uniform row length this is "push when under 1/kPushStepsPerPull = 5% of the row
-// is active"; per row, a mixed batch (one-hot anchors and dense sets, hub entities and leaves) costs
-// what each row costs.
-// NOT MEASURED ON A GPU.  20 is the former CUDA kernels' "push under 5% active" rule (a global count;
-// written with the first kernels, never timed on a GPU) restated per row.  The two GPU runs so far
-// (stop 26, H100) checked results only, and the folded kernel has not run on a GPU at all.  To
-// calibrate it, a GPU session runs (after `python -m pytest -q tests/test_ops_*.py -k cuda`):
-//     python benchmarks/ops_cuda_bench.py --device cuda --out ops_cuda.md
-//         push, pull and auto at the two ends (one-hot anchors, dense rows): auto must match the
-//         faster of push and pull on each row of the table;
-//     KGREASON_BENCH_DEVICE=cuda python -m pytest benchmarks/test_ops_bench.py -q -k push_pull_crossover
-//         push and pull forced on rows of 0.01% to 50% active entities; it writes
-//         benchmarks/results/ops_push_pull_crossover_cuda.md with the active share where pull starts
-//         to win and the kPushStepsPerPull that crossover implies, (N + nnz) / (active + entries) there.
-// Set the constant to that value (or keep 20 if it is within ~2x: a row near the crossover costs
-// about the same either way) and record the table.
+// Strategy auto is push for the plain projection, on every row, with no plan pass.  Measured on an
+// H200 (2026-11-28, benchmarks/results/ops_cuda_h200.md and ops_push_pull_crossover_cuda.md): push
+// beat pull at every active share from 0.01% to 50% of a 1.4M-entry FB15k-237-sized matrix (pull /
+// push 2.2-21x at B = 64) and on dense batches of 1,024 rows (0.37 vs 6.96 ms), while the former
+// per-row plan (push iff 20 * (active + entries) < N + nnz) sent those dense rows to pull (22x slower)
+// and its extra pass over X cost 0.27 ms at B = 1,024 even where it chose push.  Why push wins here
+// although a pulled step is a coalesced, atomic-free load: a push step is one thread's atomicMax on a
+// (b, j) it rarely contends for, and push only touches active rows; pull gives each column j a warp
+// that walks that column's support once per query b, and most supports hold far fewer than 32
+// entries, so most lanes idle and every row costs N + nnz steps whatever X is.  The per-step costs
+// came out about equal at 50% active (1.31 ms for 0.71M steps vs 2.84 ms for 1.41M), so pull could
+// only win with every entity active, where push steps equal pull's.  Pull stays a forced strategy.
 // The codes are ops.STRATEGIES' (1 push, 2 pull), the ones project_strategy returns; the CPU
 // kernel's third plan (sweep, 3) is a CPU cache trick and is never chosen here.
 //
@@ -56,19 +46,9 @@ namespace kgreason {
 namespace cuda {
 namespace {
 
-// A row's plan is kPush or kPull (the strategy codes; sweep is never chosen here).
-constexpr int64_t kAuto = kStrategyAuto;
+// The strategy codes (sweep is never chosen here).
 constexpr int32_t kPush = kStrategyPush, kPull = kStrategyPull;
-constexpr int64_t kPushStepsPerPull = 20;
-constexpr int64_t kPlanChunk = 8 * kThreads;  // entities of X[b,:] one plan block scans
 constexpr int kTopK = kWarp;                  // one list entry per lane
-
-// The plan of each row: code[b] when the chooser ran, else one forced plan for every row.
-struct Plan {
-  const int32_t* code;
-  int32_t forced;
-  __device__ __forceinline__ int32_t of(int64_t b) const { return code != nullptr ? code[b] : forced; }
-};
 
 // Top lists of the negated form: X[b,:]'s count[b] <= K largest positive entries (value desc, index
 // asc) at v/i[b*K ..]; complete[b] = 0 when more positive entries exist beyond them.
@@ -79,57 +59,14 @@ struct TopLists {
   uint8_t* complete;
 };
 
-// grid (B, chunks): block (b, c) adds the push work of its chunks of X[b,:] to work[b]; the last block
-// of row b to finish decides code[b] and, for a pushed row, zeroes that row of the push target (Y's
-// value bits, or the packed keys with argmax; none for project_strategy).
-template <typename ptr_t>
-__global__ void plan_kernel(const float* __restrict__ X, const int64_t* __restrict__ rel, int64_t N,
-                            const ptr_t* __restrict__ crow, unsigned long long* __restrict__ work,
-                            unsigned long long* __restrict__ done, int32_t* __restrict__ code,
-                            float* __restrict__ yzero, unsigned long long* __restrict__ kzero) {
-  __shared__ unsigned long long red[kThreads / kWarp];
-  __shared__ bool last;
-  __shared__ int32_t decided;
-  const int64_t b = blockIdx.x;
-  const ptr_t* cr = crow + rel[b] * N;
-  const float* x = X + b * N;
-  unsigned long long mine = 0;
-  for (int64_t lo = static_cast<int64_t>(blockIdx.y) * kPlanChunk; lo < N; lo += gridDim.y * kPlanChunk) {
-    const int64_t hi = lo + kPlanChunk < N ? lo + kPlanChunk : N;
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
-      if (x[i] > 0.f) mine += 1ull + static_cast<unsigned long long>(cr[i + 1] - cr[i]);
-  }
-  mine = block_sum<unsigned long long, kThreads / kWarp>(mine, red);
-  if (threadIdx.x == 0) {
-    atomicAdd(work + b, mine);
-    __threadfence();  // this block's work is visible before its ticket
-    last = atomicAdd(done + b, 1ull) == gridDim.y - 1;
-    if (last) {
-      const unsigned long long total = atomicAdd(work + b, 0ull);  // every block's share
-      const int64_t nnz = Stack<ptr_t, int32_t>{N, crow}.nnz_of(rel[b]);  // only the pointers are read
-      decided = static_cast<double>(kPushStepsPerPull) * static_cast<double>(total) < static_cast<double>(N + nnz)
-                    ? kPush
-                    : kPull;
-      code[b] = decided;
-    }
-  }
-  __syncthreads();
-  if (!last || decided != kPush) return;
-  if (yzero != nullptr)
-    for (int64_t j = threadIdx.x; j < N; j += blockDim.x) yzero[b * N + j] = 0.f;
-  if (kzero != nullptr)
-    for (int64_t j = threadIdx.x; j < N; j += blockDim.x) kzero[b * N + j] = 0ull;
-}
-
-// Pushed rows only; their targets were zeroed (plan_kernel or the caller).
+// Every row pushed; the targets (Y's value bits, or the packed keys with argmax) were zeroed by the caller.
 template <typename ptr_t, typename idx_t, bool ARG>
 __global__ void push_kernel(const float* __restrict__ X, const int64_t* __restrict__ rel, int64_t B,
-                            Stack<ptr_t, idx_t> m, Plan plan, unsigned int* __restrict__ ybits,
+                            Stack<ptr_t, idx_t> m, unsigned int* __restrict__ ybits,
                             unsigned long long* __restrict__ keys) {
   const int64_t N = m.N, total = B * N;
   for (int64_t e = grid_first(); e < total; e += grid_step()) {
     const int64_t b = e / N;
-    if (plan.of(b) != kPush) continue;
     const float x = X[e];
     if (!(x > 0.f)) continue;
     const int64_t i = e - b * N, row = rel[b] * N + i;
@@ -146,10 +83,9 @@ __global__ void push_kernel(const float* __restrict__ X, const int64_t* __restri
 }
 
 // Y and argmax of the pushed rows from their packed keys.
-__global__ void unpack_kernel(const unsigned long long* __restrict__ keys, int64_t B, int64_t N, Plan plan,
+__global__ void unpack_kernel(const unsigned long long* __restrict__ keys, int64_t B, int64_t N,
                               float* __restrict__ Y, int32_t* __restrict__ A) {
-  for (int64_t e = grid_first(); e < B * N; e += grid_step())
-    if (plan.of(e / N) == kPush) unpack_value_index(keys[e], Y[e], A[e]);
+  for (int64_t e = grid_first(); e < B * N; e += grid_step()) unpack_value_index(keys[e], Y[e], A[e]);
 }
 
 // (v, i) ranks strictly after (pv, pi) in (value desc, index asc) order.
@@ -258,16 +194,15 @@ __device__ __forceinline__ void merge_outside(const float* __restrict__ x, int64
   }
 }
 
-// Pulled rows only; writes every (b, j) of them.  NEG: the negated factor and the out-of-support merge.
+// Every row pulled; writes every (b, j).  NEG: the negated factor and the out-of-support merge.
 template <typename ptr_t, typename idx_t, bool ARG, bool NEG>
 __global__ void pull_kernel(const float* __restrict__ X, const int64_t* __restrict__ rel, int64_t B,
-                            Stack<ptr_t, idx_t> m, Plan plan, float s, TopLists top, float* __restrict__ Y,
+                            Stack<ptr_t, idx_t> m, float s, TopLists top, float* __restrict__ Y,
                             int32_t* __restrict__ A) {
   const int lane = threadIdx.x % kWarp;
   const int64_t N = m.N;
   for (int64_t j = warp_first(); j < N; j += warp_step()) {
     for (int64_t b = 0; b < B; ++b) {
-      if (plan.of(b) != kPull) continue;
       const int64_t c = rel[b] * N + j;
       const int64_t start = m.tcrow[c], end = m.tcrow[c + 1];
       const float* x = X + b * N;
@@ -290,21 +225,6 @@ __global__ void pull_kernel(const float* __restrict__ X, const int64_t* __restri
       }
     }
   }
-}
-
-// code (B,) int32 on X's device, filled by plan_kernel, which also zeroes the pushed rows of yzero or kzero.
-template <typename ptr_t>
-void launch_plan(const at::Tensor& x, const at::Tensor& rel, const at::Tensor& crow, int64_t N, at::Tensor& code,
-                 float* yzero, unsigned long long* kzero) {
-  const int64_t B = x.size(0);
-  const at::Tensor counters = at::zeros({2, B}, x.options().dtype(at::kLong));  // work, done
-  auto* c = reinterpret_cast<unsigned long long*>(counters.data_ptr<int64_t>());
-  const int64_t chunks = (N + kPlanChunk - 1) / kPlanChunk;
-  const dim3 grid(static_cast<unsigned>(B), static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
-  plan_kernel<ptr_t><<<grid, kThreads, 0, current_stream(x.device())>>>(
-      x.data_ptr<float>(), rel.data_ptr<int64_t>(), N, crow.data_ptr<ptr_t>(), c, c + B, code.data_ptr<int32_t>(),
-      yzero, kzero);
-  check_launch("project plan");
 }
 
 // The checked, contiguous inputs of one call.
@@ -330,15 +250,15 @@ void run(const Inputs& in, int64_t N, int64_t strategy, bool negated, float s, a
   float* Y = y.data_ptr<float>();
   int32_t* A = arg ? a.data_ptr<int32_t>() : nullptr;
   const int64_t pull_grid = blocks_for(N, kThreads / kWarp);
-  auto pull = [&](Plan plan, TopLists top) {
+  auto pull = [&](TopLists top) {
     if (negated && arg)
-      pull_kernel<ptr_t, idx_t, true, true><<<pull_grid, kThreads, 0, stream>>>(X, rel, B, m, plan, s, top, Y, A);
+      pull_kernel<ptr_t, idx_t, true, true><<<pull_grid, kThreads, 0, stream>>>(X, rel, B, m, s, top, Y, A);
     else if (negated)
-      pull_kernel<ptr_t, idx_t, false, true><<<pull_grid, kThreads, 0, stream>>>(X, rel, B, m, plan, s, top, Y, A);
+      pull_kernel<ptr_t, idx_t, false, true><<<pull_grid, kThreads, 0, stream>>>(X, rel, B, m, s, top, Y, A);
     else if (arg)
-      pull_kernel<ptr_t, idx_t, true, false><<<pull_grid, kThreads, 0, stream>>>(X, rel, B, m, plan, s, top, Y, A);
+      pull_kernel<ptr_t, idx_t, true, false><<<pull_grid, kThreads, 0, stream>>>(X, rel, B, m, s, top, Y, A);
     else
-      pull_kernel<ptr_t, idx_t, false, false><<<pull_grid, kThreads, 0, stream>>>(X, rel, B, m, plan, s, top, Y, A);
+      pull_kernel<ptr_t, idx_t, false, false><<<pull_grid, kThreads, 0, stream>>>(X, rel, B, m, s, top, Y, A);
     check_launch("project pull");
   };
 
@@ -350,38 +270,29 @@ void run(const Inputs& in, int64_t N, int64_t strategy, bool negated, float s, a
                        complete.data_ptr<uint8_t>()};
     top_kernel<<<B, kThreads, 0, stream>>>(X, N, top);
     check_launch("project top lists");
-    pull(Plan{nullptr, kPull}, top);
+    pull(top);
     return;
   }
 
-  Plan plan{nullptr, strategy == kPush ? kPush : kPull};
-  at::Tensor code, keys;
-  if (arg && strategy != kPull) keys = at::empty({B, N}, x.options().dtype(at::kLong));
-  auto* K = keys.defined() ? reinterpret_cast<unsigned long long*>(keys.data_ptr<int64_t>()) : nullptr;
-  if (strategy == kAuto) {
-    code = at::empty({B}, x.options().dtype(at::kInt));
-    launch_plan<ptr_t>(x, in.rel, in.crow, N, code, arg ? nullptr : Y, K);
-    plan.code = code.data_ptr<int32_t>();
-  } else if (strategy == kPush) {
-    if (arg)
-      keys.zero_();
-    else
-      y.zero_();
+  if (strategy == kPull) {
+    pull(TopLists{});
+    return;
   }
-  if (strategy != kPull) {
-    const int64_t grid = blocks_for(B * N, kThreads);
-    auto* ybits = reinterpret_cast<unsigned int*>(Y);
-    if (arg)
-      push_kernel<ptr_t, idx_t, true><<<grid, kThreads, 0, stream>>>(X, rel, B, m, plan, ybits, K);
-    else
-      push_kernel<ptr_t, idx_t, false><<<grid, kThreads, 0, stream>>>(X, rel, B, m, plan, ybits, K);
+  // push, also for auto (the top of this file says why)
+  const int64_t grid = blocks_for(B * N, kThreads);
+  if (arg) {
+    at::Tensor keys = at::zeros({B, N}, x.options().dtype(at::kLong));
+    auto* K = reinterpret_cast<unsigned long long*>(keys.data_ptr<int64_t>());
+    push_kernel<ptr_t, idx_t, true><<<grid, kThreads, 0, stream>>>(X, rel, B, m, nullptr, K);
     check_launch("project push");
-    if (arg) {
-      unpack_kernel<<<grid, kThreads, 0, stream>>>(K, B, N, plan, Y, A);
-      check_launch("project unpack");
-    }
+    unpack_kernel<<<grid, kThreads, 0, stream>>>(K, B, N, Y, A);
+    check_launch("project unpack");
+  } else {
+    y.zero_();
+    push_kernel<ptr_t, idx_t, false><<<grid, kThreads, 0, stream>>>(X, rel, B, m, reinterpret_cast<unsigned int*>(Y),
+                                                                     nullptr);
+    check_launch("project push");
   }
-  if (strategy != kPush) pull(plan, TopLists{});
 }
 
 // The checked, contiguous inputs of one call (project_common.h's checks; one device sync).
@@ -453,13 +364,9 @@ at::Tensor project_strategy_cuda(const at::Tensor& x_in, const at::Tensor& rel_i
   const int64_t R = project_checks::rows(op, x_in, rel_in, crow_in, num_entities, c10::DeviceType::CUDA);
   const c10::DeviceGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), rel = rel_in.to(at::kLong).contiguous(), crow = crow_in.contiguous();
-  at::Tensor code = at::empty({x.size(0)}, x.options().dtype(at::kInt));
-  if (x.size(0) == 0) return code;
-  project_checks::ranges(op, rel, R, crow, nullptr, -1);
-  if (crow.scalar_type() == at::kInt)
-    launch_plan<int32_t>(x, rel, crow, num_entities, code, nullptr, nullptr);
-  else
-    launch_plan<int64_t>(x, rel, crow, num_entities, code, nullptr, nullptr);
+  // auto's plan on a GPU: push for every row (see the top of this file)
+  at::Tensor code = at::full({x.size(0)}, kPush, x.options().dtype(at::kInt));
+  if (x.size(0) > 0) project_checks::ranges(op, rel, R, crow, nullptr, -1);
   return code;
 }
 
