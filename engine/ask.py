@@ -36,6 +36,11 @@ from kgreason.errors import UserError, cli_main
 from kgreason.files import json_object, read_lines
 from kgreason.text import json_line, printable  # questions, KG names, LLM text: escaped where printed
 
+#: engine.exec.ask's LEXICAL_WEIGHT and KIND_WEIGHT (importing it here would load torch for --help;
+#: tests/test_ask_kind.py checks they agree).
+LEXICAL_WEIGHT = 0.6
+KIND_WEIGHT = 1.5
+
 __all__ = ["AskConfig", "CHUNK", "parse_args", "read_questions", "run", "main"]
 
 #: Questions per call of the loop in a ``--questions`` run: the progress bar moves once per chunk, and
@@ -69,7 +74,8 @@ class AskConfig:
     embedding_candidates: int = 0
     vote_paths: int = 16  # answers without a reasoner's pick: vote of this many candidate paths (1: the best path)
     vote_temperature: float = 0.1
-    lexical_weight: float = 0.4  # embedding-only retrieval: cost - weight x F1(relations followed, relations named)
+    lexical_weight: float = LEXICAL_WEIGHT  # embedding-only retrieval: cost - weight x F1(relations followed, named)
+    kind_weight: float = KIND_WEIGHT  # embedding-only retrieval: cost - weight x cos(kind phrase, path's end kind)
     json: bool = False
     show_context: bool = False
     llm: Any = None  # llm_bridge.config.LLMConfig with --llm, else None (embedding-only)
@@ -122,9 +128,13 @@ def _parser() -> argparse.ArgumentParser:
                         "exp(-(cost - lowest cost) / T) (default 16; 1: the best path's answers)")
     p.add_argument("--vote-temperature", type=float, default=0.1, metavar="T",
                    help="temperature T of the vote's path weights (default 0.1)")
-    p.add_argument("--lexical-weight", type=float, default=0.4, metavar="W",
+    p.add_argument("--lexical-weight", type=float, default=LEXICAL_WEIGHT, metavar="W",
                    help="embedding-only retrieval: cost lowered by W x the F1 between the relations a path follows "
-                        "and those the question names word for word (default 0.4; 0 turns it off)")
+                        "and those the question names word for word (default %(default)s; 0 turns it off)")
+    p.add_argument("--kind-weight", type=float, default=KIND_WEIGHT, metavar="W",
+                   help="embedding-only retrieval: cost lowered by W x the cosine between the kind of thing the "
+                        "question asks for ('which films') and the kind of entity the path ends in, read from the "
+                        "KG (docs/ask.md; default %(default)s; 0 turns it off)")
     p.add_argument("--json", action="store_true", help="print one JSON object per question (JSON lines)")
     p.add_argument("--show-context", action="store_true", help="print the KG context the reasoner sees")
     from engine.providers import llm_provider
@@ -158,8 +168,9 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
             raise UserError(f"{flag} must be >= {low}, got {v}")
     if not 0.0 < ns.vote_temperature <= 100.0:
         raise UserError(f"--vote-temperature must be in (0, 100], got {ns.vote_temperature}")
-    if not 0.0 <= ns.lexical_weight <= 10.0:
-        raise UserError(f"--lexical-weight must be in [0, 10], got {ns.lexical_weight}")
+    for flag, v in (("--lexical-weight", ns.lexical_weight), ("--kind-weight", ns.kind_weight)):
+        if not 0.0 <= v <= 10.0:
+            raise UserError(f"{flag} must be in [0, 10], got {v}")
     if not 0.0 <= ns.exemplar_weight <= 10.0:
         raise UserError(f"--exemplar-weight must be in [0, 10], got {ns.exemplar_weight}")
     if ns.max_hops > 6:
@@ -179,7 +190,7 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
                      path_text=ns.path_text, exemplars=ns.exemplars, exemplar_weight=ns.exemplar_weight,
                      exemplar_k=ns.exemplar_k, embedding_candidates=ns.embedding_candidates,
                      vote_paths=ns.vote_paths, vote_temperature=ns.vote_temperature,
-                     lexical_weight=ns.lexical_weight, json=ns.json,
+                     lexical_weight=ns.lexical_weight, kind_weight=ns.kind_weight, json=ns.json,
                      show_context=ns.show_context, llm=llm, reasoner=ns.reasoner,
                      llm_ask_json=ns.llm_ask_json or "off", verify=not ns.skip_artifact_checksums)
 
@@ -291,7 +302,8 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
                            max_context_tokens=cfg.max_context_tokens, exclude_topic=cfg.exclude_topic,
                            explain=cfg.explain, exemplar_weight=cfg.exemplar_weight, exemplar_k=cfg.exemplar_k,
                            embedding_candidates=cfg.embedding_candidates, vote_paths=cfg.vote_paths,
-                           vote_temperature=cfg.vote_temperature, lexical_weight=cfg.lexical_weight)
+                           vote_temperature=cfg.vote_temperature, lexical_weight=cfg.lexical_weight,
+                           kind_weight=cfg.kind_weight)
     items = [("question", cfg.question, None)] if cfg.question is not None else read_questions(cfg.questions)
     engine = Engine.load(cfg.artifact, verify=cfg.verify)
     exemplars = None if cfg.exemplars is None else read_exemplars(cfg.exemplars, engine.artifact.relations)

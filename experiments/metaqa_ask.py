@@ -108,7 +108,8 @@ def run(args) -> dict:
             row = {"hops": hops, "method": method, "questions": len(qs), "hits@1": sum(hits) / len(qs),
                    "llm_calls": sum(r.llm_calls for r in results) / len(qs),
                    "tokens": sum(r.llm_tokens for r in results) / len(qs), "seconds": seconds / len(qs),
-                   "fallbacks": sum(r.retrieval == "embedding" for r in results) / len(qs)}
+                   "fallbacks": sum(r.retrieval == "embedding" for r in results) / len(qs),
+                   "by_type": hits_by_type(hits, qs)}
             row.update(extra or {})
             out["runs"].append(row)
             print(json.dumps(row), flush=True)
@@ -167,6 +168,22 @@ def run(args) -> dict:
         out["runs"].append(row)
         print(json.dumps(row), flush=True)
     return out
+
+
+def path_type(q) -> str:
+    """A question's path type: MetaQA's qtype on test (``movie_to_director_to_movie``), the weakly labelled
+    relation path on dev (``directed_by,directed_by^-1``)."""
+    return getattr(q, "qtype", None) or ",".join(q.relations)
+
+
+def hits_by_type(hits: Sequence[bool], qs: Sequence[Any]) -> dict[str, list[int]]:
+    """Path type (:func:`path_type`) -> [questions, Hits@1 hits], by type."""
+    out: dict[str, list[int]] = {}
+    for h, q in zip(hits, qs):
+        c = out.setdefault(path_type(q), [0, 0])
+        c[0] += 1
+        c[1] += int(h)
+    return dict(sorted(out.items()))
 
 
 #: What a trace warning says, by kind (the first pattern that matches; "other" otherwise).

@@ -739,12 +739,13 @@ def test_sequence_embeddings_are_cached_on_disk(kg, questions):
     asker = Asker(eng, fresh)
     assert asker._sequence_cache_path().is_file()
     again = asker.embedding_retrieve(topics, texts)
-    # Only the questions were encoded, and the answer-type term's short texts (answer phrases, the fixed
-    # question-word centre, one range text per relation); no path text.
-    from engine.exec.ask import WH_CENTRE, answer_phrase
+    # Only the questions were encoded, and the answer-type and kind terms' short texts (answer phrases, the
+    # fixed question-word centre, one range text and one kind text per relation); no path text.
+    from engine.exec.ask import WH_CENTRE, answer_phrase, kind_phrase
 
-    short = {answer_phrase(t) for t in texts} | set(WH_CENTRE) | {asker.range_text(r) for r in
-                                                                  range(len(fresh.graph.relation_names))} - {""}
+    short = ({answer_phrase(t) for t in texts} | {kind_phrase(t, asker.settings.kind_words) for t in texts}
+             | set(WH_CENTRE) | set(asker.kind_texts())
+             | {asker.range_text(r) for r in range(len(fresh.graph.relation_names))}) - {""}
     assert fresh.encoder.misses == len(set(texts) | short)
     assert [[(round(c, 9), x) for c, x in f] for f in first] == [[(round(c, 9), x) for c, x in f] for f in again]
 
@@ -1045,3 +1046,71 @@ def test_metaqa_report_keeps_history_rows_in_the_tables_not_the_plot(tmp_path, m
     md = (tmp_path / "t.md").read_text(encoding="utf-8")
     assert "| new | 1 | 50.0 |" in md and "| old (history) | 2 | 50.0 |" in md
     assert labels == ["new"] and (tmp_path / "p.png").stat().st_size > 0
+
+
+class _CountingExecutor:
+    """Wraps an executor: counts how often each query (by its S-expression with names) is run, through any of
+    the executor's entry points (``answer``, ``scores``, ``iter_scores``)."""
+
+    def __init__(self, inner, artifact):
+        from collections import Counter
+
+        self.inner, self.artifact, self.runs = inner, artifact, Counter()
+
+    def _count(self, queries):
+        from engine.lang.query import named, to_sexpr
+
+        for q in queries:
+            self.runs[to_sexpr(named(q, self.artifact))] += 1
+
+    def answer(self, queries, **kw):
+        self._count(queries)
+        return self.inner.answer(queries, **kw)
+
+    def scores(self, queries, **kw):
+        self._count(queries)
+        return self.inner.scores(queries, **kw)
+
+    def iter_scores(self, queries, **kw):
+        self._count(queries)
+        return self.inner.iter_scores(queries, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("pick", [False, True])
+@pytest.mark.parametrize("explain", [False, True])
+def test_each_candidate_path_runs_once_per_question(kg, questions, pick, explain):
+    """Every candidate path's query is executed once per batch of questions (two questions about one topic
+    share theirs): its scores serve the answers, the reasoner's context, the vote (and a reasoner's pick of
+    paths) and the explanations; the explanations run only the answers' restricted queries
+    ``(i path (e answer))``, never a candidate path itself."""
+    from engine.exec.ask import Asker, AskSettings, ReasonReply
+
+    _, eng, ret = kg
+
+    class PickFirstTwo:
+        def reason(self, requests):
+            return [ReasonReply(paths=(1, 2)) for _ in requests]
+
+    class Counted:  # the engine with the counting executor (Asker reads .executor and .artifact)
+        artifact = eng.artifact
+        executor = _CountingExecutor(eng.executor, eng.artifact)
+
+    texts = [q for q, _, _ in questions]
+    asker = Asker(Counted, ret, settings=AskSettings(explain=explain))
+    res = asker.ask(texts, reasoner=PickFirstTwo() if pick else None)
+    runs = Counted.executor.runs
+    paths = {p.query for r in res for p in r.paths}
+    assert paths and all(len(r.paths) > 2 for r in res)
+    assert len({r.topic_id for r in res}) < len(res)  # some questions share a topic (and candidate paths)
+    assert {q: runs[q] for q in paths} == {q: 1 for q in paths}
+    extra = {q: n for q, n in runs.items() if q not in paths}
+    if explain:  # one restricted query per answer
+        assert sum(extra.values()) == sum(len(r.answers) for r in res)
+        assert all(q.startswith("(i ") for q in extra)
+        assert all(a.explanation is not None for r in res for a in r.answers)
+    else:
+        assert not extra
+    assert any(t["step"] == "vote" for r in res for t in r.trace)

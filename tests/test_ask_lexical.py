@@ -30,19 +30,30 @@ def kg(tmp_path_factory):
     ("wrote", "written", False), ("acted", "actors", False), ("rate", "rating", False),
     ("film", "films", True), ("directly", "director", True), ("dire", "directed", True),
     ("", "written", False), ("abc", "abc", False),
+    # a closed compound's last part (6+ letters) is a word of its own: "screen|writer"
+    ("screenwriter", "written", True), ("scriptwriters", "writer", True), ("screenwriter", "screen", True),
+    ("costar", "starred", False), ("cowriter", "written", False), ("overwritten", "written", True),
 ])
 def test_words_match(a, b, same):
     assert words_match(a, b) is same
     assert words_match(b, a) is same
 
 
-def test_words_match_is_the_prefix_rule_on_random_words():
+def test_words_match_is_the_prefix_or_compound_rule_on_random_words():
+    from engine.exec.ask import MIN_COMPOUND
+
+    def prefix(a, b):
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return n >= MIN_WORD and n >= 0.6 * min(len(a), len(b))
+
+    def compound(x, y):  # x = a first part of 3+ letters + a last part of MIN_COMPOUND+ letters matching y
+        return any(prefix(x[k:], y) for k in range(MIN_WORD - 1, len(x)) if len(x) - k >= MIN_COMPOUND)
+
     rng = np.random.default_rng()
     for _ in range(2000):
-        a = "".join(rng.choice(list("abc"), int(rng.integers(0, 9))))
-        b = "".join(rng.choice(list("abc"), int(rng.integers(0, 9))))
-        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        assert words_match(a, b) == (n >= MIN_WORD and n >= 0.6 * min(len(a), len(b))), (a, b)
+        a = "".join(rng.choice(list("abc"), int(rng.integers(0, 13))))
+        b = "".join(rng.choice(list("abc"), int(rng.integers(0, 13))))
+        assert words_match(a, b) == (prefix(a, b) or compound(a, b) or compound(b, a)), (a, b)
 
 
 def test_content_words_keep_only_words_that_can_name_a_relation():
