@@ -566,15 +566,105 @@ def test_anchor_projections_from_cached_rows_equal_the_kernel(seed, monkeypatch,
     assert lazy.matrices.stats.cache_hits > 0
 
 
+def _twin_matrices(rng: np.random.Generator, n: int, r: int) -> tuple[LazyMatrices, LazyMatrices]:
+    """Two LazyMatrices over the same random embeddings and edges (one to warm, one to compute cold)."""
+    ent, rel = random_embeddings(rng, n, r)
+    obs = random_observed(rng, n, r, 3 * n)
+    return tuple(LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0)
+                 for _ in range(2))  # type: ignore[return-value]
+
+
+def test_warm_row_slices_build_no_index(seed):
+    """A warm read of a few rows (an anchor hop) finds each by a binary search of its relation's cached heads:
+    the set's O(N) index (member mask, entity pointers) is not built for it (on FB15k-237 that cost a single
+    query's first reuse of its rows 60-160 us), and once a prepared stack has built it, the same rows come
+    from it; both equal the computed rows."""
+    rng = np.random.default_rng(seed)
+    n, r = int(rng.integers(10, 40)), int(rng.integers(2, 6))
+    m, cold = _twin_matrices(rng, n, r)
+    heads = np.sort(rng.choice(n, size=int(rng.integers(2, n)), replace=False))
+    m.rows(1 * n + heads)  # relation 1's first rows: its merged set
+    main = m.cache.main(1)
+    assert main is not None and main.member is None
+    for size in (1, 3, len(heads)):
+        keys = 1 * n + rng.choice(heads, size=size)
+        computed = m.stats.rows_computed
+        got = m.rows(keys)
+        assert m.stats.rows_computed == computed and main.member is None and main.entity_ptr is None
+        for a, b in zip(got, cold.rows(keys)):
+            assert np.array_equal(a, b)
+    m.stacks([(1, heads)], "cpu")  # a prepared stack builds the index; slices then read it
+    assert main.member is not None
+    keys = 1 * n + rng.choice(heads, size=3)
+    for a, b in zip(m.rows(keys), cold.rows(keys)):
+        assert np.array_equal(a, b)
+    missing = np.setdiff1d(np.arange(n), heads)[:1]
+    keys = np.concatenate([1 * n + heads[:2], 1 * n + missing])  # a head not cached: computed, not misread
+    for a, b in zip(m.rows(keys), cold.rows(keys)):
+        assert np.array_equal(a, b)
+
+
+def test_rows_out_of_range_raise_cold_and_warm(seed):
+    """Keys outside [0, R*N) raise IndexError whether or not the rows in range are cached (the warm path
+    runs before the range check, and must never serve one)."""
+    rng = np.random.default_rng(seed)
+    n, r = 12, 3
+    ent, rel = random_embeddings(rng, n, r)
+    m = LazyMatrices(entity=ent, relation=rel, observed=random_observed(rng, n, r, 30), threshold=2e-3,
+                     row_store_gb=0)
+    m.rows(np.arange(n * r))
+    m.rows(np.arange(n * r))  # every row merged and cached
+    for bad in ([-1], [n * r], [0, -n], [5, n * r + 3], list(range(n * r)) * 8 + [n * r]):
+        with pytest.raises(IndexError, match=r"row key out of range \[0, 36\)"):
+            m.rows(bad)
+
+
+def test_lazy_anchor_one_hot_built_only_when_read(seed, monkeypatch):
+    """Lazy anchor hops are gathered from cached rows; the anchors' (B, N) one-hot is then built only where
+    something reads it (the witness record of answer(), kept trace values, a projection hook's inputs): scores,
+    traces and answers equal the eager executor's, which builds it for its kernel."""
+    rng = np.random.default_rng(seed)
+    n, r = int(rng.integers(20, 50)), int(rng.integers(2, 6))
+    ent, rel = random_embeddings(rng, n, r)
+    eager, lazy = artifact_pair(ent, rel, random_observed(rng, n, r, 3 * n))
+    queries = structure_queries(rng, n, r, "qto", per_structure=2)
+    built = []
+    one_hot = Executor._one_hot
+    monkeypatch.setattr(Executor, "_one_hot", lambda self, ents: built.append(len(ents)) or one_hot(self, ents))
+    ee, el = Executor(eager), Executor(lazy)
+    for sparse in (False, True):
+        ye, te = Executor(eager, sparse=sparse).scores(queries, trace=True)
+        del built[:]
+        yl, tl = Executor(lazy, sparse=sparse).scores(queries, trace=True)
+        assert not built
+        assert torch.equal(ye, yl)
+        assert [t.to_json() for t in te] == [t.to_json() for t in tl]
+    ye, te = ee.scores(queries, trace=True, trace_values=True)
+    yl, tl = el.scores(queries, trace=True, trace_values=True)
+    assert built and torch.equal(ye, yl)
+    for a, b in zip(te, tl):
+        assert [(x.path, x.op, x.entity) for x in a.nodes] == [(x.path, x.op, x.entity) for x in b.nodes]
+        assert all(torch.equal(x.values, y.values) for x, y in zip(a.nodes, b.nodes))
+    assert [x.to_json() for x in ee.answer(queries, k=5)] == [x.to_json() for x in el.answer(queries, k=5)]
+    seen = {}
+
+    def hook(ctx, value):  # a projection hook reads its inputs: the anchors' one-hot, as the eager run builds it
+        seen.setdefault(ctx.executor.artifact is lazy, []).append([v.values.clone() for v in ctx.inputs])
+
+    for ex in (ee, el):
+        ex.add_hook(hook, ops=["p"])
+        ex.scores(queries)
+    assert len(seen[True]) == len(seen[False])
+    for a, b in zip(seen[True], seen[False]):
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def test_warm_rows_gather_equals_the_rows_computed(seed):
     """LazyMatrices.rows served from the merged cached sets (the warm path) returns the rows asked, in the
     order asked, repeats included, equal to a cold computation; a row missing from them falls back."""
     rng = np.random.default_rng(seed)
     n, r = int(rng.integers(10, 40)), int(rng.integers(1, 6))
-    ent, rel = random_embeddings(rng, n, r)
-    obs = random_observed(rng, n, r, 3 * n)
-    warm = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0)
-    cold = LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0)
+    warm, cold = _twin_matrices(rng, n, r)
     cached = rng.choice(n * r, size=int(rng.integers(1, n * r + 1)), replace=False)
     warm.rows(cached)
     warm.rows(cached)  # rows left pending by the first call are merged

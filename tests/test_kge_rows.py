@@ -162,13 +162,18 @@ def test_relation_rows_devices(device):
 
 
 # ------------------------------------------------------------------------------ lazy rows
+@pytest.mark.parametrize("one_relation", [False, True])
 @pytest.mark.parametrize("max_pairs", [None, 5, 1, 40])
-def test_lazy_blocks_cover_rows_and_equal_eager(seed, max_pairs):
-    """Blocks (split by pairs, one relation each) cover each row once; their rows are the eager rows."""
+def test_lazy_blocks_cover_rows_and_equal_eager(seed, max_pairs, one_relation):
+    """Blocks (split by pairs, one relation each) cover each row once; their rows are the eager rows.  With
+    ``one_relation`` every row goes through one relation (a single query's hop, a batch sorted by relation):
+    the one-mask path, whole or split by pairs."""
     eager, lazy = lazy_pair(seed)
     rows = LazyRows(matrices=lazy.matrices, max_pairs=max_pairs)
     assert isinstance(lazy.relation_rows(), LazyRows)
     x, rels = random_batch(seed, 25, eager.num_entities, eager.num_relations)
+    if one_relation:
+        rels = [rels[1]] * len(rels)
     n = eager.num_entities
     for block in rows.blocks(x, rels):
         idx = torch.arange(x.shape[0]) if block.rows is None else block.rows

@@ -626,23 +626,36 @@ class Executor:
         fast path), with the push strategy; sparse children may stay sparse (``run.sparse``).
         """
         negated = isinstance(nodes[0], NegatedProjection)
-        x = self._eval([q.arg for q in nodes], path + (0,), run)
         rels = [q.relation for q in nodes]
-        sparse_in = isinstance(x, SparseRows)
         # One-hot rows (anchors) push: the push reads exactly one CSR row per row, which no pull
         # can beat; "auto" sent FB15k-237 anchors with long rows (popular entities) to pull, which
         # reads the whole matrix (benchmarks/results/engine_notes.md, "Anchors push").
         strategy = "push" if isinstance(nodes[0].arg, Anchor) else "auto"
+        x: Any = None
         if strategy == "push" and not self._hooks_for("e"):
             # one-hot rows of value 1 (no hook changed them): rows that hand out their one-hot projection
-            # directly (lazy rows: one gather from the row cache) skip the kernel calls
-            got = self._project_one_hot([q.arg.entity for q in nodes], rels, run.want_arg, negated,
-                                        keep_sparse=sparse_in and not negated and bool(path))
+            # directly (lazy rows: one gather from the row cache) skip the kernel calls, and then the anchors'
+            # (B, N) one-hot is only built when something reads it: the witness record, the trace's kept
+            # values, or a hook of this node (its inputs).  Building it was ~55 us of a single FB15k-237
+            # query's anchor hop, a third of the eager query.
+            ents = [q.arg.entity for q in nodes]
+            if run.record is not None or run.trace.keep_values:
+                x = self._eval([q.arg for q in nodes], path + (0,), run)
+            got = self._project_one_hot(ents, rels, run.want_arg, negated,
+                                        keep_sparse=run.sparse and not negated and bool(path))
             if got is not None:
+                if x is None:  # the anchor node, traced without its tensor (see BatchTrace.finish_node)
+                    run.trace.add_node(path + (0,), "e", None, tuple(ents))
+                    run.trace.finish_node(path + (0,), None)
                 y, arg = got
                 if isinstance(y, SparseRows):
                     return y, lambda: ()
-                return NodeValue(y, arg), lambda: (NodeValue(x.to_dense()) if sparse_in else x,)
+                if x is None:
+                    return NodeValue(y, arg), lambda: (NodeValue(self._one_hot(ents)),)
+                return NodeValue(y, arg), lambda: (NodeValue(x.to_dense()) if isinstance(x, SparseRows) else x,)
+        if x is None:
+            x = self._eval([q.arg for q in nodes], path + (0,), run)
+        sparse_in = isinstance(x, SparseRows)
         # A negated projection has full support, and the query's result is dense anyway: a root
         # projection writes it directly (a sparse result would be written twice).
         y, arg = self._project_rows(x if sparse_in else x.values, rels, negated, run.want_arg, strategy,
