@@ -30,7 +30,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -157,6 +157,52 @@ def rank_batch(scores: torch.Tensor, queries: Sequence[EvalQuery]) -> dict[str, 
     return {tie: query_metrics(r) for tie, r in ranks.items()}
 
 
+def rank_batch_sharded(executor: Any, queries: Sequence[EvalQuery], *,
+                       batch_size: int = 1024) -> dict[str, dict[str, torch.Tensor]]:
+    """:func:`rank_batch` of these queries on a sharded executor (:class:`engine.exec.sharded.ShardedExecutor`:
+    ``block_scores``, its column block ``lo``/``hi``/``width`` and ``comm``), without the full scores
+    (collective; the same metrics on every rank, bit for bit those of one process).
+
+    Each rank scores its column block.  A hard answer's score comes from its owner (one all-reduce of the
+    (B, K) scores, every other rank adding 0); each rank counts its non-answers scoring above (and at
+    least) it, :func:`filtered_ranks` on the block with the answers' scores as extra,
+    masked columns; one all-reduce sums the counts.  The ranks are then the same integers as over all N.
+    """
+    y = executor.block_scores([q.node for q in queries], batch_size=batch_size).cpu()
+    b = y.shape[0]
+    hard = _pad([q.hard for q in queries])  # (B, K) global ids, -1 = padding
+    k = hard.shape[1]
+    valid = hard >= 0
+    mine = valid & (hard >= executor.lo) & (hard < executor.hi)
+    w = executor.width
+    local = y.gather(1, (hard - executor.lo).clamp(0, max(w - 1, 0))) if w else torch.zeros(b, k)
+    hard_scores = executor.comm.all_reduce_sum(torch.where(mine, local, torch.zeros_like(local)), "hard scores")
+    mask = torch.zeros(b, executor.width + k, dtype=torch.bool)
+    mask[:, executor.width:] = True  # the appended answer scores never count as non-answers
+    for i, q in enumerate(queries):
+        ids = torch.from_numpy(np.concatenate([q.easy, q.hard]).astype(np.int64))
+        ids = ids[(ids >= executor.lo) & (ids < executor.hi)] - executor.lo
+        mask[i, ids] = True
+    counts = torch.zeros(2 * b * k + 1, dtype=torch.float64)
+    if bool(torch.isnan(y).any()) or bool(torch.isnan(hard_scores).any()):
+        counts[-1] = 1.0  # every rank raises filtered_ranks' error
+    else:
+        ext = torch.where(valid, executor.width + torch.arange(k).expand(b, k), torch.full_like(hard, -1))
+        r = filtered_ranks(torch.cat([y, hard_scores], 1), mask, ext)
+        counts[: b * k] = torch.nan_to_num(r["optimistic"] - 1.0).flatten()
+        counts[b * k: 2 * b * k] = torch.nan_to_num(r["pessimistic"] - 1.0).flatten()
+    total = executor.comm.all_reduce_sum(counts, "rank counts")
+    if total[-1] > 0:
+        raise ValueError("scores contain NaN")
+    greater, greater_equal = total[: b * k].view(b, k), total[b * k: 2 * b * k].view(b, k)
+    nan = torch.tensor(math.nan, dtype=torch.float64)
+    # the same float64 expressions as filtered_ranks over all N (the counts are the same integers)
+    ranks = {"optimistic": torch.where(valid, 1.0 + greater, nan),
+             "average": torch.where(valid, 1.0 + greater + (greater_equal - greater) / 2.0, nan),
+             "pessimistic": torch.where(valid, 1.0 + greater_equal, nan)}
+    return {tie: query_metrics(r) for tie, r in ranks.items()}
+
+
 def evaluate_queries(
     executor,
     queries: Sequence[EvalQuery],
@@ -186,8 +232,8 @@ def evaluate_queries(
         sums: dict[str, dict[str, float]] = {t: {} for t in TIES}
         for lo in range(0, len(group), batch_size):
             chunk = group[lo : lo + batch_size]
-            if hasattr(executor, "rank_batch"):  # a sharded rank: its column block, no full scores (engine.exec.sharded)
-                per_query = executor.rank_batch(chunk, batch_size=batch_size)
+            if hasattr(executor, "block_scores"):  # a sharded rank: its column block, no full scores (engine.exec.sharded)
+                per_query = rank_batch_sharded(executor, chunk, batch_size=batch_size)
             else:
                 scores = executor.scores([q.node for q in chunk], batch_size=batch_size)
                 if not isinstance(scores, torch.Tensor):

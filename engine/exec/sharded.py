@@ -33,7 +33,6 @@ sparse sets, kept trace values, lazy artifacts.
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence, cast
 
 import numpy as np
@@ -395,50 +394,6 @@ class ShardedExecutor(Executor):
         for idx, y in Executor.iter_scores(self, queries, batch_size=batch_size):
             out[torch.tensor(idx, device=self.device)] = y
         return out
-
-    def rank_batch(self, queries: Sequence[Any], *, batch_size: int = 1024) -> dict[str, dict[str, torch.Tensor]]:
-        """:func:`engine.eval.metrics.rank_batch` of these :class:`~engine.eval.metrics.EvalQuery` without the full
-        scores (collective; the same metrics on every rank, bit for bit those of one process).
-
-        Each rank scores its column block.  A hard answer's score comes from its owner (one all-reduce of the
-        (B, K) scores, every other rank adding 0); each rank counts its non-answers scoring above (and at
-        least) it, :func:`~engine.eval.metrics.filtered_ranks` on the block with the answers' scores as extra,
-        masked columns; one all-reduce sums the counts.  The ranks are then the same integers as over all N.
-        """
-        from engine.eval.metrics import _pad, filtered_ranks, query_metrics
-
-        y = self.block_scores([q.node for q in queries], batch_size=batch_size).cpu()
-        b = y.shape[0]
-        hard = _pad([q.hard for q in queries])  # (B, K) global ids, -1 = padding
-        k = hard.shape[1]
-        valid = hard >= 0
-        mine = valid & (hard >= self.lo) & (hard < self.hi)
-        local = y.gather(1, (hard - self.lo).clamp(0, max(self.width - 1, 0))) if self.width else torch.zeros(b, k)
-        hard_scores = self.comm.all_reduce_sum(torch.where(mine, local, torch.zeros_like(local)), "hard scores")
-        mask = torch.zeros(b, self.width + k, dtype=torch.bool)
-        mask[:, self.width:] = True  # the appended answer scores never count as non-answers
-        for i, q in enumerate(queries):
-            ids = torch.from_numpy(np.concatenate([q.easy, q.hard]).astype(np.int64))
-            ids = ids[(ids >= self.lo) & (ids < self.hi)] - self.lo
-            mask[i, ids] = True
-        counts = torch.zeros(2 * b * k + 1, dtype=torch.float64)
-        if bool(torch.isnan(y).any()) or bool(torch.isnan(hard_scores).any()):
-            counts[-1] = 1.0  # every rank raises filtered_ranks' error
-        else:
-            ext = torch.where(valid, self.width + torch.arange(k).expand(b, k), torch.full_like(hard, -1))
-            r = filtered_ranks(torch.cat([y, hard_scores], 1), mask, ext)
-            counts[: b * k] = torch.nan_to_num(r["optimistic"] - 1.0).flatten()
-            counts[b * k: 2 * b * k] = torch.nan_to_num(r["pessimistic"] - 1.0).flatten()
-        total = self.comm.all_reduce_sum(counts, "rank counts")
-        if total[-1] > 0:
-            raise ValueError("scores contain NaN")
-        greater, greater_equal = total[: b * k].view(b, k), total[b * k: 2 * b * k].view(b, k)
-        nan = torch.tensor(math.nan, dtype=torch.float64)
-        # the same float64 expressions as filtered_ranks over all N (the counts are the same integers)
-        ranks = {"optimistic": torch.where(valid, 1.0 + greater, nan),
-                 "average": torch.where(valid, 1.0 + greater + (greater_equal - greater) / 2.0, nan),
-                 "pessimistic": torch.where(valid, 1.0 + greater_equal, nan)}
-        return {tie: query_metrics(r) for tie, r in ranks.items()}
 
     def _top_k(self, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-``k`` of every row over all ranks' blocks (ties: smaller id): local top-k, one gather, a stable merge."""
