@@ -281,6 +281,40 @@ class _Run:
         return tuple(out)
 
 
+
+def dense_one_hot_projection(flat: np.ndarray, vals: np.ndarray, counts: np.ndarray, ents: Any, b: int, w: int, *,
+                             negated: bool, want_arg: bool, neg_scale: float,
+                             device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (b, w) projection of b one-hot rows from their matrix rows' entries, without the kernel.
+
+    ``flat`` (E,) int64: each entry's position ``row * w + column`` in the output; ``vals`` (E,) float32 its
+    value; ``counts`` (b,) the entries of each row (in order); ``ents`` the b anchors (each row's witness).
+    Plain: y = the entry, 0 elsewhere.  Negated (QTO): the kernels' float32 ``1 - min(1, s * v)`` on the
+    entries, 1 elsewhere.  Argmax: the anchor where y > 0, else -1.  Returns ``(y, argmax or None)`` on
+    ``device``.
+    """
+    if negated:
+        # the kernels' float32 formula, 1.f - std::min(1.f, s * v), elementwise in float32
+        one = np.float32(1.0)
+        vals = one - np.minimum(one, vals * np.float32(neg_scale))
+        y = np.ones(b * w, dtype=np.float32)
+    else:
+        y = np.zeros(b * w, dtype=np.float32)
+    y[flat] = vals
+    arg = None
+    if want_arg:
+        heads = np.asarray(ents, dtype=np.int32)
+        if negated:
+            a = np.repeat(heads, w)
+            a[flat[vals <= 0]] = -1
+        else:
+            a = np.full(b * w, -1, dtype=np.int32)
+            hit = vals > 0
+            a[flat[hit]] = np.repeat(heads, counts)[hit]
+        arg = torch.from_numpy(a).view(b, w).to(device)
+    return torch.from_numpy(y).view(b, w).to(device), arg
+
+
 class Executor:
     """Runs batches of queries over ``artifact``'s relation matrices.
 
@@ -516,26 +550,8 @@ class Executor:
         # numpy on the host: for a batch of 16 rows, 1.5-2x fewer microseconds than the same steps in torch
         lens = np.diff(indptr)
         flat = np.repeat(np.arange(b, dtype=np.int64) * n, lens) + cols
-        if negated:
-            # the kernels' float32 formula, 1.f - std::min(1.f, s * v), elementwise in float32
-            one = np.float32(1.0)
-            vals = one - np.minimum(one, vals * np.float32(self.neg_scale))
-            y = np.ones(b * n, dtype=np.float32)
-        else:
-            y = np.zeros(b * n, dtype=np.float32)
-        y[flat] = vals
-        arg = None
-        if want_arg:
-            heads = np.asarray(ents, dtype=np.int32)
-            if negated:
-                a = np.repeat(heads, n)
-                a[flat[vals <= 0]] = -1
-            else:
-                a = np.full(b * n, -1, dtype=np.int32)
-                hit = vals > 0
-                a[flat[hit]] = np.repeat(heads, lens)[hit]
-            arg = torch.from_numpy(a).view(b, n).to(self.device)
-        return torch.from_numpy(y).view(b, n).to(self.device), arg
+        return dense_one_hot_projection(flat, vals, lens, ents, b, n, negated=negated, want_arg=want_arg,
+                                        neg_scale=self.neg_scale, device=self.device)
 
     # ------------------------------------------------------------------------ forward pass
     def _eval(self, nodes: list[Node], path: tuple[int, ...], run: _Run) -> NodeValue:

@@ -43,7 +43,7 @@ from kge.rows import RowBlock
 from kge.sharding import ColumnShard
 from kgreason.errors import UserError
 
-from engine.exec.executor import Executor, QueryResult, _topk_stable, _Witness
+from engine.exec.executor import Executor, QueryResult, _topk_stable, _Witness, dense_one_hot_projection
 from engine.lang import optable
 from engine.lang.query import Node
 
@@ -259,27 +259,9 @@ class ShardedExecutor(Executor):
         pos = np.repeat(start - (np.cumsum(cnt) - cnt), cnt) + np.arange(total, dtype=np.int64)
         tail_ptr = rows_obj.shard.tail_ptr
         local = rows_obj.shard.tails[tail_ptr[rel_np[rep]] + rows_obj.shard.col[pos]]
-        flat = rep * w + local
         vals = rows_obj.shard.val[pos]
-        if negated:
-            one = np.float32(1.0)
-            vals = one - np.minimum(one, vals * np.float32(self.neg_scale))
-            y = np.ones(b * w, dtype=np.float32)
-        else:
-            y = np.zeros(b * w, dtype=np.float32)
-        y[flat] = vals
-        arg = None
-        if want_arg:
-            heads = np.asarray(ents, dtype=np.int32)
-            if negated:
-                a = np.repeat(heads, w)
-                a[flat[vals <= 0]] = -1
-            else:
-                a = np.full(b * w, -1, dtype=np.int32)
-                hit = vals > 0
-                a[flat[hit]] = np.repeat(heads, cnt)[hit]
-            arg = torch.from_numpy(a).view(b, w).to(self.device)
-        return torch.from_numpy(y).view(b, w).to(self.device), arg
+        return dense_one_hot_projection(rep * w + local, vals, cnt, ents, b, w, negated=negated, want_arg=want_arg,
+                                        neg_scale=self.neg_scale, device=self.device)
 
     def _project_rows(self, x: Any, rels: list[int], negated: bool, want_arg: bool,
                       strategy: str = "auto", *, keep_sparse: bool = False):
