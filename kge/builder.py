@@ -476,15 +476,15 @@ def _check_memory(config: BuildConfig, kg, train_cfg, progress: bool) -> tuple[d
     else:
         ranks = sorted((x for x in CANDIDATE_RANKS if train_cfg.max_rank is None or x <= train_cfg.max_rank),
                        reverse=True) or [min(CANDIDATE_RANKS)]
-        for rank in ranks:
-            est = estimate(rank)
-            if not config.memory_check or available is None or est["total_bytes"] <= available:
-                break
-        if rank != ranks[0] and est["total_bytes"] <= (available or 0):
+        tried = [(x, estimate(x)) for x in ranks]  # largest first
+        fitting = [(x, e) for x, e in tried
+                   if not config.memory_check or available is None or e["total_bytes"] <= available]
+        rank, est = fitting[0] if fitting else tried[-1]  # none fits: the smallest, refused below
+        if fitting and rank != ranks[0]:
             train_cfg = replace(train_cfg, max_rank=rank)
             if progress:
-                print(f"memory: rank {ranks[0]} would need an estimated {_fmt_bytes(estimate(ranks[0])['total_bytes'])}"
-                      f" but {_fmt_bytes(available)} is available (MemAvailable): the time budget picks a rank up to "
+                print(f"memory: rank {ranks[0]} would need an estimated {_fmt_bytes(tried[0][1]['total_bytes'])} "
+                      f"but {_fmt_bytes(available)} is available (MemAvailable): the time budget picks a rank up to "
                       f"{rank}", file=sys.stderr)
     info: dict[str, Any] = {**est, "rank_assumed": rank, "available_bytes": available}
     parts = ", ".join(f"{k.replace('_', ' ')} {_fmt_bytes(v)}" for k, v in est.items()
