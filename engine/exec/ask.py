@@ -57,7 +57,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -300,12 +300,15 @@ class AskSettings:
 @dataclass(frozen=True)
 class PlanRequest:
     """What a planner is asked: ``relations`` are candidate relation names, nearest first;
-    ``previous`` the plans of the first round (``None`` in the first round)."""
+    ``previous`` the plans of the first round (``None`` in the first round); ``continuations`` the
+    relations that continue each relation path that exists from the topic in the KG (``()``: those leaving
+    the topic), up to ``max_hops`` steps (:meth:`Asker.continuations`); empty when not known."""
 
     question: str
     topic: str
     relations: tuple[str, ...]
     previous: tuple[tuple[str, ...], ...] | None = None
+    continuations: Mapping[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -762,7 +765,9 @@ class Asker:
         plans: dict[int, list[Plan]] = {id(r): [] for r in live}
         if planner is not None and live:
             near = self._nearest_relations([texts[id(r)] for r in live], s.candidate_relations)
-            reqs = [PlanRequest(r.question, r.topic, tuple(rel_names[i] for i in nr)) for r, nr in zip(live, near)]
+            conts = {id(r): self.continuations(int(r.topic_id), s.max_hops) for r in live}
+            reqs = [PlanRequest(r.question, r.topic, tuple(rel_names[i] for i in nr), continuations=conts[id(r)])
+                    for r, nr in zip(live, near)]
             replies = self._call_planner(planner, reqs, live, round_=1)
             final = replies
             if s.replan:
@@ -783,7 +788,8 @@ class Asker:
                     cand = cand[: s.candidate_relations]
                     prev = tuple(tuple(str(x) for x in p) for p in rep.plans if isinstance(p, (list, tuple)))
                     again.append(r)
-                    again_req.append(PlanRequest(r.question, r.topic, tuple(rel_names[i] for i in cand), prev))
+                    again_req.append(PlanRequest(r.question, r.topic, tuple(rel_names[i] for i in cand), prev,
+                                                 continuations=conts[id(r)]))
                 if again:
                     second = self._call_planner(planner, again_req, again, round_=2)
                     by_id = {id(r): rep for r, rep in zip(again, second)}
@@ -1012,6 +1018,15 @@ class Asker:
             self._seq_cache.clear()
         self._seq_cache[key] = out
         return out
+
+    def continuations(self, topic: int, max_hops: int) -> dict[tuple[str, ...], tuple[str, ...]]:
+        """The relation names that continue each relation path existing from ``topic`` (key ``()``: those
+        leaving it), from :meth:`reachable_sequences`: what a planner may name next after each prefix."""
+        names = self.retriever.graph.relation_names
+        out: dict[tuple[str, ...], list[str]] = {}
+        for seq in self.reachable_sequences(topic, max_hops)[0]:
+            out.setdefault(tuple(names[i] for i in seq[:-1]), []).append(names[seq[-1]])
+        return {k: tuple(v) for k, v in out.items()}
 
     def _reachable(self, topic: int, max_hops: int) -> tuple[list[tuple[int, ...]], bool]:
         ip, orel = self._out_relations()
