@@ -119,7 +119,7 @@ def test_path_query_matches_the_metaqa_converter():
 
 
 def test_settings_are_checked():
-    with pytest.raises(UserError, match="k must be"):
+    with pytest.raises(UserError, match=r"^--k must be >= 1, got 0$"):  # the flag's words, from code too
         AskSettings(k=0)
     with pytest.raises(UserError, match="pathfinding"):
         AskSettings(mode="dfs")
@@ -198,12 +198,12 @@ def test_vote_ranking_matches_brute_force_on_random_scores(seed):
 
 def test_vote_settings_are_checked():
     for bad in (0, 0.0, -1.0, True, 1000.0):
-        with pytest.raises(UserError, match="vote_temperature"):
+        with pytest.raises(UserError, match="--vote-temperature must be"):
             AskSettings(vote_temperature=bad)
-    with pytest.raises(UserError, match="vote_paths"):
+    with pytest.raises(UserError, match="--vote-paths must be"):
         AskSettings(vote_paths=0)
     for name in ("pick_vote", "empty_variants"):
-        with pytest.raises(UserError, match=f"ask: {name} must be true or false, got 'yes'"):
+        with pytest.raises(UserError, match="must be true or false, got 'yes'"):
             AskSettings(**{name: "yes"})
 
 
@@ -532,7 +532,7 @@ def test_cli_with_the_simulated_llm_over_http(kg, questions, tmp_path):
     (["q", "--questions", "f"], "exactly one"),
     (["   "], "the question is empty"),
     (["q", "--k", "0"], "--k must be >= 1"),
-    (["q", "--max-hops", "9"], "--max-hops must be <= 6"),
+    (["q", "--max-hops", "9"], "--max-hops must be in [1, 6], got 9"),
     (["q", "--encoder-kwargs", "{"], "--encoder-kwargs: not JSON"),
     (["q", "--llm-base-url", "http://x/v1"], "--llm-base-url needs --llm"),
     (["q", "--no-llm-reasoner"], "--no-llm-reasoner needs --llm"),
@@ -544,6 +544,27 @@ def test_cli_bad_input_is_one_error_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flags", [["--llm-temperature", "0.5"], ["--llm-n", "3"], ["--llm-json", "schema"],
+                                   ["--llm-logprobs"]])
+def test_cli_llm_flags_the_loop_does_not_use_are_refused(flags, capsys, monkeypatch):
+    """Issue 31: engine.ask took --llm-temperature, --llm-n, --llm-json (and --llm-logprobs) and ignored them
+    (its planner and reasoner ask for one reply at temperature 0, with their own --llm-ask-json): now one
+    error line naming the flag and why, before anything is loaded."""
+    from engine.ask import main, parse_args
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    assert main(["q", "--llm", *flags]) == 2
+    err = capsys.readouterr().err
+    from engine.ask import UNUSED_LLM_FLAGS
+
+    assert err == f"error: {flags[0]} is not used by engine.ask: {UNUSED_LLM_FLAGS[flags[0]]}\n", err
+    assert main(["q", *flags]) == 2  # without --llm: the rule of every --llm CLI comes first
+    assert capsys.readouterr().err == f"error: {flags[0]} needs --llm\n"
+    # the flags the loop does use still parse into the client's config
+    cfg = parse_args(["q", "--llm", "--llm-max-tokens", "96", "--llm-timeout", "5", "--no-llm-cache"])
+    assert (cfg.llm.max_tokens, cfg.llm.timeout_s, cfg.llm.use_cache) == (96, 5.0, False)
 
 
 def test_cli_bad_questions_file_and_unknown_topic(kg, tmp_path, capsys):
@@ -887,7 +908,7 @@ def test_answer_phrase_and_new_settings_validation():
     assert answer_phrase("") == ""
     for bad in (dict(length_prior=-0.1), dict(length_prior=2.0), dict(answer_type_weight=-1.0),
                 dict(answer_type_weight=True), dict(length_pivot=-1), dict(range_examples=0)):
-        with pytest.raises(UserError, match="ask: " + next(iter(bad))):
+        with pytest.raises(UserError, match="^--" + next(iter(bad)).replace("_", "-") + " must be"):
             AskSettings(**bad)
 
 
@@ -978,9 +999,9 @@ def test_cli_exemplars_and_settings(kg, questions, tmp_path):
                   "--exemplars", str(ex), "--json", q])
     row = json.loads(out)
     assert tuple(row["paths"][0]["relations"]) == path
-    with pytest.raises(UserError, match="exemplar_weight"):
+    with pytest.raises(UserError, match="--exemplar-weight must be"):
         AskSettings(exemplar_weight=-1.0)
-    with pytest.raises(UserError, match="exemplar_k"):
+    with pytest.raises(UserError, match="--exemplar-k must be"):
         AskSettings(exemplar_k=0)
     _, eng, ret = kg
     with pytest.raises(UserError, match="exemplar 1: unknown relation 'nope'"):

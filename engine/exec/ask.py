@@ -61,7 +61,12 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from engine.exec.context import CONTEXT_STYLES, ContextPath, format_context
+from engine.exec.ask_settings import (ANSWER_TYPE_WEIGHT, ASK_MODES, EMBEDDING_CANDIDATES, EXEMPLAR_K,  # noqa: F401
+                                      EXEMPLAR_WEIGHT, KIND_COVERAGE, KIND_WEIGHT, KIND_WORDS, LENGTH_PENALTY,
+                                      LENGTH_PIVOT, LENGTH_PRIOR, LEXICAL_WEIGHT, PLAN_VARIANTS, RANGE_EXAMPLES,
+                                      VOTE_PATHS, VOTE_TEMPERATURE, AskSettings, PlanSettings, ReasonSettings,
+                                      ResultSettings, RetrieveSettings, ScoreSettings, VoteSettings)
+from engine.exec.context import ContextPath, format_context
 from engine.exec.explain import Answer
 from engine.lang.query import Anchor, Complement, Intersection, Node, Projection, named, to_sexpr
 from engine.paths import PathRetriever, Plan, PlanStep, relation_text
@@ -71,6 +76,12 @@ from kgreason.files import read_json_objects, relation_path_field, text_field
 __all__ = [
     "ASK_MODES",
     "AskSettings",
+    "RetrieveSettings",
+    "PlanSettings",
+    "ScoreSettings",
+    "ReasonSettings",
+    "VoteSettings",
+    "ResultSettings",
     "AskAnswer",
     "AskPath",
     "AskResult",
@@ -93,28 +104,10 @@ __all__ = [
     "vote_ranking",
 ]
 
-ASK_MODES = ("pathfinding", "heuristic")
-#: Embedding-only retrieval's cost per hop beyond the first (see AskSettings.length_penalty).
-LENGTH_PENALTY = 0.05
-#: Answer-type term and question-length prior of embedding-only retrieval (AskSettings.answer_type_weight,
-#: range_examples, length_prior, length_pivot), chosen on MetaQA dev questions (docs/ask.md).
-ANSWER_TYPE_WEIGHT = 0.7
-RANGE_EXAMPLES = 6
-#: Kind term of embedding-only retrieval (AskSettings.kind_weight, kind_coverage): the question's answer
-#: phrase against the kind of entity a path ends in, read from the KG (Asker.kind_text), chosen on MetaQA
-#: dev questions (docs/ask.md).
-KIND_WEIGHT = 1.5
-KIND_COVERAGE = 0.5
-KIND_WORDS = 1
 #: A relation whose tails are at least this share of a larger relation's tails reads as that one's kind.
 KIND_CONTAINMENT = 0.9
 #: Relations named per side of a kind text (the most covering first): a bound on the text's length.
 KIND_RELATIONS = 8
-LENGTH_PRIOR = 0.04
-LENGTH_PIVOT = 8
-#: Lexical term of embedding-only retrieval (AskSettings.lexical_weight), chosen on MetaQA dev questions
-#: (docs/ask.md): the F1 between the relations a path follows and those the question names.
-LEXICAL_WEIGHT = 0.6
 #: English function words (and the question words) never read as naming a relation; words shorter than
 #: :data:`MIN_WORD` letters are never read either.
 FUNCTION_WORDS = frozenset("""
@@ -140,160 +133,8 @@ WH_CENTRE = ("who", "what", "which", "when", "where", "whom", "whose", "how many
 FILLER_WORDS = frozenset("a an the is are was were be been being do does did has have had can could will "
                          "would shall should may might must".split())
 _WH = re.compile(r"\b(" + "|".join(WH_WORDS) + r")\b", re.IGNORECASE)
-#: Exemplar vote defaults (AskSettings.exemplar_weight / exemplar_k), chosen on held-out MetaQA dev exemplars.
-EXEMPLAR_WEIGHT = 4.0
-EXEMPLAR_K = 3
-#: Embedding-only paths shown to the reasoner beside the planned ones (AskSettings.embedding_candidates):
-#: off by default, no gain measured on MetaQA (docs/ask.md).
-EMBEDDING_CANDIDATES = 0
-#: Plans of several steps with one step replaced, shown beside the planned paths (AskSettings.plan_variants).
-PLAN_VARIANTS = 4
-#: Answers without a reasoner's pick: a vote of the top candidate paths (AskSettings.vote_paths /
-#: vote_temperature), chosen on MetaQA dev questions (docs/ask.md).
-VOTE_PATHS = 16
-VOTE_TEMPERATURE = 0.1
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 _WORD = re.compile(r"\S+")
-
-
-@dataclass(frozen=True, kw_only=True)
-class AskSettings:
-    """How the loop runs.
-
-    Attributes:
-        k: candidate relation paths kept per question (default 16, KARPA's K).
-        mode: retrieval of planned paths: ``"pathfinding"`` (KARPA-P, default) or ``"heuristic"`` (KARPA-H).
-        max_hops: longest relation path (embedding-only retrieval and plans; default 3).
-        candidate_relations: relations shown to the planner (default 30).
-        answers: answers returned per question (default 10).
-        replan: ask the planner a second time with the candidates of its first plans (default on).
-        min_step_similarity: a plan step whose nearest relation has a lower cosine similarity names
-            nothing in the KG and drops its plan (default 0.2).
-        context: the reasoning prompt's KG context format: ``triples``, ``lists`` or ``yaml`` (default).
-        max_context_tokens: bound on the context's size in tokens (default 1,500).
-        tails_per_path: tail entities per path shown to the reasoner (default 20).
-        exclude_topic: drop the topic entity from the answers (default on).
-        explain: executor explanations on the answers (default on).
-        length_penalty: embedding-only retrieval adds this much cost per hop beyond the first
-            (default :data:`LENGTH_PENALTY`, chosen on MetaQA's dev questions: docs/ask.md).
-        length_prior: and ``length_prior · (length_pivot − words)`` per hop beyond the first, ``words``
-            the question's word count without its topic: short questions pay more for long paths, questions
-            longer than the pivot less (defaults :data:`LENGTH_PRIOR`, :data:`LENGTH_PIVOT`; 0 turns it off).
-        length_pivot: see ``length_prior``.
-        answer_type_weight: embedding-only retrieval subtracts this times the cosine between the
-            question's answer phrase (:func:`answer_phrase`, e.g. "which movies") and the path's range
-            text, the names of the ``range_examples`` most frequent tails of its last relation in the KG,
-            both centred (default :data:`ANSWER_TYPE_WEIGHT`; 0 turns it off).
-        range_examples: tail names per relation in its range text (default :data:`RANGE_EXAMPLES`).
-        kind_weight: embedding-only retrieval subtracts this times the cosine between the question's answer
-            phrase and the *kind text* of the path's last relation (:meth:`Asker.kind_text`: what the
-            entities it reaches are, read from the relations they take part in: "thing with directed by,
-            has genre, ..." for films, "the directed by or written by" for people), both centred over the
-            relations; unlike the range text it tells films from people when both are only names
-            (default :data:`KIND_WEIGHT`; 0 turns it off).
-        kind_words: the kind term's question side is :func:`kind_phrase`: the question word and this many
-            words after it, articles and auxiliaries skipped (default :data:`KIND_WORDS`).
-        kind_coverage: a relation enters a kind text when at least this share of the relation's tails
-            are its heads (an attribute they have) or its tails (a role they play) (default
-            :data:`KIND_COVERAGE`; in (0, 1]).
-        lexical_weight: embedding-only retrieval subtracts this times the F1 between the set of relations a
-            path follows (directions ignored) and the set the question names word for word
-            (:meth:`Asker.named_relations`: a question word sharing a prefix of at least 4 letters, and
-            60% of the shorter word, with a word of the relation's name: "writer" names ``written_by``).
-            It rewards paths that follow every relation the question names and nothing else, so it also
-            weighs in on the path's length (default :data:`LEXICAL_WEIGHT`; 0 turns it off).
-        exemplar_weight: with exemplars (``Asker(exemplars=...)``), embedding-only retrieval subtracts
-            this times a path's exemplar vote from its cost (default :data:`EXEMPLAR_WEIGHT`).
-        embedding_candidates: with planned paths whose candidates lack the best embedding-only path of a
-            planned length, the best this many embedding-only paths of the planned lengths not among them are
-            added after them (source ``"embedding"``),
-            so the reasoner also sees what the question's wording points at when a plan step is wrong
-            (default :data:`EMBEDDING_CANDIDATES`, 0: plans only).
-        plan_variants: for a plan of two or more steps, its variants with one step replaced by another
-            relation, the best this many by the embedding-only cost, are added after the planned candidates
-            (source ``"plan-variant"``; run like a plan even where the observed KG lacks them): a plan with
-            one wrong step still offers the reasoner the right path (default :data:`PLAN_VARIANTS`; 0: off).
-            A 1-step plan has none: its retrieval already holds every relation leaving the topic.
-        empty_variants: also show the plan variants the executor finds no answers for (default off: they
-            offer the reasoner nothing to pick; the trace lists them, step ``"variants"``).
-        pick_vote: a reasoner's pick of paths without named answers keeps the entities the chosen paths
-            reach, ordered by the vote of the candidate paths (:meth:`_vote`; the chosen paths weigh as
-            much as the cheapest candidate) instead of by the chosen paths' own scores, which tie on an
-            exact KG: of a picked path's answers, those other candidate paths also reach come first
-            (default on; not with ``vote_paths=1``).
-        exemplar_k: the vote is the mean of the ``exemplar_k`` highest cosines between the question
-            and the exemplar questions labelled with that path (default :data:`EXEMPLAR_K`).
-        vote_paths: answers not picked by a reasoner (no reasoner, or it failed) are ranked by a vote of the
-            first this many candidate paths that have answers (:func:`vote_ranking`): an entity's vote is
-            the sum over those paths of ``exp(-(cost - lowest cost) / vote_temperature)`` times its executor
-            score on the path, so where the retrieval hesitates between paths, answers several of them reach
-            come first (default :data:`VOTE_PATHS`; 1: the best path's answers, ``selected_by="best-path"``).
-        vote_temperature: see ``vote_paths`` (default :data:`VOTE_TEMPERATURE`; must be > 0).
-    """
-
-    k: int = 16
-    mode: str = "pathfinding"
-    max_hops: int = 3
-    candidate_relations: int = 30
-    answers: int = 10
-    replan: bool = True
-    min_step_similarity: float = 0.2
-    context: str = "yaml"
-    max_context_tokens: int = 1500
-    tails_per_path: int = 20
-    exclude_topic: bool = True
-    explain: bool = True
-    length_penalty: float = LENGTH_PENALTY
-    length_prior: float = LENGTH_PRIOR
-    length_pivot: int = LENGTH_PIVOT
-    answer_type_weight: float = ANSWER_TYPE_WEIGHT
-    range_examples: int = RANGE_EXAMPLES
-    kind_weight: float = KIND_WEIGHT
-    kind_coverage: float = KIND_COVERAGE
-    kind_words: int = KIND_WORDS
-    lexical_weight: float = LEXICAL_WEIGHT
-    exemplar_weight: float = EXEMPLAR_WEIGHT
-    exemplar_k: int = EXEMPLAR_K
-    embedding_candidates: int = EMBEDDING_CANDIDATES
-    plan_variants: int = PLAN_VARIANTS
-    vote_paths: int = VOTE_PATHS
-    vote_temperature: float = VOTE_TEMPERATURE
-    empty_variants: bool = False
-    pick_vote: bool = True
-
-    def __post_init__(self) -> None:
-        for name, low in (("k", 1), ("max_hops", 1), ("candidate_relations", 1), ("answers", 1),
-                          ("max_context_tokens", 0), ("tails_per_path", 1), ("exemplar_k", 1),
-                          ("length_pivot", 0), ("range_examples", 1), ("embedding_candidates", 0),
-                          ("plan_variants", 0), ("vote_paths", 1), ("kind_words", 0)):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise UserError(f"ask: {name} must be an integer >= {low}, got {v!r}")
-        if self.mode not in ASK_MODES:
-            raise unknown_name("ask mode", self.mode, ASK_MODES)
-        if self.context not in CONTEXT_STYLES:
-            raise unknown_name("context style", self.context, CONTEXT_STYLES)
-        if not (isinstance(self.length_penalty, (int, float)) and 0.0 <= self.length_penalty <= 1.0):
-            raise UserError(f"ask: length_penalty must be in [0, 1], got {self.length_penalty!r}")
-        for name, hi in (("length_prior", 1.0), ("answer_type_weight", 10.0), ("lexical_weight", 10.0),
-                         ("kind_weight", 10.0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0.0 <= v <= hi):
-                raise UserError(f"ask: {name} must be in [0, {hi:g}], got {v!r}")
-        for name in ("empty_variants", "pick_vote"):
-            if not isinstance(getattr(self, name), bool):
-                raise UserError(f"ask: {name} must be true or false, got {getattr(self, name)!r}")
-        c = self.kind_coverage
-        if isinstance(c, bool) or not (isinstance(c, (int, float)) and 0.0 < c <= 1.0):
-            raise UserError(f"ask: kind_coverage must be in (0, 1], got {c!r}")
-        t = self.vote_temperature
-        if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0.0 < t <= 100.0):
-            raise UserError(f"ask: vote_temperature must be in (0, 100], got {t!r}")
-        w = self.exemplar_weight
-        if isinstance(w, bool) or not (isinstance(w, (int, float)) and 0.0 <= w <= 10.0):
-            raise UserError(f"ask: exemplar_weight must be in [0, 10], got {w!r}")
-        if not -1.0 <= self.min_step_similarity <= 1.0:
-            raise UserError(f"ask: min_step_similarity must be in [-1, 1], got {self.min_step_similarity}")
 
 
 # ------------------------------------------------------------------------------ planner / reasoner
