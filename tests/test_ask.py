@@ -127,6 +127,33 @@ def test_settings_are_checked():
         AskSettings(context="xml")
 
 
+def test_engine_ask_keeps_one_asker_per_settings(kg, questions, monkeypatch):
+    """Issue 31: Engine.ask built a new Asker (enumeration, path embeddings, kind texts) per call; now one per
+    (retriever, settings, verbalizer, exemplars), and the answers are the same as a fresh one's."""
+    import engine.exec.ask as ask_mod
+
+    art, _, ret = kg
+    eng = Engine.load(art)  # an engine of its own: the module's fixture engine may hold Askers already
+    built = []
+
+    class Counting(ask_mod.Asker):
+        def __init__(self, *a, **kw):
+            built.append(kw.get("settings"))
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(ask_mod, "Asker", Counting)
+    texts = [q for q, _, _ in questions[:4]]
+    first = [r.to_json() for r in eng.ask(texts, retriever=ret, vote_paths=4)]
+    again = [r.to_json() for r in eng.ask(texts, retriever=ret, vote_paths=4)]
+    assert len(built) == 1
+    for d in first + again:
+        d.pop("seconds")
+    assert first == again
+    eng.ask(texts[:1], retriever=ret, vote_paths=2)  # other settings: another Asker, the first one kept
+    eng.ask(texts[:1], retriever=ret, vote_paths=4)
+    assert [s.vote_paths for s in built] == [4, 2]
+
+
 # ------------------------------------------------------------------------------ embedding-only
 def test_embedding_only_answers_are_the_best_paths_executor_answers(kg, questions):
     _, eng, ret = kg
