@@ -140,7 +140,7 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
     given = [flag for flag in UNUSED_LLM_FLAGS if getattr(ns, flag[2:].replace("-", "_"), None) not in (None, False)]
     if given:
         raise UserError(f"{given[0]} is not used by engine.ask: {UNUSED_LLM_FLAGS[given[0]]}")
-    return replace(cfg, llm=llm)
+    return replace(cfg, llm=llm, llm_ask_json=cfg.llm_ask_json or "off")
 
 
 def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:
