@@ -1127,6 +1127,35 @@ class _CountingExecutor:
         return getattr(self.inner, name)
 
 
+def test_the_vote_weighs_every_candidate_on_one_scale(kg, questions):
+    """Issue 31: with a plan the vote mixed the retriever's plan costs (>= 0) with the plan variants' and
+    embedding paths' embedding-only costs (below 0 where the kind and lexical terms weigh in), so a variant
+    could outweigh the plan by exp(cost gap / 0.1).  Every candidate now carries its embedding-only cost
+    (one scale, whatever its source) and the vote weighs by it; without a plan it is the cost itself."""
+    from engine.exec.ask import Asker, vote_ranking
+
+    _, eng, ret = kg
+    q, gold, _ = questions[0]
+
+    class Gold:
+        def plan(self, requests):
+            return [PlanReply(plans=(tuple(gold),)) for _ in requests]
+
+    asker = Asker(eng, ret, settings=AskSettings(explain=False, embedding_candidates=2))
+    res = asker.ask([q], planner=Gold())[0]
+    assert res.retrieval == "plan" and len({p.source for p in res.paths}) > 1
+    want = asker.score_sequences([[p.relations for p in res.paths]], [question_text(q)])[0]
+    assert [p.embedding_cost for p in res.paths] == pytest.approx(want.tolist())
+    # the answers are the vote of the first vote_paths paths with answers, weighted by those costs
+    idx = [i for i, p in enumerate(res.paths) if p.answers][:AskSettings().vote_paths]
+    cols = sorted({a.id for i in idx for a in res.paths[i].answers})
+    S = np.array([[next((a.score for a in res.paths[i].answers if a.id == e), 0.0) for e in cols] for i in idx])
+    ents, _ = vote_ranking(S, [res.paths[i].embedding_cost for i in idx], AskSettings().vote_temperature, 10)
+    assert [a.id for a in res.answers] == [cols[c] for c in ents.tolist()]
+    plain = asker.ask([q])[0]  # no plan: the embedding-only cost is the cost
+    assert all(p.embedding_cost == p.cost for p in plain.paths)
+
+
 @pytest.mark.parametrize("pick", [False, True])
 @pytest.mark.parametrize("explain", [False, True])
 def test_each_candidate_path_runs_once_per_question(kg, questions, pick, explain):

@@ -172,7 +172,7 @@ class Asker(PathScorer):
         texts = {id(r): question_text(r.question, r.topic) or r.question for r in live}
         plans = self.plan(live, texts, planner)
         ranked = self.retrieve(live, texts, plans, planner, progress)
-        reach = self.execute(live, ranked)
+        reach = self.execute(live, ranked, self.embedding_costs(live, texts, ranked))
         picked = self.reason(live, reasoner)
         self.vote(live, picked, reach)
         elapsed = time.perf_counter() - t_start
@@ -347,12 +347,25 @@ class Asker(PathScorer):
                 ranked[id(r)] += [v for v in variants[id(r)] if v[0] not in {x[0] for x in extra[id(r)]}]
             r.trace.append({"step": "retrieve", "source": r.retrieval, "plans": [list(p) for p in r.plans],
                             "paths": [[rel_names[x] for x in rels] for rels, _, _, _ in ranked[id(r)]]})
-
         return ranked
 
+    def embedding_costs(self, live: list[AskResult], texts: dict[int, str],
+                        ranked: dict[int, list[tuple[tuple[int, ...], float, str, Any]]]) -> dict[int, list[float]]:
+        """Per question, the embedding-only cost of each candidate (:meth:`score_sequences`): one scale for
+        the paths of every source, which the vote weighs them by.  A candidate of embedding-only retrieval
+        has it as its cost already; only planned questions are scored again."""
+        out = {id(r): [c if src == "embedding" else float("nan") for _, c, src, _ in ranked[id(r)]] for r in live}
+        todo = [r for r in live if any(src != "embedding" for _, _, src, _ in ranked[id(r)])]
+        if todo:
+            got = self.score_sequences([[rels for rels, _, _, _ in ranked[id(r)]] for r in todo],
+                                       [texts[id(r)] for r in todo])
+            for r, costs in zip(todo, got):
+                out[id(r)] = [float(c) for c in costs]
+        return out
+
     # ---------------------------------------------------------------- 4. execute
-    def execute(self, live: list[AskResult], ranked: dict[int, list[tuple[tuple[int, ...], float, str, Any]]]
-                ) -> dict[int, list[tuple[np.ndarray, np.ndarray]]]:
+    def execute(self, live: list[AskResult], ranked: dict[int, list[tuple[tuple[int, ...], float, str, Any]]],
+                embedding_costs: dict[int, list[float]]) -> dict[int, list[tuple[np.ndarray, np.ndarray]]]:
         """Run every candidate path once, all in one executor call (a path two questions share, once), and
         fill each result's ``paths``; returns per question, per path, what it reaches: (entity ids, scores),
         the topic removed when asked.  The answers, the reasoner's context, the vote and the explanations
@@ -362,16 +375,16 @@ class Asker(PathScorer):
         rel_names = self.retriever.graph.relation_names
         reach: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {id(r): [] for r in live}
         nodes: list[Node] = []
-        owners: list[tuple[AskResult, tuple[int, ...], float, str, Any]] = []
+        owners: list[tuple[AskResult, tuple[int, ...], float, str, Any, float]] = []
         for r in live:
-            for rels, c, src, rp in ranked[id(r)]:
+            for (rels, c, src, rp), e in zip(ranked[id(r)], embedding_costs[id(r)]):
                 nodes.append(path_query(int(r.topic_id), rels, exclude_topic=s.exclude_topic))
-                owners.append((r, rels, c, src, rp))
+                owners.append((r, rels, c, src, rp, e))
         if nodes:
             keep = max(s.answers, s.tails_per_path)
             dropped: dict[int, list[list[str]]] = {}
             keys = [to_sexpr(named(node, self.engine.artifact)) for node in nodes]
-            for (r, rels, c, src, rp), key, (ids, vals) in zip(owners, keys, self._execute(nodes, keys)):
+            for (r, rels, c, src, rp, e), key, (ids, vals) in zip(owners, keys, self._execute(nodes, keys)):
                 if s.exclude_topic:
                     mask = ids != int(r.topic_id)
                     ids, vals = ids[mask], vals[mask]
@@ -387,7 +400,8 @@ class Asker(PathScorer):
                 ntails = int(len(tails)) - int(s.exclude_topic and bool(np.any(tails == r.topic_id)))
                 r.paths.append(AskPath(relations=rels, names=tuple(rel_names[x] for x in rels), cost=float(c),
                                        query=key, answers=ans,
-                                       num_tails=max(ntails, 0), source=src, entity_paths=rp.entity_paths))
+                                       num_tails=max(ntails, 0), source=src, entity_paths=rp.entity_paths,
+                                       embedding_cost=e))
                 reach[id(r)].append((ids, vals))
             for r in live:
                 if id(r) in dropped:
@@ -624,7 +638,7 @@ class Asker(PathScorer):
             S = np.zeros((len(idx), len(cols)), dtype=np.float64)
             for k, (ids, vals) in enumerate(rows):
                 S[k, np.searchsorted(cols, ids)] = vals
-            costs = [r.paths[i].cost for i in idx]
+            costs = [r.paths[i].vote_cost for i in idx]  # one scale: the embedding-only cost of every path
             if ch:
                 # The reasoner's paths decide which entities; the other candidates only order them
                 # (an exact KG gives every answer of a path the same score).

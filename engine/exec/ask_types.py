@@ -80,7 +80,14 @@ class Reasoner(Protocol):
 # ------------------------------------------------------------------------------ results
 @dataclass(frozen=True)
 class AskPath:
-    """One candidate relation path: its relations, retrieval cost, the executor's query and answers."""
+    """One candidate relation path: its relations, costs, the executor's query and answers.
+
+    Two costs, lower is better: ``cost`` orders the candidates (the retriever's cost for a planned path,
+    :class:`~engine.paths.PathRetriever`; the embedding-only cost for the others), ``embedding_cost`` is the
+    embedding-only cost of every candidate whatever its source (:mod:`engine.exec.ask_score`: one scale for
+    all of a question's paths), the one the vote weighs them by (:func:`engine.exec.ask.vote_ranking`).
+    Without a plan both are the same number.
+    """
 
     relations: tuple[int, ...]
     names: tuple[str, ...]
@@ -91,9 +98,17 @@ class AskPath:
     num_tails: int  # entities the path reaches in the KG graph (topic excluded when asked)
     source: str  # "plan", "plan-variant" or "embedding"
     entity_paths: tuple = field(default=(), compare=False)  # a few (head, relation, tail) id paths (evidence)
+    embedding_cost: float | None = None  # None: not scored (an AskPath built by hand): the vote reads `cost`
+
+    @property
+    def vote_cost(self) -> float:
+        """The cost the vote weighs this path by: ``embedding_cost``, or ``cost`` where it was not scored."""
+        return self.cost if self.embedding_cost is None else self.embedding_cost
 
     def to_json(self) -> dict[str, Any]:
-        return {"relations": list(self.names), "cost": round(self.cost, 6), "query": self.query,
+        return {"relations": list(self.names), "cost": round(self.cost, 6),
+                "embedding_cost": None if self.embedding_cost is None else round(self.embedding_cost, 6),
+                "query": self.query,
                 "source": self.source, "num_tails": self.num_tails,
                 "answers": [{"entity": a.entity, "id": a.id, "score": a.score} for a in self.answers]}
 
