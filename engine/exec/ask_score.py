@@ -33,13 +33,13 @@ __all__ = ["PathScorer", "KIND_CONTAINMENT", "KIND_RELATIONS"]
 KIND_CONTAINMENT = 0.9
 #: Relations named per side of a kind text (the most covering first): a bound on the text's length.
 KIND_RELATIONS = 8
-#: The path-embedding cache is rewritten once it would grow by 1/_CACHE_GROWTH (Asker._sequence_embeddings).
+#: The path-embedding cache is rewritten once it would grow by 1/_CACHE_GROWTH (PathScorer._sequence_embeddings).
 _CACHE_GROWTH = 8
 
 
 def _read_sequence_cache(path: os.PathLike, width: int) -> dict[str, np.ndarray]:
     """The path-text -> embedding map of a path-embedding cache file (``texts``: N strings, ``emb``: (N, width)
-    finite float32); ``ValueError(why)`` when it is not one (see :meth:`Asker._sequence_embeddings`)."""
+    finite float32); ``ValueError(why)`` when it is not one (see :meth:`PathScorer._sequence_embeddings`)."""
     from engine.paths.embeddings import check_embeddings
 
     with np.load(path, allow_pickle=False) as z:
@@ -178,7 +178,7 @@ class PathScorer:
         The cache is verified when read (:func:`_read_sequence_cache`); a damaged one is dropped and
         rewritten with the texts of this run, or used from memory only when its folder cannot be written,
         with one warning (:func:`engine.paths.embeddings.cache_warning`).  Writes are atomic.  The first call
-        that embeds new texts writes the file; later calls of the same Asker rewrite it only once the texts
+        that embeds new texts writes the file; later calls of the same scorer rewrite it only once the texts
         not in it are at least 1/:data:`_CACHE_GROWTH` of those in it, so a run of many chunks of questions
         (``engine.ask --questions``) writes ~``_CACHE_GROWTH`` times the final size in all rather than the
         whole file per chunk; what is left unwritten is recomputed, and written, by the next run."""

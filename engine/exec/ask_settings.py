@@ -9,7 +9,7 @@ The concerns, in the loop's order (:mod:`engine.exec.ask`)::
 
     RetrieveSettings  how many candidate paths, how long, how plans are retrieved
     PlanSettings      the LLM planner: candidates shown, replanning, plan checks, plan variants
-    ScoreSettings     the embedding-only path score (the terms of :meth:`engine.exec.ask.Asker.score_sequences`)
+    ScoreSettings     the embedding-only path score (the terms of :meth:`engine.exec.ask_score.PathScorer.score_sequences`)
     ReasonSettings    the LLM reasoner: its context, and how a pick of paths is ordered
     VoteSettings      the vote of candidate paths that answers without a reasoner's pick
     ResultSettings    what an answer list holds
