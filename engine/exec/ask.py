@@ -266,50 +266,9 @@ class Asker(PathScorer):
         s = self.settings
         rel_names = self.retriever.graph.relation_names
         planned = [(r, p) for r in live for p in plans[id(r)]]
-        by_q: dict[int, dict[tuple[int, ...], tuple[float, str, Any]]] = {id(r): {} for r in live}
-        if planned:
-            kw: dict[str, Any] = dict(mode=s.mode, k=s.k, progress=progress)
-            if s.mode == "heuristic":
-                kw["max_hops"] = s.max_hops
-            got = self.retriever.retrieve([r.topic_id for r, _ in planned], plans=[p for _, p in planned], **kw)
-            for (r, _), res in zip(planned, got):
-                for path in res.paths:
-                    cur = by_q[id(r)].get(path.relations)
-                    if cur is None or path.cost < cur[0]:
-                        by_q[id(r)][path.relations] = (path.cost, "plan", path)
-            # A plan naming KG relations exactly is a candidate even where the KG lacks its edges: the
-            # executor's calibrated matrices (link prediction) may still answer it.
-            for r, p in planned:
-                rels = tuple(st.relation for st in p.steps)
-                if all(x is not None for x in rels) and rels not in by_q[id(r)]:
-                    by_q[id(r)][rels] = (0.0, "plan", self.retriever._result_path(int(r.topic_id), rels, 0.0))
-        # Around the plan: a plan of several steps with one step replaced by another relation, the best
-        # `plan_variants` of them by the embedding-only cost, after the planned candidates (run on the
-        # calibrated matrices even where the observed KG lacks their edges, like a plan).
-        variants: dict[int, list[tuple[tuple[int, ...], float, str, Any]]] = {id(r): [] for r in live}
-        if planned and s.plan_variants > 0:
-            n_rel = len(rel_names)
-            var_q, var_lists = [], []
-            for r in live:
-                vs: dict[tuple[int, ...], None] = {}
-                for p in plans[id(r)]:
-                    if len(p.steps) < 2:  # a 1-step plan's retrieval already holds every relation of the topic
-                        continue
-                    rels = [st.relation if st.relation is not None else int(self._nearest_relations([st.text], 1)[0][0])
-                            for st in p.steps]
-                    for j in range(len(rels)):
-                        for x in range(n_rel):
-                            v = tuple(rels[:j] + [x] + rels[j + 1:])
-                            if x != rels[j] and v not in by_q[id(r)]:
-                                vs[v] = None
-                if vs:
-                    var_q.append(r)
-                    var_lists.append(list(vs))
-            if var_q:
-                for r, vs, c in zip(var_q, var_lists, self.score_sequences(var_lists, [texts[id(r)] for r in var_q])):
-                    for j in sorted(range(len(vs)), key=lambda j: (c[j], vs[j]))[: s.plan_variants]:
-                        variants[id(r)].append((vs[j], float(c[j]), "plan-variant",
-                                                self.retriever._result_path(int(r.topic_id), vs[j], float(c[j]))))
+        by_q = self._planned_paths(live, planned, progress)
+        variants = (self._plan_variants(live, plans, by_q, texts) if planned and s.plan_variants > 0
+                    else {id(r): [] for r in live})
         for r in live:
             r.retrieval = "plan" if by_q[id(r)] else "embedding"
             if planner is not None and plans[id(r)] and not by_q[id(r)]:
@@ -348,6 +307,65 @@ class Asker(PathScorer):
             r.trace.append({"step": "retrieve", "source": r.retrieval, "plans": [list(p) for p in r.plans],
                             "paths": [[rel_names[x] for x in rels] for rels, _, _, _ in ranked[id(r)]]})
         return ranked
+
+    def _planned_paths(self, live: list[AskResult], planned: list[tuple[AskResult, Plan]], progress: bool
+                       ) -> dict[int, dict[tuple[int, ...], tuple[float, str, Any]]]:
+        """Per question, its plans' paths: ``relations -> (retriever cost, "plan", retriever path)``, the
+        retriever's top ``k`` of each plan merged by lowest cost, and each plan naming KG relations exactly."""
+        s = self.settings
+        by_q: dict[int, dict[tuple[int, ...], tuple[float, str, Any]]] = {id(r): {} for r in live}
+        if planned:
+            kw: dict[str, Any] = dict(mode=s.mode, k=s.k, progress=progress)
+            if s.mode == "heuristic":
+                kw["max_hops"] = s.max_hops
+            got = self.retriever.retrieve([r.topic_id for r, _ in planned], plans=[p for _, p in planned], **kw)
+            for (r, _), res in zip(planned, got):
+                for path in res.paths:
+                    cur = by_q[id(r)].get(path.relations)
+                    if cur is None or path.cost < cur[0]:
+                        by_q[id(r)][path.relations] = (path.cost, "plan", path)
+            # A plan naming KG relations exactly is a candidate even where the KG lacks its edges: the
+            # executor's calibrated matrices (link prediction) may still answer it.
+            for r, p in planned:
+                rels = tuple(st.relation for st in p.steps)
+                if all(x is not None for x in rels) and rels not in by_q[id(r)]:
+                    by_q[id(r)][rels] = (0.0, "plan", self.retriever._result_path(int(r.topic_id), rels, 0.0))
+        return by_q
+
+    def _plan_variants(self, live: list[AskResult], plans: dict[int, list[Plan]],
+                       by_q: dict[int, dict[tuple[int, ...], tuple[float, str, Any]]], texts: dict[int, str]
+                       ) -> dict[int, list[tuple[tuple[int, ...], float, str, Any]]]:
+        """Per question, the best ``plan_variants`` variants of its plans of two or more steps (one step
+        replaced by another relation) not among its planned paths, by the embedding-only cost."""
+        s = self.settings
+        rel_names = self.retriever.graph.relation_names
+        # Around the plan: a plan of several steps with one step replaced by another relation, the best
+        # `plan_variants` of them by the embedding-only cost, after the planned candidates (run on the
+        # calibrated matrices even where the observed KG lacks their edges, like a plan).
+        variants: dict[int, list[tuple[tuple[int, ...], float, str, Any]]] = {id(r): [] for r in live}
+        n_rel = len(rel_names)
+        var_q, var_lists = [], []
+        for r in live:
+            vs: dict[tuple[int, ...], None] = {}
+            for p in plans[id(r)]:
+                if len(p.steps) < 2:  # a 1-step plan's retrieval already holds every relation of the topic
+                    continue
+                rels = [st.relation if st.relation is not None else int(self._nearest_relations([st.text], 1)[0][0])
+                        for st in p.steps]
+                for j in range(len(rels)):
+                    for x in range(n_rel):
+                        v = tuple(rels[:j] + [x] + rels[j + 1:])
+                        if x != rels[j] and v not in by_q[id(r)]:
+                            vs[v] = None
+            if vs:
+                var_q.append(r)
+                var_lists.append(list(vs))
+        if var_q:
+            for r, vs, c in zip(var_q, var_lists, self.score_sequences(var_lists, [texts[id(r)] for r in var_q])):
+                for j in sorted(range(len(vs)), key=lambda j: (c[j], vs[j]))[: s.plan_variants]:
+                    variants[id(r)].append((vs[j], float(c[j]), "plan-variant",
+                                            self.retriever._result_path(int(r.topic_id), vs[j], float(c[j]))))
+        return variants
 
     def embedding_costs(self, live: list[AskResult], texts: dict[int, str],
                         ranked: dict[int, list[tuple[tuple[int, ...], float, str, Any]]]) -> dict[int, list[float]]:
