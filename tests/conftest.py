@@ -27,12 +27,43 @@ DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if torch.cud
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _longest_files_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# ------------------------------------------------------------------ pytest-xdist: the longest files first
+# Under `-n 2 --dist loadfile` each file goes whole to the next free worker, in the order of the workers'
+# collection.  xdist's own order (--loadscope-reorder, its default) is by number of tests, largest first, which
+# puts the files with few but long tests (the distributed groups, nvcc, the CLI fuzzing) last, where one of them
+# keeps one worker busy while the other has nothing left.  Longest first (LPT scheduling) leaves only short
+# files for the end.  The files of the fast lane over ~4 s of CPU, longest first, from the per-test CPU report
+# (KGREASON_TEST_CPU, docs/testing.md; 2026-11-28); the others follow in collection order.  A file missing
+# here or a stale entry costs only balance, never a test.
+LONGEST_FILES = (
+    "test_fuzz_cli.py", "test_dist_shard.py", "test_ops_project_pull.py", "test_ask.py", "test_cuda_compile.py",
+    "test_kge_complex_n3.py", "test_kge_build.py", "test_dist_exec.py", "test_kge_lazy.py", "test_llm_client.py",
+    "test_untrusted_parsers.py", "test_bad_input.py", "test_ops_opcheck.py", "test_imports.py",
+    "test_ask_robust.py", "test_kge_train.py", "test_artifact_verify.py", "test_engine_executor.py",
+    "test_ops_project_multi.py",
+)
+
+
+def pytest_configure(config):
+    # the order LONGEST_FILES gives is the order the files are handed out in (see above)
+    if getattr(config.option, "dist", "no") == "loadfile":
+        config.option.loadscopereorder = False
+
+
+def _longest_files_first(items) -> None:
+    rank = {name: k for k, name in enumerate(LONGEST_FILES)}
+    # a stable sort: the tests of a file keep their order, the files not listed theirs
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 # ------------------------------------------------------------------ caches out of the user's home
