@@ -49,11 +49,12 @@ def run_ranks(args_of_rank, world: int, *, timeout: float = RUN_TIMEOUT_S, modul
     and the test fails showing every rank's stderr.
     """
     port = free_port()
-    if module is None and script is None:  # this file's worker: P forks of one interpreter
+    if module is None and script is None and hasattr(os, "fork"):  # this file's worker: P forks of one interpreter
         return run_forked_ranks(args_of_rank, world, port, timeout)
     procs = []
     for rank in range(world):
-        cmd = [sys.executable, "-m", module] if module else [sys.executable, str(script)]
+        cmd = [sys.executable, "-m", module] if module else [sys.executable, str(script)] if script else \
+            [sys.executable, str(Path(__file__)), "worker"]
         procs.append(subprocess.Popen(cmd + list(args_of_rank(rank)), env=rank_env(rank, world, port), cwd=ROOT,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     out = []
