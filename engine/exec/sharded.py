@@ -28,8 +28,12 @@ k holds the entries of every relation whose *tail* lies in its block ``[lo, hi)`
   then :meth:`Executor._explain <engine.exec.executor.Executor._explain>` builds the same
   :class:`~engine.exec.explain.Explanation` trees as one process.
 
+Lazy artifacts: :class:`engine.exec.sharded_lazy.LazyShardRows` stands in for :class:`ShardRows`,
+computing a hop's rows (this block's columns, the softmax normaliser from one exchange) before the
+same kernel calls.
+
 Not sharded yet (one clear error each): CUDA devices (NCCL), hooks (the LLM bridge), ``frontier_k``,
-sparse sets, kept trace values, lazy artifacts.
+sparse sets, kept trace values.
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ import torch
 
 import ops
 from kge.rows import RowBlock
-from kge.sharding import ColumnShard
+from kge.sharding import ColumnShard, LazyShard
 from kgreason.errors import UserError
 
 from engine.exec.executor import Executor, QueryResult, _topk_stable, _Witness, dense_one_hot_projection
@@ -67,6 +71,20 @@ class _RelBlock(NamedTuple):
     #: -1, then the heads (int32): ``heads_or_none[a + 1]`` maps a kernel witness ``a`` (-1: none) to an entity id
     heads_or_none: torch.Tensor
     tails: torch.Tensor
+
+
+def relation_block(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor, heads: torch.Tensor, tails: torch.Tensor,
+                   r: int, device: torch.device) -> _RelBlock:
+    """A relation's entries here as a prepared :class:`_RelBlock`: rows ``heads`` (ascending global ids) with CSR
+    pointers ``crow`` (from 0), columns ``col`` (indices into ``tails``, local ids ascending) and values ``val``."""
+    rows, e = int(heads.numel()), int(val.numel())
+    n = max(rows, int(tails.numel()))
+    small = e < 2**31  # int32 pointers when they fit: half the bytes of the two pointer arrays
+    ptr = torch.full((n + 1,), e, dtype=torch.int32 if small else torch.int64, device=device)
+    ptr[: rows + 1] = crow
+    stack = ops.prepare_matrices((ptr, col, val), num_entities=n, name=f"shard relation {r}")
+    return _RelBlock(stack, torch.cat([torch.full((1,), -1, dtype=torch.int32, device=device), heads.to(torch.int32)]),
+                     tails)
 
 
 class ShardRows:
@@ -110,18 +128,32 @@ class ShardRows:
         block = None
         if k1 > k0:
             e0, e1 = int(self.ptr[k0]), int(self.ptr[k1])
-            tails = self.tails[self.tail_ptr[r]:self.tail_ptr[r + 1]].long()
-            n = max(k1 - k0, int(tails.numel()))
-            small = e1 - e0 < 2**31  # int32 pointers when they fit: half the bytes of the two pointer arrays
-            crow = torch.full((n + 1,), e1 - e0, dtype=torch.int32 if small else torch.int64, device=self.device)
-            crow[: k1 - k0 + 1] = self.ptr[k0:k1 + 1] - e0
-            stack = ops.prepare_matrices((crow, self.col[e0:e1], self.val[e0:e1]), num_entities=n,
-                                         name=f"shard relation {r}")
-            heads = torch.cat([torch.full((1,), -1, dtype=torch.int32, device=self.device),
-                               (self.keys[k0:k1] - r * self.num_entities).to(torch.int32)])
-            block = _RelBlock(stack, heads, tails)
+            block = relation_block(self.ptr[k0:k1 + 1] - e0, self.col[e0:e1], self.val[e0:e1],
+                                   self.keys[k0:k1] - r * self.num_entities,
+                                   self.tails[self.tail_ptr[r]:self.tail_ptr[r + 1]].long(), r, self.device)
         self._blocks[r] = block
         return block
+
+    def relations(self, rels: list[int], heads: list[torch.Tensor] | None) -> list[_RelBlock | None]:
+        """The blocks of relations ``rels`` (all their rows here: ``heads``, the hop's active heads, is not needed)."""
+        return [self.relation(r) for r in rels]
+
+    def anchor_entries(self, rels: np.ndarray, ents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The entries here of rows ``M_{rels[b]}[ents[b], :]``: ``(counts (b,), local columns, values)`` in batch order."""
+        shard = self.shard
+        b = len(rels)
+        keys = shard.keys
+        key = rels * self.num_entities + ents
+        t = np.searchsorted(keys, key)
+        tc = np.minimum(t, max(keys.size - 1, 0))
+        found = (t < keys.size) & (keys[tc] == key) if keys.size else np.zeros(b, dtype=bool)
+        ptr = shard.ptr
+        start = np.where(found, ptr[tc], 0)
+        cnt = np.where(found, ptr[np.minimum(tc + 1, ptr.size - 1)] - start, 0)
+        total = int(cnt.sum())
+        rep = np.repeat(np.arange(b, dtype=np.int64), cnt)
+        pos = np.repeat(start - (np.cumsum(cnt) - cnt), cnt) + np.arange(total, dtype=np.int64)
+        return cnt, shard.tails[shard.tail_ptr[rels[rep]] + shard.col[pos]], shard.val[pos]
 
     def prepare_all(self) -> None:
         """Prepare every relation's block now (what a benchmark does before timing, as one process prepares its stack)."""
@@ -176,7 +208,8 @@ class ShardedExecutor(Executor):
     rank (all blocks gathered).  :attr:`hops` lists, per projection, what this rank received.
     """
 
-    def __init__(self, artifact: "Artifact", shard: ColumnShard, comm: "Comm", **executor_kwargs: Any) -> None:
+    def __init__(self, artifact: "Artifact", shard: "ColumnShard | LazyShard", comm: "Comm", *,
+                 row_cache_gb: float | None = None, **executor_kwargs: Any) -> None:
         for key, what in (("hooks", "hooks (the LLM bridge)"), ("frontier_k", "frontier_k"), ("sparse", "sparse sets"),
                           ("rows", "rows")):
             if executor_kwargs.get(key):
@@ -192,7 +225,13 @@ class ShardedExecutor(Executor):
             # The exchanges stage small host tensors (sizes, status, explained cells), which NCCL does not
             # take, and no multi-GPU machine has run this yet: refused rather than untested.
             raise UserError(f"device {device}: sharded runs are CPU-only (gloo) in this version; use --device cpu")
-        rows = ShardRows(shard, device)
+        rows: Any
+        if isinstance(shard, LazyShard):
+            from engine.exec.sharded_lazy import LazyShardRows
+
+            rows = LazyShardRows(shard, comm, device, relation_block, **({} if row_cache_gb is None else {"row_cache_gb": row_cache_gb}))
+        else:
+            rows = ShardRows(shard, device)
         super().__init__(artifact, rows=cast(Any, rows), **executor_kwargs)
         self.shard = shard
         self.comm = comm
@@ -245,21 +284,8 @@ class ShardedExecutor(Executor):
         <engine.exec.executor.Executor._project_one_hot>`'s float32 formulas: the kernel's bits).  Always dense."""
         rows_obj = cast(ShardRows, self.rows)
         b, w = len(rels), self.width
-        rel_np = np.asarray(rels, dtype=np.int64)
-        keys = rows_obj.shard.keys
-        key = rel_np * self.num_entities + np.asarray(ents, dtype=np.int64)
-        t = np.searchsorted(keys, key)
-        tc = np.minimum(t, max(keys.size - 1, 0))
-        found = (t < keys.size) & (keys[tc] == key) if keys.size else np.zeros(b, dtype=bool)
-        ptr = rows_obj.shard.ptr
-        start = np.where(found, ptr[tc], 0)
-        cnt = np.where(found, ptr[np.minimum(tc + 1, ptr.size - 1)] - start, 0)
-        total = int(cnt.sum())
+        cnt, local, vals = rows_obj.anchor_entries(np.asarray(rels, dtype=np.int64), np.asarray(ents, dtype=np.int64))
         rep = np.repeat(np.arange(b, dtype=np.int64), cnt)
-        pos = np.repeat(start - (np.cumsum(cnt) - cnt), cnt) + np.arange(total, dtype=np.int64)
-        tail_ptr = rows_obj.shard.tail_ptr
-        local = rows_obj.shard.tails[tail_ptr[rel_np[rep]] + rows_obj.shard.col[pos]]
-        vals = rows_obj.shard.val[pos]
         return dense_one_hot_projection(rep * w + local, vals, cnt, ents, b, w, negated=negated, want_arg=want_arg,
                                         neg_scale=self.neg_scale, device=self.device)
 
@@ -284,12 +310,16 @@ class ShardedExecutor(Executor):
         self.hops[-1] = self.hops[-1]._replace(active=int(g_vals.numel()))
         rel_t = torch.tensor(rels, dtype=torch.int64, device=dev)
         uniq, inv = torch.unique(rel_t, return_inverse=True)
-        blocks = [rows_obj.relation(r) for r in uniq.tolist()]
+        e_group = inv[g_rows]
+        heads_of = None
+        if getattr(rows_obj, "lazy", False):  # lazy rows are computed for the hop's active heads (collective)
+            hk = torch.unique(e_group * big_n + g_ents)
+            heads_of = list(torch.split(hk % big_n, torch.bincount(hk // big_n, minlength=len(uniq)).tolist()))
+        blocks = rows_obj.relations(uniq.tolist(), heads_of)
         order = torch.argsort(inv, stable=True)  # batch rows by group
         counts = torch.bincount(inv, minlength=len(blocks))
         pos = torch.empty_like(order)
         pos[order] = torch.arange(b, device=dev) - (torch.cumsum(counts, 0) - counts)[inv[order]]  # row within group
-        e_group = inv[g_rows]
         e_order = torch.argsort(e_group, stable=True)  # the gathered entries by group, then row, then entity
         e_counts = torch.bincount(e_group, minlength=len(blocks))
         if negated:
@@ -425,7 +455,7 @@ class ShardedExecutor(Executor):
                 if relational and value.argmax is not None:
                     src = value.argmax.cpu()[lr, le]
                     buf[own, 1] = src
-                    w = [self.shard.weight(int(nodes[int(r)].relation), int(s), int(e) + self.lo) if s >= 0 else 0.0
+                    w = [rows_obj.weight(int(nodes[int(r)].relation), int(s), int(e) + self.lo) if s >= 0 else 0.0
                          for r, s, e in zip(lr.tolist(), src.tolist(), le.tolist())]
                     buf[own, 2] = torch.tensor(w, dtype=torch.float32).view(torch.int32)
             got = torch.stack(self.comm.all_gather(buf, "explain"))
