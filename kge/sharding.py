@@ -1,4 +1,4 @@
-"""An eager artifact split into P column shards, one per rank of a sharded run (docs/distributed.md).
+"""An artifact split into P column shards, one per rank of a sharded run (docs/distributed.md).
 
 The library; ``python -m kge.shard`` is its command line.
 
@@ -287,7 +287,8 @@ def _build_id(source_sha: str, n: int, r: int, shards: int) -> str:
 
 def write_shards(artifact: Any, shards: int, out: str | os.PathLike, *, overwrite: bool = False,
                  progress: bool = False) -> Path:
-    """Write ``artifact`` (an eager :class:`kge.artifact.Artifact` loaded from its folder) as ``shards`` shards in ``out``."""
+    """Write ``artifact`` (a :class:`kge.artifact.Artifact` loaded from its folder; eager, or lazy: see the module doc)
+    as ``shards`` shards in ``out``."""
     from kge.artifact import _savez_reproducible, sha256_file
     from kgreason.files import OutputFolder, write_output
 
