@@ -110,6 +110,34 @@ def lazy_rows(artifact: str, out: str) -> None:
                      "rows": [(s.heads, s.indptr, s.cols.astype(np.int64) + rows.shard.lo, s.vals) for s in sets]}, f)
 
 
+LGOT_QUERIES = ["(p r A)", "(p s (p r A))", "(u (p r A) (p s B))", "(i (p r A) (p s B))", "(np s (p r A))",
+                "(i (p r A) (n (p s B)))"]
+LGOT_SCRIPT = {("r", ("A",)): ['["B", "D"]', '["B", "D"]', '["B"]', '["F"]'],
+               ("s", ("B",)): ['["D"]', '["D", "E"]', "I don't know", '["D"]'],
+               ("s", ("B", "C", "D", "F")): ['["E"]', '["E", "A"]', '["E"]', '["F"]'],
+               ("s", ("B", "C")): ['["E"]', '["E"]', '["D"]', '["A"]']}
+
+
+def lgot_results(out: str) -> None:
+    """The LLM bridge (LGOT hook, a scripted LLM client) over test_llm_lgot.py's 6-entity KG on this rank, and how
+    many prompt batches this rank's client was sent, into ``out`` (collective)."""
+    from test_llm_lgot import ScriptedClient, tiny_artifact as lgot_artifact
+
+    from engine.exec.api import Engine
+    from engine.exec.sharded_load import init_from_env
+    from engine.lang.query import parse
+    from llm_bridge.lgot import LGOTHook, LGOTSettings
+
+    art = lgot_artifact()
+    client = ScriptedClient(LGOT_SCRIPT)
+    hook = LGOTHook(client=client, artifact=art, settings=LGOTSettings(relation_questions="fallback"))
+    eng = Engine.load(art, process_group=init_from_env(timeout_s=60), hooks=[hook], backend="reference")
+    res = eng.executor.answer([parse(q) for q in LGOT_QUERIES], k=6)
+    with open(out.replace(".pkl", f".rank{eng.executor.comm.rank}.pkl"), "wb") as f:
+        pickle.dump({"answers": strip(res), "batches": len(client.batches),
+                     "notes": [r.trace.root.notes if r.trace is not None else None for r in res]}, f)
+
+
 def worker(argv: list[str]) -> int:
     """``worker OUT CASES``: run every case of the JSON file CASES in one group, in order, and write each case's
     exit code, stdout and stderr to OUT (JSON).  A case is ``[module, argv]``, the CLI's ``main(argv)`` (in
@@ -130,8 +158,8 @@ def worker(argv: list[str]) -> int:
     for module, args in json.loads(Path(cases).read_text()):
         so, se = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
-            if module in ("answers", "lazy_rows"):
-                (answers_and_scores if module == "answers" else lazy_rows)(*args)
+            if module in ("answers", "lazy_rows", "lgot"):
+                {"answers": answers_and_scores, "lazy_rows": lazy_rows, "lgot": lgot_results}[module](*args)
                 rc = 0
             else:
                 rc = importlib.import_module(module).main(args)
@@ -333,6 +361,7 @@ def two_rank_runs(umls_tiny_artifact, tmp_path_factory):
         "lazy shard answers": ["answers", [str(d / "lazy.2"), str(d / "lazy-queries.txt"),
                                            str(d / "lazy-shards-answers-of-2.pkl")]],
         "lazy rows": ["lazy_rows", [str(d / "lazy.2"), str(d / "lazy-rows.pkl")]],
+        "lgot": ["lgot", [str(d / "lgot.pkl")]],
         "lazy answer": ["engine.answer", ["--artifact", str(d / "lazy.2"), "--expr", "(p r0 (p r1 e3))", "--top-k", "3"]],
         "lazy count": ["engine.answer", ["--artifact", str(d / "lazy.3"), "--expr", "(p r0 e3)"]],
         "lazy mixed": ["engine.answer", ["--artifact", str(lazy_mixed), "--expr", "(p r0 e3)"]],
@@ -400,6 +429,31 @@ def test_lazy_sharded_answers_within_1e6_of_one_process(two_ranks, folder):
     name = "lazy-answers-of-2" if folder == "lazy" else "lazy-shards-answers-of-2"
     lines = (d / "lazy-queries.txt").read_text().splitlines()
     check_lazy_ranks(Engine.load(d / "lazy"), lines, [d / f"{name}.rank{k}.pkl" for k in range(2)])
+
+
+def test_llm_bridge_sharded_same_answers_one_llm_call(two_ranks):
+    """The LGOT hook on 2 ranks with a scripted LLM: prompts made and the LLM asked on rank 0 only, once per node as in
+    one process; the linked answers merged into the owners' blocks: answers, scores, provenance and explanations
+    equal one process's (==), on projections, chains, i/u/n and a negated projection."""
+    from test_llm_lgot import ScriptedClient, tiny_artifact as lgot_artifact
+
+    from engine.exec.executor import Executor
+    from engine.lang.query import parse
+    from llm_bridge.lgot import LGOTHook, LGOTSettings
+
+    runs, d, _ = two_ranks
+    assert [g[0] for g in runs["lgot"]] == [0, 0], [g[2][-2000:] for g in runs["lgot"]]
+    art = lgot_artifact()
+    client = ScriptedClient(LGOT_SCRIPT)
+    hook = LGOTHook(client=client, artifact=art, settings=LGOTSettings(relation_questions="fallback"))
+    want = Executor(art, hooks=[hook], backend="reference").answer([parse(q) for q in LGOT_QUERIES], k=6)
+    ranks = [pickle.loads((d / f"lgot.rank{k}.pkl").read_bytes()) for k in range(2)]
+    assert [r["batches"] for r in ranks] == [len(client.batches), 0] and len(client.batches) > 0
+    for k, r in enumerate(ranks):
+        assert r["answers"] == strip(want), f"rank {k}"
+    assert ranks[0]["notes"] == [r.trace.root.notes for r in want]  # rank 0's trace holds the hook's notes
+    provenance = {a.provenance for q in want for a in q.answers}
+    assert {"llm", "both", "kg"} <= provenance  # the LLM's answers were merged, some only from the LLM
 
 
 def test_rank_with_an_empty_block(tmp_path):

@@ -32,8 +32,12 @@ Lazy artifacts: :class:`engine.exec.sharded_lazy.LazyShardRows` stands in for :c
 computing a hop's rows (this block's columns, the softmax normaliser from one exchange) before the
 same kernel calls.
 
-Not sharded yet (one clear error each): CUDA devices (NCCL), hooks (the LLM bridge), ``frontier_k``,
-sparse sets, kept trace values.
+Hooks (the LLM bridge): :meth:`ShardedExecutor._apply_hooks` runs them once, on rank 0, over the
+node's gathered values, and broadcasts what they changed (entries, evidence, annotations); each
+rank writes its own columns.
+
+Not sharded yet (one clear error each): CUDA devices (NCCL), ``frontier_k``, sparse sets, kept
+trace values.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ from kge.sharding import ColumnShard, LazyShard
 from kgreason.errors import UserError
 
 from engine.exec.executor import Executor, QueryResult, _topk_stable, _Witness, dense_one_hot_projection
+from engine.exec.hooks import _NO_EVIDENCE, NodeValue
 from engine.lang import optable
 from engine.lang.query import Node
 
@@ -210,11 +215,10 @@ class ShardedExecutor(Executor):
 
     def __init__(self, artifact: "Artifact", shard: "ColumnShard | LazyShard", comm: "Comm", *,
                  row_cache_gb: float | None = None, **executor_kwargs: Any) -> None:
-        for key, what in (("hooks", "hooks (the LLM bridge)"), ("frontier_k", "frontier_k"), ("sparse", "sparse sets"),
-                          ("rows", "rows")):
+        for key, what in (("frontier_k", "frontier_k"), ("sparse", "sparse sets"), ("rows", "rows")):
             if executor_kwargs.get(key):
                 raise UserError(f"{what}: not available in a sharded run yet; run one process")
-        executor_kwargs = {k: v for k, v in executor_kwargs.items() if k not in ("hooks", "frontier_k", "sparse", "rows")}
+        executor_kwargs = {k: v for k, v in executor_kwargs.items() if k not in ("frontier_k", "sparse", "rows")}
         if (comm.rank, comm.size) != (shard.rank, shard.shards):
             raise UserError(f"shard {shard.rank} of {shard.shards} given to rank {comm.rank} of {comm.size}")
         if (shard.num_entities, shard.num_relations) != (artifact.num_entities, artifact.num_relations):
@@ -242,8 +246,55 @@ class ShardedExecutor(Executor):
         self._bounds_t = torch.tensor(self.bounds[1:], dtype=torch.int64)
         self.hops: list[_Hop] = []
 
-    def without_hooks(self) -> "ShardedExecutor":
-        return self  # never has hooks
+    # ------------------------------------------------------------------------------------ hooks
+    def _full_value(self, value: NodeValue) -> NodeValue:
+        """``value`` with every rank's columns (collective): values and witnesses gathered, evidence and annotations
+        as they are (the same on every rank: :meth:`_apply_hooks` broadcasts them)."""
+        arg = None
+        if value.argmax is not None:
+            arg = self.gather_columns(value.argmax.view(torch.float32)).view(torch.int32)  # the bits travel as they are
+        return NodeValue(self.gather_columns(value.values), arg, value.evidence, value.row_evidence, value.annotations)
+
+    def _apply_hooks(self, hooks: list, nodes: list[Node], path: tuple[int, ...], op: str, rels, ents, inputs: Any,
+                     value: NodeValue, run: Any) -> NodeValue:
+        """The hooks run once, on rank 0, over the node's full values (every rank's block gathered, the children's
+        too): an LLM hook makes its prompts and calls the LLM once.  What they changed, the (row, entity, value)
+        entries, the witnesses changed, and the evidence and annotations, is broadcast; every rank writes the
+        entries of its own columns into its block.  A hook's error ends the run on every rank with its message."""
+        kids = inputs() if callable(inputs) else tuple(inputs)
+        full_kids = tuple(self._full_value(k) for k in kids)
+        full = self._full_value(value)
+        msg: Any = None
+        if self.comm.rank == 0:
+            try:
+                out = Executor._apply_hooks(self, hooks, nodes, path, op, rels, ents, full_kids, full, run)
+                rows, cols = (out.values != full.values).nonzero(as_tuple=True)
+                arg = None
+                if out.argmax is not None:
+                    ar, ac = (out.argmax != full.argmax).nonzero(as_tuple=True) if full.argmax is not None else \
+                        torch.ones_like(out.argmax, dtype=torch.bool).nonzero(as_tuple=True)
+                    arg = (ar, ac, out.argmax[ar, ac])
+                msg = ("ok", rows, cols, out.values[rows, cols], arg, out.argmax is None,
+                       tuple(dict(e) if e else None for e in out.evidence),  # read-only mappings do not pickle
+                       out.row_evidence, dict(out.annotations))
+            except Exception as exc:  # noqa: BLE001 (sent to the other ranks, then raised here as it was)
+                self.comm.broadcast_object(("error", f"{type(exc).__name__}: {exc}" if not isinstance(exc, UserError)
+                                            else str(exc)), "hook results")
+                raise
+        got = self.comm.broadcast_object(msg, "hook results")
+        if got[0] == "error":
+            raise UserError(f"rank 0: {got[1]}")
+        _, rows, cols, vals, arg, no_arg, evidence, row_evidence, annotations = got
+        mine = (cols >= self.lo) & (cols < self.hi)
+        y = value.values.clone()
+        y[rows[mine], cols[mine] - self.lo] = vals[mine]
+        a = None if no_arg else value.argmax.clone() if value.argmax is not None else \
+            torch.full_like(y, -1, dtype=torch.int32)
+        if a is not None and arg is not None:
+            ar, ac, av = arg
+            m = (ac >= self.lo) & (ac < self.hi)
+            a[ar[m], ac[m] - self.lo] = av[m]
+        return NodeValue(y, a, tuple(_NO_EVIDENCE if e is None else e for e in evidence), row_evidence, annotations)
 
     # ----------------------------------------------------------------------------- forward pass
     def _one_hot(self, ents: Sequence[int]) -> torch.Tensor:

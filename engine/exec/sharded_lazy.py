@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import torch
 
+from kge.calibrate import _MIN_GEMM_COLS, _MIN_GEMM_ROWS
 from kge.lazy import DEFAULT_ROW_CACHE_GB, RowCache, _RowSet, check_row_cache_gb, take_rows
 from kge.sharding import LazyShard
 
@@ -59,9 +60,12 @@ class LazyShardRows:
         self.device = device
         #: :func:`engine.exec.sharded.relation_block` (passed in: that module imports this one)
         self._make_block = make_block
-        block = torch.from_numpy(np.ascontiguousarray(shard.entity[shard.lo:shard.hi], dtype=np.complex64))
-        self._tails_t = torch.cat([block.real, block.imag], dim=1).t().contiguous()  # (2d, N_k)
-        rel = torch.from_numpy(np.ascontiguousarray(shard.relation, dtype=np.complex64))
+        # copies (np.array): the embeddings may be a read-only memory map
+        block = torch.from_numpy(np.array(shard.entity[shard.lo:shard.hi], dtype=np.complex64))
+        tails = torch.cat([block.real, block.imag], dim=1).t()  # (2d, N_k)
+        # as RowCalibrator: at least _MIN_GEMM_COLS columns (zeros, dropped after the GEMM), for the same sums
+        self._tails_t = torch.nn.functional.pad(tails, (0, max(0, _MIN_GEMM_COLS - shard.width))).contiguous()
+        rel = torch.from_numpy(np.array(shard.relation, dtype=np.complex64))
         self._w_re, self._w_im = rel.real.contiguous(), rel.imag.contiguous()
         thr = np.float32(shard.threshold)
         # the kernel's test: p >= the smallest float32 >= threshold
@@ -85,7 +89,11 @@ class LazyShardRows:
 
     # ------------------------------------------------------------------------------- computing rows
     def _scores(self, keys: np.ndarray) -> torch.Tensor:
-        """Scores of rows ``keys`` over this block's tails: (c, N_k) float32 (the calibrator's float32 formula)."""
+        """Scores of rows ``keys`` over this block's tails: (c, N_k) float32, the calibrator's float32 formula and GEMM
+        shape rules (:meth:`kge.calibrate.RowCalibrator.compute`), so the same bits as one process's scores."""
+        c = len(keys)
+        if 0 < c < _MIN_GEMM_ROWS:  # BLAS sums a few rows otherwise than a chunk: padded, as the calibrator does
+            return self._scores(np.tile(keys, -(-_MIN_GEMM_ROWS // c))[:_MIN_GEMM_ROWS])[:c]
         n = self.num_entities
         r, h = keys // n, keys % n
         e = torch.from_numpy(np.ascontiguousarray(self.shard.entity[h], dtype=np.complex64))
@@ -93,7 +101,8 @@ class LazyShardRows:
         rt = torch.from_numpy(r)
         wr, wi = self._w_re[rt], self._w_im[rt]
         q = torch.cat([hr * wr - hi_ * wi, hr * wi + hi_ * wr], dim=1)  # (c, 2d) = [Re, Im] of e_h*w_r
-        return q @ self._tails_t
+        s = q @ self._tails_t
+        return s if s.shape[1] == self.shard.width else s[:, :self.shard.width].contiguous()
 
     def _known(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The rows' known tails here: ``(ptr (c+1,), local tails)``."""
@@ -106,12 +115,11 @@ class LazyShardRows:
         return ptr, self.shard.obs_tail[pos]
 
     def _entries(self, s: torch.Tensor, keys: np.ndarray, norm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """This block's entries of rows ``keys`` from their scores ``s`` and normalisers ``norm`` ((c, 2): M, scale):
-        ``(indptr, local cols int32, vals float32)``."""
+        """This block's entries of rows ``keys`` from their scores ``s`` (used as a workspace) and normalisers ``norm``
+        ((c, 2): the row's maximum M over all N, scale k / Z): ``(indptr, local cols int32, vals float32)``."""
         c = len(keys)
-        m = torch.from_numpy(np.ascontiguousarray(norm[:, 0]))
-        scale = torch.from_numpy(np.ascontiguousarray(norm[:, 1]))
-        p = torch.exp(s - m.unsqueeze(1)) * scale.unsqueeze(1)  # float32: the kernel's e_j * scale
+        m = torch.from_numpy(np.ascontiguousarray(norm[:, 0])).unsqueeze(1)
+        p = s.sub_(m).exp_().mul_(torch.from_numpy(np.ascontiguousarray(norm[:, 1])).unsqueeze(1))  # the kernel's floats
         ptr, tails = self._known(keys)
         if tails.size:
             p[torch.from_numpy(np.repeat(np.arange(c), np.diff(ptr))), torch.from_numpy(tails.astype(np.int64))] = \
@@ -139,7 +147,9 @@ class LazyShardRows:
             if width:
                 m = s.amax(dim=1)
                 stats[a:a + len(s), 0] = m.numpy()
-                stats[a:a + len(s), 1] = torch.exp(s - m.unsqueeze(1)).sum(dim=1, dtype=torch.float64).numpy()
+                # numpy's pairwise float32 sum along a row (torch's float64 reduction cost as much as the exp, its
+                # float32 one summed 20 entries 1e-6 off); merged across ranks in float64
+                stats[a:a + len(s), 1] = torch.exp(s - m.unsqueeze(1)).numpy().sum(axis=1)
             else:
                 stats[a:a + len(s), 0] = -np.inf
             kept.append(s if keep else None)
@@ -149,7 +159,7 @@ class LazyShardRows:
         with np.errstate(invalid="ignore"):
             z = np.where(got[:, :, 1] > 0, got[:, :, 1] * np.exp(got[:, :, 0] - big_m), 0.0).sum(axis=0)
         count = np.maximum(1.0, got[:, :, 2].sum(axis=0)).astype(np.float32)
-        norm = np.stack([big_m.astype(np.float32), count / z.astype(np.float32)], axis=1)
+        norm = np.stack([big_m.astype(np.float32), count / z.astype(np.float32)], axis=1)  # float32 k / Z, as the kernel
         # into the table (sorted): both arrays stay sorted by key
         at = np.searchsorted(self._norm_keys, keys)
         self._norm_keys = np.insert(self._norm_keys, at, keys)
