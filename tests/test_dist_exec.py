@@ -208,7 +208,8 @@ TINY_QUERIES = ["(p r0 e0)", "(p r0 (p r0 e2))", "(np r1 e6)", "(i (p r0 e2) (np
 
 def random_lazy_artifact(folder: Path, seed: int = 0, n: int = 41, r: int = 3) -> Path:
     """A random lazy artifact (rows computed from the embeddings) saved in ``folder``: 41 entities (P = 2, 3 do not
-    divide N), 3 relations, 90 known edges, threshold 2e-3 (rows of a few to a few dozen entries)."""
+    divide N), 3 relations, 90 known edges (and up to 30 held out), threshold 2e-3 (rows of a few to a few dozen
+    entries)."""
     from test_kge_lazy import random_embeddings, random_observed
 
     from kge.artifact import Artifact
@@ -217,8 +218,9 @@ def random_lazy_artifact(folder: Path, seed: int = 0, n: int = 41, r: int = 3) -
     rng = np.random.default_rng(seed)
     ent, rel = random_embeddings(rng, n, r)
     obs = random_observed(rng, n, r, 90)
+    missing = random_observed(rng, n, r, 30)  # held-out edges: the hard answers engine.evaluate ranks
     Artifact(entities=[f"e{i}" for i in range(n)], relations=[f"r{k}" for k in range(r)], observed=obs,
-             missing=np.zeros((0, 3), dtype=np.int64),
+             missing=missing[~(missing[:, None, :] == obs[None]).all(2).any(1)],
              matrices=LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0)).save(folder)
     return folder
 
@@ -342,6 +344,8 @@ def two_rank_runs(umls_tiny_artifact, tmp_path_factory):
     write_shards(Engine.load(random_lazy_artifact(d / "lazy-other", seed=1)).artifact, 2, d / "lazy-other.2")
     shutil.copy(d / "lazy-other.2" / shard_file_name(1, 2), lazy_mixed / shard_file_name(1, 2))
     (d / "lazy-queries.txt").write_text("\n".join(sampled_queries(Engine.load(lazy), 2)) + "\n")
+    lazy_qs, _ = sample_queries(Engine.load(lazy).artifact, list(STRUCTURES), 2, seed=0, progress=False)
+    write_jsonl(lazy_qs, d / "lazy-q.jsonl", Engine.load(lazy).artifact)
     single = Engine.load(umls_tiny_artifact)
     (d / "queries.txt").write_text("\n".join(sampled_queries(single, 2)) + "\n")
     qs, _ = sample_queries(single.artifact, list(STRUCTURES), 3, seed=0, progress=False)
@@ -365,6 +369,8 @@ def two_rank_runs(umls_tiny_artifact, tmp_path_factory):
         "lazy answer": ["engine.answer", ["--artifact", str(d / "lazy.2"), "--expr", "(p r0 (p r1 e3))", "--top-k", "3"]],
         "lazy count": ["engine.answer", ["--artifact", str(d / "lazy.3"), "--expr", "(p r0 e3)"]],
         "lazy mixed": ["engine.answer", ["--artifact", str(lazy_mixed), "--expr", "(p r0 e3)"]],
+        "lazy evaluate": ["engine.evaluate", ["--artifact", str(d / "lazy.2"), "--queries", str(d / "lazy-q.jsonl"),
+                                              "--no-progress", "--batch-size", "5", "--json", str(d / "lazy-eval.json")]],
     }
     _TWO_RANKS[str(umls_tiny_artifact)] = run_cases(d, cases, 2), d, shards
     return _TWO_RANKS[str(umls_tiny_artifact)]

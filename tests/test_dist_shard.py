@@ -230,6 +230,27 @@ def test_lazy_shard_sets_run_and_fail_like_eager_ones(two_ranks, capsys):
         assert ("rank 1: " in lines[0]) == (k == 0)
 
 
+def test_sharded_evaluate_on_lazy_shards_gives_one_process_metrics(two_ranks):
+    """torchrun -m engine.evaluate on a lazy shard set: the metrics of one lazy process (rows within 1e-6 rank alike)."""
+    from test_dist_exec import assert_close
+
+    from engine.evaluate import main
+
+    import contextlib
+    import io
+
+    runs, d, _ = two_ranks
+    got = runs["lazy evaluate"]
+    assert [g[0] for g in got] == [0, 0], [g[2][-2000:] for g in got]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["--artifact", str(d / "lazy"), "--queries", str(d / "lazy-q.jsonl"), "--no-progress",
+                     "--batch-size", "5", "--json", str(d / "lazy-one.json")]) == 0
+    one = json.loads((d / "lazy-one.json").read_text())["results"]
+    assert_close(json.loads((d / "lazy-eval.json").read_text())["results"], one)
+    assert len(one) == 14 and any(r["metrics"]["average"]["mrr"] > 0 for r in one)
+    assert "2 ranks" in got[0][1] and got[1][1] == ""
+
+
 def _fault_rank(mode: str, artifact: str) -> int:
     """Rank 1 of a fault test: joins the group and loads like engine.answer, then dies or hangs."""
     from engine.exec.api import Engine
