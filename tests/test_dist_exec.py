@@ -1,9 +1,11 @@
 """Sharded execution (engine.exec.sharded): P ranks over gloo on 127.0.0.1, bit-identical to one process.
 
-A group is P worker processes of this file (``python tests/test_dist_exec.py worker ...``, the
-environment torchrun would set: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT on a free port), bounded
-by a timeout, running several cases in turn (:func:`worker`; the 2-rank checks of this file and
-test_dist_shard.py share one group, :func:`two_ranks`); every rank writes what it computed, and the
+A group is P worker processes of this file with the environment torchrun would set (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT on a free port), bounded by a timeout, running several cases in turn
+(:func:`worker`; the 2-rank checks of this file and test_dist_shard.py share one group, :func:`two_ranks`).
+The P ranks are forks of one interpreter that imported torch and the engine once (:func:`fork_ranks`,
+``python tests/test_dist_exec.py ranks ...``): importing them is most of a rank's cost (~2.7 s of CPU), so a
+group of P costs one import, not P.  Every rank writes what it computed, and the
 test compares it with the single-process executor in this process: answers, scores and explanations
 with ``==`` and ``torch.equal``.
 """
@@ -47,6 +49,8 @@ def run_ranks(args_of_rank, world: int, *, timeout: float = RUN_TIMEOUT_S, modul
     and the test fails showing every rank's stderr.
     """
     port = free_port()
+    if module is None and script is None and hasattr(os, "fork"):  # this file's worker: P forks of one interpreter
+        return run_forked_ranks(args_of_rank, world, port, timeout)
     procs = []
     for rank in range(world):
         cmd = [sys.executable, "-m", module] if module else [sys.executable, str(script)] if script else \
@@ -64,6 +68,73 @@ def run_ranks(args_of_rank, world: int, *, timeout: float = RUN_TIMEOUT_S, modul
         errs = [p.communicate()[1][-2000:] for p in procs]
         pytest.fail(f"ranks did not finish within {timeout} s; stderr: {errs}")
     return out
+
+
+def run_forked_ranks(args_of_rank, world: int, port: int, timeout: float):
+    """:func:`run_ranks` for this file's worker: one interpreter (``ranks``, :func:`fork_ranks`) forks the
+    ``world`` ranks; their output goes to files (a pipe per forked rank would need a reader per pipe here).
+    The interpreter runs in a session of its own, so a timeout kills its ranks too."""
+    import json
+    import signal
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
+        spec = Path(tmp) / "ranks.json"
+        spec.write_text(json.dumps([list(args_of_rank(k)) for k in range(world)]))
+        proc = subprocess.Popen([sys.executable, str(Path(__file__)), "ranks", str(spec), tmp],
+                                env=rank_env(0, world, port), cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            so, se = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            errs = [(Path(tmp) / f"rank{k}.err").read_text()[-2000:] for k in range(world)
+                    if (Path(tmp) / f"rank{k}.err").exists()]
+            pytest.fail(f"ranks did not finish within {timeout} s; stderr: {errs}")
+        assert proc.returncode == 0, f"the forking interpreter failed: {se[-3000:]}"
+        codes = json.loads(so)
+        return [(codes[k], (Path(tmp) / f"rank{k}.out").read_text(), (Path(tmp) / f"rank{k}.err").read_text())
+                for k in range(world)]
+
+
+def fork_ranks(spec: str, out_dir: str) -> int:
+    """``ranks SPEC OUT_DIR``: import torch and the engine once, fork one rank per entry of the JSON list SPEC
+    (that rank's :func:`worker` arguments), RANK and LOCAL_RANK set in each; rank k's stdout and stderr go to
+    OUT_DIR/rank{k}.out and .err.  Prints the ranks' exit codes (JSON, -N for a signal) when all have ended.
+
+    Nothing here starts a thread before the forks (torch's OpenMP pool starts at its first parallel op), and
+    each rank joins the gloo group after its fork."""
+    import json
+
+    import engine.exec.api  # noqa: F401  (imported once, before the forks: what the ranks share)
+    import engine.exec.sharded_load  # noqa: F401
+
+    pids = []
+    for k, args in enumerate(json.loads(Path(spec).read_text())):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            rc = 1
+            try:
+                os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(k)
+                for fd, suffix in ((1, "out"), (2, "err")):
+                    f = os.open(os.path.join(out_dir, f"rank{k}.{suffix}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                    os.dup2(f, fd)
+                    os.close(f)
+                rc = worker(args)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(rc)
+        pids.append(pid)
+    print(json.dumps([os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]))
+    return 0
 
 
 def strip(results):
@@ -485,6 +556,8 @@ def test_rank_with_an_empty_block(tmp_path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+    if len(sys.argv) == 4 and sys.argv[1] == "ranks":
+        raise SystemExit(fork_ranks(sys.argv[2], sys.argv[3]))
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":  # one rank by hand, with torchrun's environment
         raise SystemExit(worker(sys.argv[2:]))
-    raise SystemExit("usage: python tests/test_dist_exec.py worker OUT CASES")
+    raise SystemExit("usage: python tests/test_dist_exec.py ranks SPEC OUT_DIR | worker OUT CASES")

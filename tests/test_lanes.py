@@ -42,3 +42,22 @@ def test_lane_grid_ids_name_dtypes_plainly():
     params = lane_grid([torch.int32], [(3, 0.5)])
     assert [p.id for p in params] == ["int32-3-0.5"]
     assert not _is_slow(params[0])
+
+
+def test_the_xdist_order_names_existing_files_and_keeps_each_files_order():
+    """tests/conftest.py's LONGEST_FILES (the order -n 2 --dist loadfile hands files out in): every entry a test
+    file here, once; the sort moves whole files and keeps the order of the tests inside one and of the rest."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from conftest import LONGEST_FILES, _longest_files_first
+
+    here = Path(__file__).resolve().parent
+    assert len(set(LONGEST_FILES)) == len(LONGEST_FILES)
+    assert [f for f in LONGEST_FILES if not (here / f).is_file()] == []
+    first, second = LONGEST_FILES[:2]
+    items = [SimpleNamespace(path=here / name, k=k) for k, name in
+             enumerate(["test_a.py", second, "test_b.py", first, second, "test_a.py", first])]
+    _longest_files_first(items)
+    assert [(i.path.name, i.k) for i in items] == [(first, 3), (first, 6), (second, 1), (second, 4),
+                                                   ("test_a.py", 0), ("test_b.py", 2), ("test_a.py", 5)]

@@ -103,9 +103,18 @@ def test_closed_stream_is_not_an_error():
     bar.close()  # nothing to write to: progress is dropped, not raised
 
 
-def _slow_reply(req, headers):
-    time.sleep(1.6)  # longer than the client's one second before it shows progress
-    return 200, chat_reply('["Entity_007"]'), {}
+def _first_reply_slow():
+    """A reply handler whose first reply waits longer than the client's one second before it shows progress
+    (a bar drawn into the log, the regression's condition); the later ones answer at once, since another
+    stage's bar adds only waiting (each reply slow: ~4.8 s of wall for ~0 s of CPU)."""
+    replies = []
+
+    def reply(req, headers):
+        replies.append(req)
+        if len(replies) == 1:
+            time.sleep(1.6)
+        return 200, chat_reply('["Entity_007"]'), {}
+    return reply
 
 
 def test_cli_with_stderr_in_a_file_writes_lines_and_keeps_the_llm_summary(llm_artifact, tmp_path):
@@ -113,7 +122,7 @@ def test_cli_with_stderr_in_a_file_writes_lines_and_keeps_the_llm_summary(llm_ar
     log = tmp_path / "stderr.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "KGREASON_HOME": str(tmp_path / "home")}
     env.pop("OPENAI_API_KEY", None)
-    with scripted_server(_slow_reply) as srv, open(log, "w", encoding="utf-8") as err:
+    with scripted_server(_first_reply_slow()) as srv, open(log, "w", encoding="utf-8") as err:
         proc = subprocess.run(
             [sys.executable, "-m", "engine.answer", "--artifact", str(llm_artifact),
              "--expr", "(p likes Entity_003)", "--llm", "--llm-base-url", srv.base_url, "--llm-model", "m",
