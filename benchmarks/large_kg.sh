@@ -9,28 +9,10 @@
 # OUT_DIR must be new or empty, or hold an earlier run of this script (its .kgreason-large-kg marker), which is
 # replaced only with --overwrite: the script never writes into a folder it did not make (the CLI rules, docs/cli.md).
 set -euo pipefail
-OVERWRITE=0
-if [ "${1:-}" = "--overwrite" ]; then OVERWRITE=1; shift; fi
-if [ $# -gt 1 ]; then echo "error: usage: bash benchmarks/large_kg.sh [--overwrite] [OUT_DIR]" >&2; exit 2; fi
-S=$(realpath -m -- "${1:-/tmp/kgreason-large}")  # before the cd below: a relative OUT_DIR is the caller's
-MARK="$S/.kgreason-large-kg"
-if [ -e "$S" ] && [ ! -d "$S" ]; then echo "error: OUT_DIR $S: is a file, not a folder" >&2; exit 2; fi
-if [ -d "$S" ] && [ -n "$(ls -A -- "$S")" ]; then
-  if [ ! -f "$MARK" ]; then
-    echo "error: OUT_DIR $S: folder exists and was not made by this script; give a new or empty folder (nothing was touched)" >&2
-    exit 2
-  fi
-  if [ $OVERWRITE = 0 ]; then
-    echo "error: OUT_DIR $S: holds an earlier run; pass --overwrite to replace it (nothing was touched)" >&2
-    exit 2
-  fi
-fi
+KG_RUN_DEFAULT=/tmp/kgreason-large
+. "$(dirname "$0")/kg_run_lib.sh"
+kg_run_out_dir benchmarks/large_kg.sh .kgreason-large-kg "$@"
 cd "$(dirname "$0")/.."
-mkdir -p "$S"
-touch "$MARK"
-T="/usr/bin/time -v"
-step() { local name=$1; shift; echo "== $name" >&2; local t=$(date +%s.%N); $T "$@" > "$S/$name.log" 2>&1 || { tail -5 "$S/$name.log" >&2; exit 1; }; \
-  echo "   $(python3 -c "print(f'{$(date +%s.%N) - $t:.1f} s')"), peak RSS $(grep 'Maximum resident' "$S/$name.log" | awk '{printf "%.2f GiB", $6/1048576}')" >&2; }
 step generate python -m experiments.synthetic_kg --entities "${ENTITIES:-120000}" --relations "${RELATIONS:-750}" --edges "${EDGES:-1500000}" --seed 0 --out "$S/syn120k.tsv" --stats-json "$S/syn120k.json"
 # no --matrices: the default (auto) picks lazy here, as calibrating 1,500 x 120k rows would take days (the log says so)
 step build python -m kge.build --kg "$S/syn120k.tsv" --out "$S/art" --drop-edges 0.5 --overwrite ${TRAIN_MINUTES:+--train-minutes "$TRAIN_MINUTES"}

@@ -28,129 +28,99 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
 from kgreason.cli import ArgumentParser as _Parser  # one-line UserError, user text escaped
+from kgreason.cli import add_settings_arguments, setting, settings_from_args, verify_setting
 from kgreason.errors import UserError, cli_main
 from kgreason.files import json_object, read_lines
 from kgreason.text import json_line, printable  # questions, KG names, LLM text: escaped where printed
 
-#: engine.exec.ask's LEXICAL_WEIGHT and KIND_WEIGHT (importing it here would load torch for --help;
-#: tests/test_ask_kind.py checks they agree).
-LEXICAL_WEIGHT = 0.6
-KIND_WEIGHT = 1.5
+from engine.exec.ask_settings import AskSettings
 
-__all__ = ["AskConfig", "CHUNK", "parse_args", "read_questions", "run", "main"]
+__all__ = ["AskConfig", "CHUNK", "UNUSED_LLM_FLAGS", "parse_args", "read_questions", "run", "main"]
 
 #: Questions per call of the loop in a ``--questions`` run: the progress bar moves once per chunk, and
 #: each chunk's steps are batched (encoder, executor, LLM prompts sent concurrently).
 CHUNK = 16
+#: The LLM client's flags that the ask loop has no use for, refused with ``--llm`` (one line saying why)
+#: rather than accepted and ignored: its planner and reasoner ask for one reply per prompt at temperature
+#: 0 (deterministic, so cacheable), with their own JSON switch, and read no log-probabilities.
+UNUSED_LLM_FLAGS = {
+    "--llm-temperature": "the planner and reasoner ask for one reply at temperature 0 (deterministic, cacheable)",
+    "--llm-n": "the planner and reasoner ask for one reply per prompt",
+    "--llm-json": "the planner and reasoner's JSON output is --llm-ask-json",
+    "--llm-logprobs": "the planner and reasoner read no log-probabilities",
+}
+#: The choices of ``--llm-ask-json`` (llm_bridge.karpa_loop.JSON_OUTPUT_MODES; not imported: it loads the bridge).
+ASK_JSON_MODES = ("schema", "object", "off")
 
 
-@dataclass(frozen=True)
-class AskConfig:
-    """Everything ``engine.ask`` was asked to do (see ``--help``)."""
+def _kwargs_problem(text: object, flag: str) -> None:
+    if isinstance(text, str):
+        json_object(text, flag)  # a one-line UserError when it is not a JSON object
 
-    artifact: str | None = None
-    question: str | None = None
-    questions: str | None = None
-    k: int = 16
-    mode: str = "pathfinding"
-    max_hops: int = 3
-    answers: int = 10
-    candidate_relations: int = 30
-    replan: bool = True
-    context: str = "yaml"
-    max_context_tokens: int = 1500
-    exclude_topic: bool = True
-    explain: bool = True
-    encoder: str = "minilm"
-    encoder_kwargs: dict[str, Any] = field(default_factory=dict)
-    path_text: str = "questions"  # embedding-only retrieval's path text: "questions" (verbalized) or "names"
-    exemplars: str | None = None  # JSON-lines file of labelled questions {"question", "path"} (kNN path vote)
-    exemplar_weight: float = 4.0
-    exemplar_k: int = 3
-    embedding_candidates: int = 0
-    vote_paths: int = 16  # answers without a reasoner's pick: vote of this many candidate paths (1: the best path)
-    vote_temperature: float = 0.1
-    lexical_weight: float = LEXICAL_WEIGHT  # embedding-only retrieval: cost - weight x F1(relations followed, named)
-    kind_weight: float = KIND_WEIGHT  # embedding-only retrieval: cost - weight x cos(kind phrase, path's end kind)
-    json: bool = False
-    show_context: bool = False
+
+@dataclass(frozen=True, kw_only=True)
+class AskConfig(AskSettings):
+    """Everything ``engine.ask`` was asked to do (see ``--help``): the loop's :class:`AskSettings` (its
+    fields, inherited, are the loop's flags) and the command's own fields below."""
+
+    artifact: str | None = setting(None, metavar="DIR", help="artifact folder (default: the bundled UMLS KG)")
+    question: str | None = None  # the positional question (exactly one of it and --questions)
+    questions: str | None = setting(None, metavar="FILE",
+                                    help='one question per line, or JSON lines {"question", "answers"}')
+    encoder: str = setting("minilm", help="relation/question encoder (minilm, hashing, sentence-transformers)")
+    encoder_kwargs: str = setting("{}", metavar="JSON", check=_kwargs_problem,
+                                  help="encoder keyword arguments as a JSON object")
+    path_text: str = setting("questions", choices=("questions", "names"),
+                             help="embedding-only retrieval reads a relation path as its relations' questions "
+                                  "(llm_bridge.prompts.fallback_template, no LLM) or as its relation names")
+    exemplars: str | None = setting(None, metavar="FILE",
+                                    help='labelled questions, JSON lines {"question": ..., "path": [relation, ...]}: '
+                                         "embedding-only retrieval favours the paths of similar exemplar questions")
+    json: bool = setting(False, help="print one JSON object per question (JSON lines)")
+    show_context: bool = setting(False, help="print the KG context the reasoner sees")
     llm: Any = None  # llm_bridge.config.LLMConfig with --llm, else None (embedding-only)
-    reasoner: bool = True
-    llm_ask_json: str = "off"  # planner/reasoner response_format (llm_bridge.karpa_loop.JSON_OUTPUT_MODES)
-    verify: bool = True  # False: --skip-artifact-checksums (finite values and shapes are checked anyway)
+    reasoner: bool = setting(True, flag="--no-llm-reasoner", negate=True,
+                             help="with --llm: the LLM plans, the best-scoring path answers")
+    llm_ask_json: str | None = setting(None, choices=ASK_JSON_MODES, shown_default="off",
+                                       help="with --llm: the planner/reasoner replies' response_format: 'off' none, "
+                                            "'schema' a JSON schema whose relation names / path numbers / answers "
+                                            "are enums of the prompt's candidates (llama.cpp compiles it into a "
+                                            "grammar), 'object' any JSON object; dropped if the server rejects it "
+                                            "(docs/ask.md)")
+    verify: bool = verify_setting()
+
+    @property
+    def settings(self) -> AskSettings:
+        """The loop's settings (the :class:`AskSettings` fields of this config)."""
+        return AskSettings(**{f.name: getattr(self, f.name) for f in fields(AskSettings)})
+
+    @property
+    def encoder_options(self) -> dict[str, Any]:
+        return json_object(self.encoder_kwargs, "--encoder-kwargs")
+
+
+#: The command's own flags (the LLM ones go to the LLM group).
+_LLM_FIELDS = ("reasoner", "llm_ask_json")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from engine.exec.ask import ASK_MODES
-    from engine.exec.context import CONTEXT_STYLES
-
     p = _Parser(prog="python -m engine.ask", description="Answer natural-language questions over a knowledge graph: "
                 "plan relation paths (LLM), retrieve the KG's nearest paths, run them as logical queries, reason.")
     p.add_argument("question", nargs="?", help="a question; the topic entity in [brackets] (else found by name)")
-    p.add_argument("--questions", metavar="FILE", help="one question per line, or JSON lines {\"question\", \"answers\"}")
-    p.add_argument("--artifact", metavar="DIR", help="artifact folder (default: the bundled UMLS KG)")
-    p.add_argument("--k", type=int, default=16, help="candidate relation paths per question (default 16)")
-    p.add_argument("--mode", choices=ASK_MODES, default="pathfinding",
-                   help="retrieval of planned paths: KARPA-P (the plan's length, default) or KARPA-H (any length)")
-    p.add_argument("--max-hops", type=int, default=3, help="longest relation path (default 3)")
-    p.add_argument("--answers", type=int, default=10, help="answers per question (default 10)")
-    p.add_argument("--candidate-relations", type=int, default=30,
-                   help="relations nearest to the question shown to the planner (default 30)")
-    p.add_argument("--no-replan", dest="replan", action="store_false", help="ask the planner once, not twice")
-    p.add_argument("--context", choices=CONTEXT_STYLES, default="yaml",
-                   help="KG context format of the reasoning prompt (default yaml)")
-    p.add_argument("--max-context-tokens", type=int, default=1500, help="context size bound in tokens (default 1500)")
-    p.add_argument("--include-topic", dest="exclude_topic", action="store_false",
-                   help="keep the topic entity among the answers (default: removed, as in MetaQA)")
-    p.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
-                   help="print why each answer holds (default on)")
-    p.add_argument("--encoder", default="minilm", help="relation/question encoder (minilm, hashing, sentence-transformers)")
-    p.add_argument("--encoder-kwargs", default="{}", metavar="JSON", help="encoder keyword arguments as a JSON object")
-    p.add_argument("--path-text", choices=("questions", "names"), default="questions",
-                   help="embedding-only retrieval reads a relation path as its relations' questions "
-                        "(default; llm_bridge.prompts.fallback_template, no LLM) or as its relation names")
-    p.add_argument("--exemplars", metavar="FILE",
-                   help="labelled questions, JSON lines {\"question\": ..., \"path\": [relation, ...]}: "
-                        "embedding-only retrieval favours the paths of similar exemplar questions")
-    p.add_argument("--exemplar-weight", type=float, default=4.0,
-                   help="cost subtracted per unit of exemplar vote (default 4.0; 0 ignores the exemplars)")
-    p.add_argument("--exemplar-k", type=int, default=3,
-                   help="the vote averages the k most similar exemplars of a path (default 3)")
-    p.add_argument("--embedding-candidates", type=int, default=0,
-                   help="with --llm: when the best embedding-only path of a planned length is not among the planned "
-                        "candidates, show the reasoner this many such paths too (default 0)")
-    p.add_argument("--vote-paths", type=int, default=16,
-                   help="answers not picked by an LLM reasoner: a vote of this many candidate paths, each weighted "
-                        "exp(-(cost - lowest cost) / T) (default 16; 1: the best path's answers)")
-    p.add_argument("--vote-temperature", type=float, default=0.1, metavar="T",
-                   help="temperature T of the vote's path weights (default 0.1)")
-    p.add_argument("--lexical-weight", type=float, default=LEXICAL_WEIGHT, metavar="W",
-                   help="embedding-only retrieval: cost lowered by W x the F1 between the relations a path follows "
-                        "and those the question names word for word (default %(default)s; 0 turns it off)")
-    p.add_argument("--kind-weight", type=float, default=KIND_WEIGHT, metavar="W",
-                   help="embedding-only retrieval: cost lowered by W x the cosine between the kind of thing the "
-                        "question asks for ('which films') and the kind of entity the path ends in, read from the "
-                        "KG (docs/ask.md; default %(default)s; 0 turns it off)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per question (JSON lines)")
-    p.add_argument("--show-context", action="store_true", help="print the KG context the reasoner sees")
+    add_settings_arguments(p, AskConfig, skip=_LLM_FIELDS)
     from engine.providers import llm_provider
-    from kge.artifact import add_checksum_argument
-
-    add_checksum_argument(p)
 
     g = llm_provider().add_client_arguments(p)
     g.add_argument("--llm", action="store_true", help="plan and reason with the LLM (default: embedding-only)")
-    g.add_argument("--no-llm-reasoner", dest="reasoner", action="store_false",
-                   help="with --llm: the LLM plans, the best-scoring path answers")
-    g.add_argument("--llm-ask-json", choices=("schema", "object", "off"), default=None,
-                   help="with --llm: the planner/reasoner replies' response_format: 'off' (default) none, 'schema' "
-                        "a JSON schema whose relation names / path numbers / answers are enums of the prompt's "
-                        "candidates (llama.cpp compiles it into a grammar), 'object' any JSON object; dropped if "
-                        "the server rejects it (docs/ask.md)")
+    add_settings_arguments(g, AskConfig, only=_LLM_FIELDS)
+    for action in g._group_actions:
+        why = UNUSED_LLM_FLAGS.get(action.option_strings[0] if action.option_strings else "")
+        if why is not None:
+            action.help = f"refused by engine.ask ({why}); elsewhere: {action.help}"
     return p
 
 
@@ -160,39 +130,17 @@ def parse_args(argv: Sequence[str] | None) -> AskConfig:
         raise UserError("give a question or --questions FILE (exactly one)")
     if ns.question is not None and not ns.question.strip():
         raise UserError("the question is empty")
-    for flag, v, low in (("--k", ns.k, 1), ("--max-hops", ns.max_hops, 1), ("--answers", ns.answers, 1),
-                         ("--candidate-relations", ns.candidate_relations, 1),
-                         ("--max-context-tokens", ns.max_context_tokens, 0), ("--exemplar-k", ns.exemplar_k, 1),
-                         ("--embedding-candidates", ns.embedding_candidates, 0), ("--vote-paths", ns.vote_paths, 1)):
-        if v < low:
-            raise UserError(f"{flag} must be >= {low}, got {v}")
-    if not 0.0 < ns.vote_temperature <= 100.0:
-        raise UserError(f"--vote-temperature must be in (0, 100], got {ns.vote_temperature}")
-    for flag, v in (("--lexical-weight", ns.lexical_weight), ("--kind-weight", ns.kind_weight)):
-        if not 0.0 <= v <= 10.0:
-            raise UserError(f"{flag} must be in [0, 10], got {v}")
-    if not 0.0 <= ns.exemplar_weight <= 10.0:
-        raise UserError(f"--exemplar-weight must be in [0, 10], got {ns.exemplar_weight}")
-    if ns.max_hops > 6:
-        raise UserError(f"--max-hops must be <= 6 (relation sequences grow exponentially), got {ns.max_hops}")
-    kwargs = json_object(ns.encoder_kwargs, "--encoder-kwargs")
+    cfg = settings_from_args(AskConfig, ns, question=ns.question)  # every range check, naming the flag
     from engine.providers import llm_provider
 
-    llm = None
-    if ns.llm:
-        llm = llm_provider().client_config(ns)
-    else:  # the rule of every --llm CLI: an LLM flag without --llm is refused (--no-llm-cache too)
-        llm_provider().refuse_llm_flags(ns, also=[("--no-llm-reasoner", not ns.reasoner)])
-    return AskConfig(artifact=ns.artifact, question=ns.question, questions=ns.questions, k=ns.k, mode=ns.mode,
-                     max_hops=ns.max_hops, answers=ns.answers, candidate_relations=ns.candidate_relations,
-                     replan=ns.replan, context=ns.context, max_context_tokens=ns.max_context_tokens,
-                     exclude_topic=ns.exclude_topic, explain=ns.explain, encoder=ns.encoder, encoder_kwargs=kwargs,
-                     path_text=ns.path_text, exemplars=ns.exemplars, exemplar_weight=ns.exemplar_weight,
-                     exemplar_k=ns.exemplar_k, embedding_candidates=ns.embedding_candidates,
-                     vote_paths=ns.vote_paths, vote_temperature=ns.vote_temperature,
-                     lexical_weight=ns.lexical_weight, kind_weight=ns.kind_weight, json=ns.json,
-                     show_context=ns.show_context, llm=llm, reasoner=ns.reasoner,
-                     llm_ask_json=ns.llm_ask_json or "off", verify=not ns.skip_artifact_checksums)
+    if not ns.llm:  # the rule of every --llm CLI: an LLM flag without --llm is refused (--no-llm-cache too)
+        llm_provider().refuse_llm_flags(ns, also=[("--no-llm-reasoner", not cfg.reasoner)])
+        return cfg
+    llm = llm_provider().client_config(ns)  # the client's own checks first (a bad --llm-n 0 names its range)
+    given = [flag for flag in UNUSED_LLM_FLAGS if getattr(ns, flag[2:].replace("-", "_"), None) not in (None, False)]
+    if given:
+        raise UserError(f"{given[0]} is not used by engine.ask: {UNUSED_LLM_FLAGS[given[0]]}")
+    return replace(cfg, llm=llm, llm_ask_json=cfg.llm_ask_json or "off")
 
 
 def read_questions(path: str) -> list[tuple[str, str, tuple[str, ...] | None]]:
@@ -295,15 +243,9 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     from engine.exec.api import Engine
-    from engine.exec.ask import Asker, AskSettings, read_exemplars
+    from engine.exec.ask import Asker, read_exemplars
 
-    settings = AskSettings(k=cfg.k, mode=cfg.mode, max_hops=cfg.max_hops, answers=cfg.answers,
-                           candidate_relations=cfg.candidate_relations, replan=cfg.replan, context=cfg.context,
-                           max_context_tokens=cfg.max_context_tokens, exclude_topic=cfg.exclude_topic,
-                           explain=cfg.explain, exemplar_weight=cfg.exemplar_weight, exemplar_k=cfg.exemplar_k,
-                           embedding_candidates=cfg.embedding_candidates, vote_paths=cfg.vote_paths,
-                           vote_temperature=cfg.vote_temperature, lexical_weight=cfg.lexical_weight,
-                           kind_weight=cfg.kind_weight)
+    settings = cfg.settings
     items = [("question", cfg.question, None)] if cfg.question is not None else read_questions(cfg.questions)
     engine = Engine.load(cfg.artifact, verify=cfg.verify)
     exemplars = None if cfg.exemplars is None else read_exemplars(cfg.exemplars, engine.artifact.relations)
@@ -312,7 +254,7 @@ def run(cfg: AskConfig, out=None, err=None, *, planner: Any = None, reasoner: An
         from engine.providers import llm_provider
 
         verbalizer = llm_provider().relation_verbalizer()
-    asker = Asker(engine, engine.retriever(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_kwargs or None),
+    asker = Asker(engine, engine.retriever(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_options or None),
                   settings=settings, verbalizer=verbalizer, exemplars=exemplars)
     linker = _linker(engine.artifact)
     t0 = time.perf_counter()
@@ -355,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # One client and one deadline scope for the command (the provider's ask_session): a server that never
     # answers costs one --llm-deadline, not one per chunk and step (plan, replan, reason).
-    with llm_provider().ask_session(cfg.llm, max_hops=cfg.max_hops, json_output=cfg.llm_ask_json,
+    with llm_provider().ask_session(cfg.llm, max_hops=cfg.max_hops, json_output=cfg.llm_ask_json or "off",
                                     reasoner=cfg.reasoner) as (planner, reasoner):
         return run(cfg, planner=planner, reasoner=reasoner)
 

@@ -81,8 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UserError(f"artifact {args.artifact} has no missing triples, so no query has a hard answer "
                         "(use --no-require-hard)")
     t0 = time.perf_counter()
+    if args.progress:  # indexing a 10M-edge KG takes a minute: say what runs before the first bar
+        print(f"sample: indexing {len(artifact.observed):,} observed + {len(artifact.missing):,} missing triples "
+              f"({artifact.num_entities:,} entities, {artifact.num_relations:,} relations)", file=sys.stderr, flush=True)
     sampler = QuerySampler(artifact.observed, artifact.missing, artifact.num_entities, artifact.num_relations,
                            max_answers=args.max_answers, require_hard=args.require_hard, negation=args.negation)
+    if args.progress:
+        print(f"sample: indexed in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     n = 0
     try:
         with open_output(args.out, what="--out", keep_partial=True) as f:

@@ -463,19 +463,31 @@ def estimate_nnz(
     num_rel = relation.shape[0]
     total = n * num_rel
     rng = np.random.default_rng(seed)
-    counts = observed_row_counts(np.asarray(observed, dtype=np.int64).reshape(-1, 3), n, num_rel)
+    obs = np.asarray(observed, dtype=np.int64).reshape(-1, 3)
+    # Only the rows with observed tails are counted (O(edges)): observed_row_counts' R*N counts are 16 GB
+    # at 1M entities and 2,000 relations, and the list of the rows with fewer than 2 as large (issue 30).
+    keys, key_counts = np.unique(obs[:, 1] * n + obs[:, 0], return_counts=True)
+    dense = keys[key_counts >= 2]
     # Stratified: rows with >= 2 observed tails are few but dense (p is scaled by their
-    # count), so a uniform sample misses them; sample each stratum separately and weight.
-    strata = [np.flatnonzero(counts >= 2), np.flatnonzero(counts < 2)]
+    # count), so a uniform sample misses them; sample each stratum separately and weight.  The sparse
+    # stratum (every other row) is drawn by position: the i-th row without >= 2 tails is i plus the number
+    # of dense rows before it, the draw np.random's choice makes from that list written out.
     picks, weights = [], []
-    for stratum in strata:
-        if len(stratum) == 0:
+    for size, is_dense in ((len(dense), True), (total - len(dense), False)):
+        if size == 0:
             continue
-        k = min(num_rows // 2, len(stratum))
-        picks.append(np.sort(rng.choice(stratum, size=k, replace=False)))
-        weights.append(np.full(k, len(stratum) / k))
+        k = min(num_rows // 2, size)
+        at = rng.choice(size, size=k, replace=False)
+        if is_dense:
+            chosen = dense[at]
+        else:
+            chosen = at + np.searchsorted(dense - np.arange(len(dense)), at, side="right")
+        picks.append(np.sort(chosen))
+        weights.append(np.full(k, size / k))
     rows = np.concatenate(picks)
     row_weight = np.concatenate(weights)
+    where = np.minimum(np.searchsorted(keys, rows), max(len(keys) - 1, 0))
+    row_counts = np.where(keys[where] == rows, key_counts[where], 0) if len(keys) else np.zeros(len(rows), np.int64)
     ent = torch.from_numpy(np.ascontiguousarray(entity, dtype=np.complex64)).to(device)
     rel = torch.from_numpy(np.ascontiguousarray(relation, dtype=np.complex64)).to(device)
     r_ids = torch.from_numpy(rows // n).to(device)
@@ -489,7 +501,7 @@ def estimate_nnz(
         for a in range(0, len(rows), step):
             q = ent[h_ids[a : a + step]] * rel[r_ids[a : a + step]]
             s = (q @ ent.conj().t()).real
-            p = torch.softmax(s, dim=1) * torch.from_numpy(np.maximum(counts[rows[a : a + step]], 1)).to(device).float()[:, None]
+            p = torch.softmax(s, dim=1) * torch.from_numpy(np.maximum(row_counts[a : a + step], 1)).to(device).float()[:, None]
             mask = p >= floor
             kept.append(p[mask].cpu().numpy())
             kept_w.append(np.repeat(row_weight[a : a + step], mask.sum(dim=1).cpu().numpy()))

@@ -119,12 +119,39 @@ def test_path_query_matches_the_metaqa_converter():
 
 
 def test_settings_are_checked():
-    with pytest.raises(UserError, match="k must be"):
+    with pytest.raises(UserError, match=r"^--k must be >= 1, got 0$"):  # the flag's words, from code too
         AskSettings(k=0)
     with pytest.raises(UserError, match="pathfinding"):
         AskSettings(mode="dfs")
     with pytest.raises(UserError, match="yaml"):
         AskSettings(context="xml")
+
+
+def test_engine_ask_keeps_one_asker_per_settings(kg, questions, monkeypatch):
+    """Issue 31: Engine.ask built a new Asker (enumeration, path embeddings, kind texts) per call; now one per
+    (retriever, settings, verbalizer, exemplars), and the answers are the same as a fresh one's."""
+    import engine.exec.ask as ask_mod
+
+    art, _, ret = kg
+    eng = Engine.load(art)  # an engine of its own: the module's fixture engine may hold Askers already
+    built = []
+
+    class Counting(ask_mod.Asker):
+        def __init__(self, *a, **kw):
+            built.append(kw.get("settings"))
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(ask_mod, "Asker", Counting)
+    texts = [q for q, _, _ in questions[:4]]
+    first = [r.to_json() for r in eng.ask(texts, retriever=ret, vote_paths=4)]
+    again = [r.to_json() for r in eng.ask(texts, retriever=ret, vote_paths=4)]
+    assert len(built) == 1
+    for d in first + again:
+        d.pop("seconds")
+    assert first == again
+    eng.ask(texts[:1], retriever=ret, vote_paths=2)  # other settings: another Asker, the first one kept
+    eng.ask(texts[:1], retriever=ret, vote_paths=4)
+    assert [s.vote_paths for s in built] == [4, 2]
 
 
 # ------------------------------------------------------------------------------ embedding-only
@@ -198,12 +225,12 @@ def test_vote_ranking_matches_brute_force_on_random_scores(seed):
 
 def test_vote_settings_are_checked():
     for bad in (0, 0.0, -1.0, True, 1000.0):
-        with pytest.raises(UserError, match="vote_temperature"):
+        with pytest.raises(UserError, match="--vote-temperature must be"):
             AskSettings(vote_temperature=bad)
-    with pytest.raises(UserError, match="vote_paths"):
+    with pytest.raises(UserError, match="--vote-paths must be"):
         AskSettings(vote_paths=0)
     for name in ("pick_vote", "empty_variants"):
-        with pytest.raises(UserError, match=f"ask: {name} must be true or false, got 'yes'"):
+        with pytest.raises(UserError, match="must be true or false, got 'yes'"):
             AskSettings(**{name: "yes"})
 
 
@@ -532,7 +559,7 @@ def test_cli_with_the_simulated_llm_over_http(kg, questions, tmp_path):
     (["q", "--questions", "f"], "exactly one"),
     (["   "], "the question is empty"),
     (["q", "--k", "0"], "--k must be >= 1"),
-    (["q", "--max-hops", "9"], "--max-hops must be <= 6"),
+    (["q", "--max-hops", "9"], "--max-hops must be in [1, 6], got 9"),
     (["q", "--encoder-kwargs", "{"], "--encoder-kwargs: not JSON"),
     (["q", "--llm-base-url", "http://x/v1"], "--llm-base-url needs --llm"),
     (["q", "--no-llm-reasoner"], "--no-llm-reasoner needs --llm"),
@@ -544,6 +571,27 @@ def test_cli_bad_input_is_one_error_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flags", [["--llm-temperature", "0.5"], ["--llm-n", "3"], ["--llm-json", "schema"],
+                                   ["--llm-logprobs"]])
+def test_cli_llm_flags_the_loop_does_not_use_are_refused(flags, capsys, monkeypatch):
+    """Issue 31: engine.ask took --llm-temperature, --llm-n, --llm-json (and --llm-logprobs) and ignored them
+    (its planner and reasoner ask for one reply at temperature 0, with their own --llm-ask-json): now one
+    error line naming the flag and why, before anything is loaded."""
+    from engine.ask import main, parse_args
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    assert main(["q", "--llm", *flags]) == 2
+    err = capsys.readouterr().err
+    from engine.ask import UNUSED_LLM_FLAGS
+
+    assert err == f"error: {flags[0]} is not used by engine.ask: {UNUSED_LLM_FLAGS[flags[0]]}\n", err
+    assert main(["q", *flags]) == 2  # without --llm: the rule of every --llm CLI comes first
+    assert capsys.readouterr().err == f"error: {flags[0]} needs --llm\n"
+    # the flags the loop does use still parse into the client's config
+    cfg = parse_args(["q", "--llm", "--llm-max-tokens", "96", "--llm-timeout", "5", "--no-llm-cache"])
+    assert (cfg.llm.max_tokens, cfg.llm.timeout_s, cfg.llm.use_cache) == (96, 5.0, False)
 
 
 def test_cli_bad_questions_file_and_unknown_topic(kg, tmp_path, capsys):
@@ -887,7 +935,7 @@ def test_answer_phrase_and_new_settings_validation():
     assert answer_phrase("") == ""
     for bad in (dict(length_prior=-0.1), dict(length_prior=2.0), dict(answer_type_weight=-1.0),
                 dict(answer_type_weight=True), dict(length_pivot=-1), dict(range_examples=0)):
-        with pytest.raises(UserError, match="ask: " + next(iter(bad))):
+        with pytest.raises(UserError, match="^--" + next(iter(bad)).replace("_", "-") + " must be"):
             AskSettings(**bad)
 
 
@@ -978,9 +1026,9 @@ def test_cli_exemplars_and_settings(kg, questions, tmp_path):
                   "--exemplars", str(ex), "--json", q])
     row = json.loads(out)
     assert tuple(row["paths"][0]["relations"]) == path
-    with pytest.raises(UserError, match="exemplar_weight"):
+    with pytest.raises(UserError, match="--exemplar-weight must be"):
         AskSettings(exemplar_weight=-1.0)
-    with pytest.raises(UserError, match="exemplar_k"):
+    with pytest.raises(UserError, match="--exemplar-k must be"):
         AskSettings(exemplar_k=0)
     _, eng, ret = kg
     with pytest.raises(UserError, match="exemplar 1: unknown relation 'nope'"):
@@ -1077,6 +1125,35 @@ class _CountingExecutor:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+
+def test_the_vote_weighs_every_candidate_on_one_scale(kg, questions):
+    """Issue 31: with a plan the vote mixed the retriever's plan costs (>= 0) with the plan variants' and
+    embedding paths' embedding-only costs (below 0 where the kind and lexical terms weigh in), so a variant
+    could outweigh the plan by exp(cost gap / 0.1).  Every candidate now carries its embedding-only cost
+    (one scale, whatever its source) and the vote weighs by it; without a plan it is the cost itself."""
+    from engine.exec.ask import Asker, vote_ranking
+
+    _, eng, ret = kg
+    q, gold, _ = questions[0]
+
+    class Gold:
+        def plan(self, requests):
+            return [PlanReply(plans=(tuple(gold),)) for _ in requests]
+
+    asker = Asker(eng, ret, settings=AskSettings(explain=False, embedding_candidates=2))
+    res = asker.ask([q], planner=Gold())[0]
+    assert res.retrieval == "plan" and len({p.source for p in res.paths}) > 1
+    want = asker.score_sequences([[p.relations for p in res.paths]], [question_text(q)])[0]
+    assert [p.embedding_cost for p in res.paths] == pytest.approx(want.tolist())
+    # the answers are the vote of the first vote_paths paths with answers, weighted by those costs
+    idx = [i for i, p in enumerate(res.paths) if p.answers][:AskSettings().vote_paths]
+    cols = sorted({a.id for i in idx for a in res.paths[i].answers})
+    S = np.array([[next((a.score for a in res.paths[i].answers if a.id == e), 0.0) for e in cols] for i in idx])
+    ents, _ = vote_ranking(S, [res.paths[i].embedding_cost for i in idx], AskSettings().vote_temperature, 10)
+    assert [a.id for a in res.answers] == [cols[c] for c in ents.tolist()]
+    plain = asker.ask([q])[0]  # no plan: the embedding-only cost is the cost
+    assert all(p.embedding_cost == p.cost for p in plain.paths)
 
 
 @pytest.mark.parametrize("pick", [False, True])

@@ -136,7 +136,7 @@ def test_a_path_following_every_named_relation_wins_over_its_prefix(kg):
 
 @pytest.mark.parametrize("bad", [-0.1, 10.5, True, "0.4", float("nan")])
 def test_lexical_weight_is_checked(bad):
-    with pytest.raises(UserError, match="lexical_weight"):
+    with pytest.raises(UserError, match="--lexical-weight must be"):
         AskSettings(lexical_weight=bad)
 
 

@@ -181,7 +181,7 @@ def test_many_chunks_rewrite_the_cache_a_few_times_not_once_per_chunk(kg, home, 
     """The first call with new path texts writes the cache; later ones of the same Asker only when the cache
     would grow by 1/8 (a --questions run of 1,000 questions is 63 chunks); the next Asker writes the rest."""
     import engine.paths.embeddings as embeddings
-    from engine.exec.ask import _CACHE_GROWTH, _read_sequence_cache
+    from engine.exec.ask_score import _CACHE_GROWTH, _read_sequence_cache
 
     _, eng, _ = kg
     written: list[int] = []
@@ -223,7 +223,7 @@ def test_a_killed_writers_leftover_is_removed_by_the_next_write(tmp_path):
 
 def test_readers_never_see_part_of_a_cache_being_rewritten(tmp_path):
     """Atomic replacement: a reader loads the old or the new file while a writer rewrites it, never a mix."""
-    from engine.exec.ask import _read_sequence_cache
+    from engine.exec.ask_score import _read_sequence_cache
     from engine.paths.embeddings import read_cache, write_cache
 
     path = tmp_path / "c.npz"

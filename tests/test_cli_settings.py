@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: The CLIs not yet built from their settings (shrink this list as they are converted).
 NOT_CONVERTED = {
-    "engine.ask": "issue 31 (Ask, round two): its settings are that issue's",
     "experiments.metaqa_ask": "issue 31 (Ask, round two): the ask loop's MetaQA runner, with engine.ask",
 }
 
@@ -49,6 +48,10 @@ CLIS = {
                       {"--llm": "the switch that turns the LLM settings on",
                        "--llm-api-key-env": "names the variable holding the key (a key is never a flag)"},
                       ["--expr", "(p r e)", "--llm"], "parse_args"),
+    "engine.ask": (lambda: [_mod("engine.ask").AskConfig, _mod("llm_bridge.config").LLMConfig], 1,
+                   {"--llm": "the switch that turns the LLM settings on",
+                    "--llm-api-key-env": "names the variable holding the key (a key is never a flag)"},
+                   ["q", "--llm"], "parse_args"),
     "engine.evaluate": (lambda: [_mod("engine.evaluate").EvaluateSettings], 0, {}, ["--artifact", "a", "--queries", "q"],
                         "parse_args"),
     "engine.sample": (lambda: [_mod("engine.sample").SampleSettings], 0, {}, ["--artifact", "a", "--out", "o.jsonl"],

@@ -160,14 +160,44 @@ class Engine:
         (``(question, relation path)`` pairs) add a kNN vote of labelled questions (``Asker``).  ``settings``:
         :class:`~engine.exec.ask.AskSettings` fields (``k=16``, ``mode``, ``max_hops=3``, ``context``, ...).
         One :class:`~engine.exec.ask.AskResult` for a string, a list for a list.  See engine/exec/ask.py.
+
+        The :class:`~engine.exec.ask.Asker` is kept on the engine per (retriever, settings, verbalizer,
+        exemplars): its enumerated relation paths, path embeddings and kind texts serve the next call.
         """
         from engine.exec.ask import Asker, AskSettings
 
         batch = [questions] if isinstance(questions, str) else list(questions)
-        asker = Asker(self, retriever if retriever is not None else self.retriever(encoder=encoder),
-                      settings=AskSettings(**settings), verbalizer=verbalizer, exemplars=exemplars)
+        ret = retriever if retriever is not None else self.retriever(encoder=encoder)
+        asker = self._asker(Asker, ret, AskSettings(**settings), verbalizer, exemplars)
         out = asker.ask(batch, planner=planner, reasoner=reasoner, linker=linker, progress=progress)
         return out[0] if isinstance(questions, str) else out
+
+    #: Askers kept per engine (:meth:`ask`); one more clears them (a bound for code that varies settings).
+    ASKERS = 8
+
+    def _asker(self, make: Any, retriever: Any, settings: Any, verbalizer: Any, exemplars: Any) -> Any:
+        """The engine's :class:`~engine.exec.ask.Asker` for these arguments, built on first use.
+
+        Keyed by the retriever and verbalizer objects (the Asker holds them, so their ids stay theirs), the
+        settings (frozen, hashable) and the exemplars' value; exemplars that are no hashable value (the
+        Asker refuses them with its own message) get an Asker of their own, not kept."""
+        try:
+            ex = None if exemplars is None else tuple(
+                (e[0], tuple(e[1])) if isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[1], (tuple, list))
+                else e for e in exemplars)
+            key: Any = (id(retriever), settings, id(verbalizer), ex)
+            hash(key)
+        except TypeError:
+            key = None
+        cache = self.__dict__.setdefault("_askers", {})
+        if key is None or key not in cache:
+            asker = make(self, retriever, settings=settings, verbalizer=verbalizer, exemplars=exemplars)
+            if key is None:
+                return asker
+            if len(cache) >= self.ASKERS:
+                cache.clear()
+            cache[key] = asker
+        return cache[key]
 
     def example(self, structure: str, *, seed: int = 0) -> Node:
         """A seeded example query of ``structure`` that has answers on this KG (ids).
