@@ -1,4 +1,4 @@
-"""``python -m kge.shard``: write an eager artifact as P column shards for a sharded run (see :mod:`kge.sharding`).
+"""``python -m kge.shard``: write an artifact (eager or lazy) as P column shards for a sharded run (see :mod:`kge.sharding`).
 
 ::
 
@@ -21,7 +21,7 @@ __all__ = ["ShardSettings", "parse_args", "run", "main"]
 class ShardSettings(Settings):
     """What ``kge.shard`` was asked to do; each field's flag is declared with it (see ``--help``)."""
 
-    artifact: str = setting(metavar="DIR", help="the eager artifact folder to shard (left as it is)")
+    artifact: str = setting(metavar="DIR", help="the artifact folder to shard, eager or lazy (left as it is)")
     shards: int = setting(low=1, integer=True, metavar="P", help="number of shards = ranks of the sharded run")
     out: str = setting(metavar="DIR", help="the new shard folder (missing parent folders are created)")
     overwrite: bool = setting(False, help="replace a shard folder already there")
@@ -30,7 +30,7 @@ class ShardSettings(Settings):
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m kge.shard",
-                       description="Split an eager artifact into P column shards for a sharded run "
+                       description="Split an artifact (eager or lazy) into P column shards for a sharded run "
                                    "(torchrun --nproc-per-node P -m engine.answer --artifact OUT ...).")
     add_settings_arguments(p, ShardSettings)
     add_settings_arguments(p, QuietSettings)

@@ -1,4 +1,4 @@
-"""An eager artifact split into P column shards, one per rank of a sharded run (docs/distributed.md).
+"""An artifact split into P column shards, one per rank of a sharded run (docs/distributed.md).
 
 The library; ``python -m kge.shard`` is its command line.
 
@@ -26,6 +26,14 @@ the artifact: every rank names its answers) and ``shard-K-of-P.npz`` per rank.  
 ``meta.json``, the vocabulary and its own shard file only (:func:`load_shard`); a folder whose
 shard count is not the world size, that lacks a shard, whose shard file changed or comes from
 another build is one :class:`~kgreason.errors.UserError` line.
+
+A *lazy* artifact (rows computed from the embeddings on demand) is sharded the same way
+(:class:`LazyShard`, ``meta.json["matrices"] == "lazy"``): the folder holds the embeddings once,
+``entity.npy`` (N, d) and ``relation.npy`` (R, d) complex64, which a rank memory-maps (it reads
+its block's tail embeddings and the head embeddings of the rows it computes, nothing else), and
+``shard-K-of-P.npz`` holds the known edges whose tail lies in block k (the rows' "known tails"
+counts are summed across ranks with the softmax normaliser, :mod:`engine.exec.sharded_lazy`).
+The blocks are of equal width (a lazy rank's work is its score GEMM, ``rows x 2d x N_k``).
 """
 from __future__ import annotations
 
@@ -40,7 +48,7 @@ import numpy as np
 
 from kgreason.errors import UserError
 
-__all__ = ["ColumnShard", "block_bounds", "column_counts", "shard_matrices", "write_shards", "load_shard", "read_shard_meta",
+__all__ = ["ColumnShard", "LazyShard", "lazy_shard", "block_bounds", "column_counts", "shard_matrices", "write_shards", "load_shard", "read_shard_meta",
            "read_shard_vocab", "shard_file_name", "is_shard_folder", "check_not_shard_folder", "SHARD_FORMAT"]
 
 #: The layout version of a shard folder (``meta.json``'s ``shard_format``).
@@ -79,7 +87,26 @@ def shard_file_name(rank: int, shards: int) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class ColumnShard:
+class _Block:
+    """Which block a shard is: rank ``rank`` of ``shards`` holds the tails ``[lo, hi)`` of N entities."""
+
+    num_entities: int
+    num_relations: int
+    rank: int
+    shards: int
+    lo: int
+    hi: int
+    #: every rank's block bounds (P+1 entity ids): who owns which entity
+    bounds: tuple[int, ...]
+
+    @property
+    def width(self) -> int:
+        """N_k: the entities of this block."""
+        return self.hi - self.lo
+
+
+@dataclass(frozen=True, eq=False)
+class ColumnShard(_Block):
     """Rank ``rank``'s part of the R relation matrices: every entry ``M_r[i, j]`` with ``lo <= j < hi``.
 
     ``keys`` int64 (rows,), sorted, unique: ``r*N + i`` of each row with an entry in the block;
@@ -91,14 +118,6 @@ class ColumnShard:
     bytes, nothing per (relation, entity) pair without entries.
     """
 
-    num_entities: int
-    num_relations: int
-    rank: int
-    shards: int
-    lo: int
-    hi: int
-    #: every rank's block bounds (P+1 entity ids): who owns which entity
-    bounds: tuple[int, ...]
     keys: np.ndarray
     ptr: np.ndarray
     col: np.ndarray
@@ -106,11 +125,6 @@ class ColumnShard:
     tails: np.ndarray
     tail_ptr: np.ndarray
     build_id: str = ""
-
-    @property
-    def width(self) -> int:
-        """N_k: the entities of this block."""
-        return self.hi - self.lo
 
     @property
     def nnz(self) -> int:
@@ -189,6 +203,60 @@ def shard_matrices(matrices: Any, num_entities: int, rank: int, shards: int, *, 
                        np.concatenate(tails) if tails else np.zeros(0, np.int32), tail_ptr, build_id)
 
 
+@dataclass(frozen=True, eq=False)
+class LazyShard(_Block):
+    """Rank ``rank``'s part of a lazy artifact: what computing its columns ``[lo, hi)`` of calibrated rows needs.
+
+    ``entity`` (N, d) complex64, every entity's embedding (a memory map when loaded from a shard
+    folder: the rank touches the rows of its block, its tails, and of the heads whose rows it
+    computes); ``relation`` (R, d) complex64; ``obs_key`` int64 sorted ``r*N + h`` and ``obs_tail``
+    int32 (local ``t - lo``, ascending within a key) of the known edges ``(h, r, t)`` with ``t`` in
+    the block; ``threshold`` and ``delta`` the artifact's calibration.  No array grows as relations x
+    entities: the known edges of the block cost 12 bytes each.
+    """
+
+    entity: np.ndarray
+    relation: np.ndarray
+    obs_key: np.ndarray
+    obs_tail: np.ndarray
+    threshold: float
+    delta: float
+    build_id: str = ""
+
+    @property
+    def nnz(self) -> int:
+        """Stored entries: none (rows are computed on demand); the known edges of the block are :attr:`obs_key`."""
+        return 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this rank holds besides the memory-mapped head embeddings: its block's tail embeddings,
+        the relations' and its known edges."""
+        d = int(self.entity.shape[1]) if self.entity.ndim == 2 else 0
+        return int(8 * d * self.width + self.relation.nbytes + self.obs_key.nbytes + self.obs_tail.nbytes)
+
+
+def lazy_shard(entity: np.ndarray, relation: np.ndarray, observed: np.ndarray, rank: int, shards: int, *,
+               threshold: float, delta: float, bounds: list[int] | None = None, build_id: str = "") -> LazyShard:
+    """Shard ``rank`` of ``shards`` of a lazy artifact's embeddings and known edges ``observed`` ((E, 3) ``h, r, t``).
+
+    ``bounds``: the blocks (default: :func:`block_bounds` of equal width).
+    """
+    n, r_count = int(entity.shape[0]), int(relation.shape[0])
+    if not 0 <= rank < shards:
+        raise UserError(f"rank {rank} is not in [0, {shards})")
+    if bounds is None:
+        bounds = block_bounds(n, shards)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    obs = np.asarray(observed, dtype=np.int64).reshape(-1, 3)
+    obs = obs[(obs[:, 2] >= lo) & (obs[:, 2] < hi)]
+    key = obs[:, 1] * n + obs[:, 0]
+    order = np.lexsort((obs[:, 2], key))
+    return LazyShard(n, r_count, rank, shards, lo, hi, tuple(bounds), entity, relation,
+                     np.ascontiguousarray(key[order]), np.ascontiguousarray(obs[order, 2] - lo, dtype=np.int32),
+                     float(threshold), float(delta), build_id)
+
+
 # ------------------------------------------------------------------------------------ on disk
 def is_shard_folder(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a folder written by :func:`write_shards` (its meta.json says so)."""
@@ -219,26 +287,21 @@ def _build_id(source_sha: str, n: int, r: int, shards: int) -> str:
 
 def write_shards(artifact: Any, shards: int, out: str | os.PathLike, *, overwrite: bool = False,
                  progress: bool = False) -> Path:
-    """Write ``artifact`` (an eager :class:`kge.artifact.Artifact` loaded from its folder) as ``shards`` shards in ``out``."""
-    from kge.artifact import _savez_reproducible, _write_vocab, sha256_file
+    """Write ``artifact`` (a :class:`kge.artifact.Artifact` loaded from its folder; eager, or lazy: see the module doc)
+    as ``shards`` shards in ``out``."""
+    from kge.artifact import _savez_reproducible, sha256_file
     from kgreason.files import OutputFolder, write_output
 
-    if artifact.is_lazy:
-        raise UserError(f"--artifact {artifact.path}: lazy artifacts are not sharded yet (only eager ones); "
-                        "materialize it first (kge.materialize)")
     n, r = artifact.num_entities, artifact.num_relations
     if shards > n:
         raise UserError(f"--shards {shards}: more shards than the artifact's {n} entities")
-    source_sha = str(artifact.meta.get("files", {}).get("matrices.npz", "")) if artifact.meta else ""
-    if not source_sha and artifact.path is not None:
-        source_sha = sha256_file(Path(artifact.path) / "matrices.npz")
+    if artifact.is_lazy:
+        return _write_lazy_shards(artifact, shards, out, overwrite=overwrite, progress=progress)
+    source_sha = _source_sha(artifact, "matrices.npz")
     build_id = _build_id(source_sha, n, r, shards)
     with OutputFolder(out, overwrite=overwrite, what="--out", create_parents=True,
                       inputs=[("--artifact", artifact.path)] if artifact.path else ()) as tmp:
-        files: dict[str, str] = {}
-        for name, names in (("entities.tsv", artifact.entities), ("relations.tsv", artifact.relations)):
-            _write_vocab(tmp / name, names)
-            files[name] = sha256_file(tmp / name)
+        files = _write_vocabulary(tmp, artifact)
         bounds = block_bounds(n, shards, column_counts(artifact.matrices, n))
         for k in range(shards):
             s = shard_matrices(artifact.matrices, n, k, shards, bounds=bounds, build_id=build_id)
@@ -254,6 +317,65 @@ def write_shards(artifact: Any, shards: int, out: str | os.PathLike, *, overwrit
         meta = {"kind": _KIND, "shard_format": SHARD_FORMAT, "build_id": build_id, "shards": shards,
                 "num_entities": n, "num_relations": r, "bounds": bounds,
                 "source": {"artifact": str(artifact.path) if artifact.path else None, "matrices_sha256": source_sha},
+                "files": files}
+        write_output(tmp / "meta.json", json.dumps(meta, indent=2, sort_keys=True), what="meta.json")
+    return Path(out)
+
+
+def _source_sha(artifact: Any, file: str) -> str:
+    """The sha256 of the artifact's ``file`` (what the build id is made of): from its meta.json, else computed."""
+    from kge.artifact import sha256_file
+
+    sha = str(artifact.meta.get("files", {}).get(file, "")) if artifact.meta else ""
+    if not sha and artifact.path is not None:
+        sha = sha256_file(Path(artifact.path) / file)
+    return sha
+
+
+def _write_vocabulary(tmp: Path, artifact: Any) -> dict[str, str]:
+    """``entities.tsv`` and ``relations.tsv`` of ``artifact`` into ``tmp``: their sha256 by name."""
+    from kge.artifact import _write_vocab, sha256_file
+
+    files: dict[str, str] = {}
+    for name, names in (("entities.tsv", artifact.entities), ("relations.tsv", artifact.relations)):
+        _write_vocab(tmp / name, names)
+        files[name] = sha256_file(tmp / name)
+    return files
+
+
+def _write_lazy_shards(artifact: Any, shards: int, out: str | os.PathLike, *, overwrite: bool,
+                       progress: bool) -> Path:
+    """:func:`write_shards` of a lazy artifact: the embeddings once (``entity.npy``, ``relation.npy``) and per
+    rank the known edges whose tail is in its block (see the module doc)."""
+    from kge.artifact import _savez_reproducible, sha256_file
+    from kgreason.files import OutputFolder, write_output
+
+    lazy = artifact.matrices
+    n, r = artifact.num_entities, artifact.num_relations
+    source_sha = _source_sha(artifact, "embeddings.npz")
+    build_id = _build_id(f"lazy/{source_sha}/{lazy.threshold!r}/{lazy.delta!r}", n, r, shards)
+    bounds = block_bounds(n, shards)
+    with OutputFolder(out, overwrite=overwrite, what="--out", create_parents=True,
+                      inputs=[("--artifact", artifact.path)] if artifact.path else ()) as tmp:
+        files = _write_vocabulary(tmp, artifact)
+        for name, arr in (("entity.npy", lazy.entity), ("relation.npy", lazy.relation)):
+            np.save(tmp / name, np.ascontiguousarray(arr, dtype=np.complex64))  # the folder is moved in whole
+            files[name] = sha256_file(tmp / name)
+        for k in range(shards):
+            s = lazy_shard(lazy.entity, lazy.relation, lazy.observed, k, shards, threshold=lazy.threshold,
+                           delta=lazy.delta, bounds=bounds, build_id=build_id)
+            name = shard_file_name(k, shards)
+            _savez_reproducible(tmp / name, obs_key=s.obs_key, obs_tail=s.obs_tail,
+                                block=np.array([s.lo, s.hi, n, r, k, shards], dtype=np.int64),
+                                build_id=np.frombuffer(build_id.encode(), dtype=np.uint8))
+            files[name] = sha256_file(tmp / name)
+            if progress:
+                print(f"shard {k + 1}/{shards}: entities [{s.lo}, {s.hi}), {s.obs_key.size} known edges (lazy rows)",
+                      flush=True)
+        meta = {"kind": _KIND, "shard_format": SHARD_FORMAT, "matrices": "lazy", "build_id": build_id,
+                "shards": shards, "num_entities": n, "num_relations": r, "bounds": bounds,
+                "threshold": lazy.threshold, "delta": lazy.delta,
+                "source": {"artifact": str(artifact.path) if artifact.path else None, "embeddings_sha256": source_sha},
                 "files": files}
         write_output(tmp / "meta.json", json.dumps(meta, indent=2, sort_keys=True), what="meta.json")
     return Path(out)
@@ -292,31 +414,42 @@ def read_shard_meta(folder: str | os.PathLike, world_size: int) -> dict[str, Any
     missing = [shard_file_name(k, world_size) for k in range(world_size)
                if not (folder / shard_file_name(k, world_size)).is_file()
                or shard_file_name(k, world_size) not in files]
-    missing += [v for v in ("entities.tsv", "relations.tsv") if not (folder / v).is_file()]
+    shared = _SHARED_FILES + (_LAZY_FILES if meta.get("matrices") == "lazy" else ())
+    missing += [v for v in shared if not (folder / v).is_file() or v not in files]
     if missing:
         raise _fail(folder, f"incomplete: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
-                            f"missing ({len(missing)} of {world_size} shards + 2 vocabulary files)")
+                            f"missing ({len(missing)} of {world_size} shards + {len(shared)} shared files)")
     return meta
 
 
-def load_shard(folder: str | os.PathLike, rank: int, world_size: int, *, verify: bool = True) -> ColumnShard:
+#: The files every rank reads: the vocabulary, and in a lazy shard folder the embeddings.
+_SHARED_FILES = ("entities.tsv", "relations.tsv")
+_LAZY_FILES = ("entity.npy", "relation.npy")
+
+
+def load_shard(folder: str | os.PathLike, rank: int, world_size: int, *,
+               verify: bool = True) -> "ColumnShard | LazyShard":
     """Rank ``rank``'s shard of ``folder`` (only that file's entries are read), checked against the folder's build.
 
-    With ``verify`` the shard file's sha256 must match ``meta.json``; its embedded build id and block
-    must match the folder's whatever ``verify`` says (a shard copied in from another build).
+    With ``verify`` the shard file's sha256 must match ``meta.json`` (in a lazy folder, the embeddings'
+    too); its embedded build id and block must match the folder's whatever ``verify`` says (a shard
+    copied in from another build).  A lazy folder gives a :class:`LazyShard` (embeddings memory-mapped).
     """
     from kge.artifact import sha256_file
 
     folder = Path(folder)
     meta = read_shard_meta(folder, world_size)
+    lazy = meta.get("matrices") == "lazy"
     name = shard_file_name(rank, world_size)
     path = folder / name
-    if verify and sha256_file(path) != meta["files"][name]:
-        raise _fail(folder, f"{name} changed since it was written (sha256 differs from meta.json); "
-                            "write the shards again with python -m kge.shard")
+    for file in (name,) + (_LAZY_FILES if lazy else ()):
+        if verify and sha256_file(folder / file) != meta["files"][file]:
+            raise _fail(folder, f"{file} changed since it was written (sha256 differs from meta.json); "
+                                "write the shards again with python -m kge.shard")
+    fields = ("obs_key", "obs_tail") if lazy else ("keys", "ptr", "col", "val", "tails", "tail_ptr")
     try:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in ("keys", "ptr", "col", "val", "tails", "tail_ptr", "block", "build_id")}
+            arrays = {k: z[k] for k in fields + ("block", "build_id")}
     except (OSError, ValueError, KeyError) as exc:
         raise _fail(folder, f"{name} is not a readable shard file ({exc})") from None
     bid = arrays["build_id"].tobytes().decode("ascii", "replace")
@@ -332,6 +465,8 @@ def load_shard(folder: str | os.PathLike, rank: int, world_size: int, *, verify:
             or [lo, hi] != bounds[rank:rank + 2]:
         raise _fail(folder, f"{name} holds block {k} of {p} ([{lo}, {hi}) of {n} entities), "
                             f"not block {rank} of {world_size} as meta.json says")
+    if lazy:
+        return _lazy_shard_of(folder, meta, arrays, (lo, hi, n, r), rank, world_size, tuple(bounds), bid)
     keys, ptr, col, val = arrays["keys"], arrays["ptr"], arrays["col"], arrays["val"]
     tails, tail_ptr = arrays["tails"], arrays["tail_ptr"]
     if (keys.dtype, ptr.dtype, col.dtype, val.dtype, tails.dtype, tail_ptr.dtype) \
@@ -340,6 +475,35 @@ def load_shard(folder: str | os.PathLike, rank: int, world_size: int, *, verify:
             or tail_ptr.size != r + 1 or int(tail_ptr[0]) != 0 or int(tail_ptr[-1]) != tails.size:
         raise _fail(folder, f"{name}: arrays of the wrong types or sizes; write the shards again")
     return ColumnShard(n, r, rank, world_size, lo, hi, tuple(bounds), keys, ptr, col, val, tails, tail_ptr, bid)
+
+
+def _lazy_shard_of(folder: Path, meta: dict[str, Any], arrays: dict[str, np.ndarray], block: tuple[int, int, int, int],
+                   rank: int, world_size: int, bounds: tuple[int, ...], bid: str) -> LazyShard:
+    """The :class:`LazyShard` of a lazy folder's shard file ``arrays`` (checked), the embeddings memory-mapped."""
+    lo, hi, n, r = block
+    name = shard_file_name(rank, world_size)
+    key, tail = arrays["obs_key"], arrays["obs_tail"]
+    if (key.dtype, tail.dtype) != (np.int64, np.int32) or key.shape != tail.shape or key.ndim != 1 \
+            or (key.size and (int(key[0]) < 0 or int(key[-1]) >= r * n or bool((np.diff(key) < 0).any())
+                              or int(tail.min()) < 0 or int(tail.max()) >= hi - lo)):
+        raise _fail(folder, f"{name}: arrays of the wrong types, sizes or ranges; write the shards again")
+    emb = {}
+    for file, rows in (("entity.npy", n), ("relation.npy", r)):
+        try:
+            emb[file] = np.load(folder / file, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise _fail(folder, f"{file} is not a readable array ({exc})") from None
+        a = emb[file]
+        if a.dtype != np.complex64 or a.ndim != 2 or a.shape[0] != rows:
+            raise _fail(folder, f"{file}: {a.dtype} {a.shape}, expected complex64 ({rows}, d); write the shards again")
+    ent, rel = emb["entity.npy"], emb["relation.npy"]
+    if ent.shape[1] != rel.shape[1]:
+        raise _fail(folder, f"entity.npy and relation.npy have widths {ent.shape[1]} and {rel.shape[1]}")
+    try:
+        threshold, delta = float(meta["threshold"]), float(meta["delta"])
+    except (KeyError, TypeError, ValueError):
+        raise _fail(folder, "meta.json: a lazy shard folder needs numbers 'threshold' and 'delta'") from None
+    return LazyShard(n, r, rank, world_size, lo, hi, bounds, ent, rel, key, tail, threshold, delta, bid)
 
 
 def read_shard_vocab(folder: str | os.PathLike) -> tuple[list[str], list[str]]:

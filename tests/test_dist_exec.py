@@ -161,6 +161,54 @@ def answers_and_scores(artifact: str, queries: str, out: str) -> None:
                      "hops": [tuple(h) for h in ex.hops]}, f)
 
 
+def lazy_rows(artifact: str, out: str) -> None:
+    """This rank's columns of every calibrated row of a lazy KG (sharded: :class:`engine.exec.sharded_lazy.LazyShardRows`)
+    into ``out`` (collective), asked in two requests (the second half's rows first, then all: some rows normalised,
+    some not)."""
+    from engine.exec.api import Engine
+    from engine.exec.sharded_lazy import LazyShardRows
+    from engine.exec.sharded_load import init_from_env
+
+    eng = Engine.load(artifact, process_group=init_from_env(timeout_s=60))
+    rows = eng.executor.rows
+    assert isinstance(rows, LazyShardRows)
+    n, r = rows.num_entities, rows.num_relations
+    rows.row_sets([(k, np.arange(n // 2, n)) for k in range(r)])
+    sets = rows.row_sets([(k, np.arange(n)) for k in range(r)])
+    with open(out.replace(".pkl", f".rank{rows.comm.rank}.pkl"), "wb") as f:
+        pickle.dump({"lo": rows.shard.lo, "hi": rows.shard.hi, "exchanges": rows.exchanges,
+                     "normalised": rows.rows_normalised,
+                     "rows": [(s.heads, s.indptr, s.cols.astype(np.int64) + rows.shard.lo, s.vals) for s in sets]}, f)
+
+
+LGOT_QUERIES = ["(p r A)", "(p s (p r A))", "(u (p r A) (p s B))", "(i (p r A) (p s B))", "(np s (p r A))",
+                "(i (p r A) (n (p s B)))"]
+LGOT_SCRIPT = {("r", ("A",)): ['["B", "D"]', '["B", "D"]', '["B"]', '["F"]'],
+               ("s", ("B",)): ['["D"]', '["D", "E"]', "I don't know", '["D"]'],
+               ("s", ("B", "C", "D", "F")): ['["E"]', '["E", "A"]', '["E"]', '["F"]'],
+               ("s", ("B", "C")): ['["E"]', '["E"]', '["D"]', '["A"]']}
+
+
+def lgot_results(out: str) -> None:
+    """The LLM bridge (LGOT hook, a scripted LLM client) over test_llm_lgot.py's 6-entity KG on this rank, and how
+    many prompt batches this rank's client was sent, into ``out`` (collective)."""
+    from test_llm_lgot import ScriptedClient, tiny_artifact as lgot_artifact
+
+    from engine.exec.api import Engine
+    from engine.exec.sharded_load import init_from_env
+    from engine.lang.query import parse
+    from llm_bridge.lgot import LGOTHook, LGOTSettings
+
+    art = lgot_artifact()
+    client = ScriptedClient(LGOT_SCRIPT)
+    hook = LGOTHook(client=client, artifact=art, settings=LGOTSettings(relation_questions="fallback"))
+    eng = Engine.load(art, process_group=init_from_env(timeout_s=60), hooks=[hook], backend="reference")
+    res = eng.executor.answer([parse(q) for q in LGOT_QUERIES], k=6)
+    with open(out.replace(".pkl", f".rank{eng.executor.comm.rank}.pkl"), "wb") as f:
+        pickle.dump({"answers": strip(res), "batches": len(client.batches),
+                     "notes": [r.trace.root.notes if r.trace is not None else None for r in res]}, f)
+
+
 def worker(argv: list[str]) -> int:
     """``worker OUT CASES``: run every case of the JSON file CASES in one group, in order, and write each case's
     exit code, stdout and stderr to OUT (JSON).  A case is ``[module, argv]``, the CLI's ``main(argv)`` (in
@@ -181,8 +229,8 @@ def worker(argv: list[str]) -> int:
     for module, args in json.loads(Path(cases).read_text()):
         so, se = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
-            if module == "answers":
-                answers_and_scores(*args)
+            if module in ("answers", "lazy_rows", "lgot"):
+                {"answers": answers_and_scores, "lazy_rows": lazy_rows, "lgot": lgot_results}[module](*args)
                 rc = 0
             else:
                 rc = importlib.import_module(module).main(args)
@@ -227,6 +275,59 @@ def tiny_artifact():
 
 TINY_QUERIES = ["(p r0 e0)", "(p r0 (p r0 e2))", "(np r1 e6)", "(i (p r0 e2) (np r1 e3))", "(u (p r0 e4) (p r1 e5))",
                 "(n (p r0 e0))", "(p r1 (n (p r0 e2)))", "(np r0 (np r1 e0))", "(i (n (p r1 e3)) (np r0 e1))"]
+
+
+def random_lazy_artifact(folder: Path, seed: int = 0, n: int = 41, r: int = 3) -> Path:
+    """A random lazy artifact (rows computed from the embeddings) saved in ``folder``: 41 entities (P = 2, 3 do not
+    divide N), 3 relations, 90 known edges (and up to 30 held out), threshold 2e-3 (rows of a few to a few dozen
+    entries)."""
+    from test_kge_lazy import random_embeddings, random_observed
+
+    from kge.artifact import Artifact
+    from kge.lazy import LazyMatrices
+
+    rng = np.random.default_rng(seed)
+    ent, rel = random_embeddings(rng, n, r)
+    obs = random_observed(rng, n, r, 90)
+    missing = random_observed(rng, n, r, 30)  # held-out edges: the hard answers engine.evaluate ranks
+    Artifact(entities=[f"e{i}" for i in range(n)], relations=[f"r{k}" for k in range(r)], observed=obs,
+             missing=missing[~(missing[:, None, :] == obs[None]).all(2).any(1)],
+             matrices=LazyMatrices(entity=ent, relation=rel, observed=obs, threshold=2e-3, row_store_gb=0)).save(folder)
+    return folder
+
+
+def assert_close(got, want, tol: float = 1e-6, where: str = "") -> None:
+    """JSON-like ``got`` equals ``want``, floats within ``tol``."""
+    if isinstance(want, float) or isinstance(got, float):
+        assert abs(got - want) <= tol, f"{where}: {got} != {want}"
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), where
+        for key in want:
+            assert_close(got[key], want[key], tol, f"{where}/{key}")
+    elif isinstance(want, (list, tuple)):
+        assert isinstance(got, (list, tuple)) and len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert_close(a, b, tol, f"{where}[{i}]")
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+def check_lazy_ranks(single, lines: list[str], outs: list[Path]) -> list[dict]:
+    """Every rank's answers, explanations and scores (pickles ``outs``) within 1e-6 of one lazy process's, the same
+    entities in the same order."""
+    nodes = single.queries(lines)
+    def trees(results):  # the explanations' trees (their text rounds the numbers: compared through the trees)
+        return [[{**a.to_json(), "explanation": a.explanation and a.explanation.to_json()} for a in q.answers]
+                for q in results]
+
+    want = trees(single.answer(nodes, k=10))
+    want_scores = single.scores(nodes)
+    ranks = [pickle.loads(o.read_bytes()) for o in outs]
+    for k, r in enumerate(ranks):
+        assert float((r["scores"] - want_scores).abs().max()) <= 1e-6, f"rank {k}: scores differ"
+        assert_close(trees(r["answers"]), want, where=f"rank {k}")
+    assert any(a["explanation"] and a["explanation"].get("children") for q in want for a in q)
+    return ranks
 
 
 # ------------------------------------------------------------------------------ the tests
@@ -306,6 +407,17 @@ def two_rank_runs(umls_tiny_artifact, tmp_path_factory):
     mixed = d / "mixed"
     shutil.copytree(shards[2], mixed)
     shutil.copy(other / shard_file_name(1, 2), mixed / shard_file_name(1, 2))
+    lazy = random_lazy_artifact(d / "lazy")
+    lazy_art = Engine.load(lazy).artifact
+    for p in (2, 3):
+        write_shards(lazy_art, p, d / f"lazy.{p}")
+    lazy_mixed = d / "lazy-mixed"  # shard 1 of another lazy build (other embeddings)
+    shutil.copytree(d / "lazy.2", lazy_mixed)
+    write_shards(Engine.load(random_lazy_artifact(d / "lazy-other", seed=1)).artifact, 2, d / "lazy-other.2")
+    shutil.copy(d / "lazy-other.2" / shard_file_name(1, 2), lazy_mixed / shard_file_name(1, 2))
+    (d / "lazy-queries.txt").write_text("\n".join(sampled_queries(Engine.load(lazy_art), 1)) + "\n")
+    lazy_qs, _ = sample_queries(lazy_art, list(STRUCTURES), 1, seed=0, progress=False)
+    write_jsonl(lazy_qs, d / "lazy-q.jsonl", lazy_art)
     single = Engine.load(umls_tiny_artifact)
     (d / "queries.txt").write_text("\n".join(sampled_queries(single, 2)) + "\n")
     qs, _ = sample_queries(single.artifact, list(STRUCTURES), 3, seed=0, progress=False)
@@ -320,6 +432,17 @@ def two_rank_runs(umls_tiny_artifact, tmp_path_factory):
         "mixed unverified": ["engine.answer", ["--artifact", str(mixed), *answer, "--skip-artifact-checksums"]],
         "evaluate": ["engine.evaluate", ["--artifact", str(shards[2]), "--queries", str(d / "q.jsonl"), "--no-progress",
                                          "--batch-size", "5", "--json", str(d / "eval.json")]],
+        # lazy rows sharded: from its shard folder (from the whole lazy artifact: the 3-rank group), every row, the
+        # CLIs; errors of a lazy folder
+        "lazy shard answers": ["answers", [str(d / "lazy.2"), str(d / "lazy-queries.txt"),
+                                           str(d / "lazy-shards-answers-of-2.pkl")]],
+        "lazy rows": ["lazy_rows", [str(d / "lazy.2"), str(d / "lazy-rows.pkl")]],
+        "lgot": ["lgot", [str(d / "lgot.pkl")]],
+        "lazy answer": ["engine.answer", ["--artifact", str(d / "lazy.2"), "--expr", "(p r0 (p r1 e3))", "--top-k", "3"]],
+        "lazy count": ["engine.answer", ["--artifact", str(d / "lazy.3"), "--expr", "(p r0 e3)"]],
+        "lazy mixed": ["engine.answer", ["--artifact", str(lazy_mixed), "--expr", "(p r0 e3)"]],
+        "lazy evaluate": ["engine.evaluate", ["--artifact", str(d / "lazy.2"), "--queries", str(d / "lazy-q.jsonl"),
+                                              "--no-progress", "--batch-size", "5", "--json", str(d / "lazy-eval.json")]],
     }
     _TWO_RANKS[str(umls_tiny_artifact)] = run_cases(d, cases, 2), d, shards
     return _TWO_RANKS[str(umls_tiny_artifact)]
@@ -344,14 +467,91 @@ def test_sharded_answers_scores_explanations_bit_identical(umls_tiny_artifact, t
     assert all(r["hops"] for r in ranks)  # projections moved data
 
 
+def test_lazy_sharded_rows_equal_single_process_rows(two_ranks):
+    """Every calibrated row of a random lazy KG, its columns computed on 2 ranks (the softmax normaliser and the count of
+    known tails from one exchange per request), equals the single-process lazy row within 1e-6: the same entries."""
+    from engine.exec.api import Engine
+
+    runs, d, _ = two_ranks
+    assert [g[0] for g in runs["lazy rows"]] == [0, 0], [g[2][-2000:] for g in runs["lazy rows"]]
+    lazy = Engine.load(d / "lazy").artifact.matrices
+    n, r = lazy.num_entities, lazy.num_relations
+    ranks = [pickle.loads((d / f"lazy-rows.rank{k}.pkl").read_bytes()) for k in range(2)]
+    assert [(x["lo"], x["hi"]) for x in ranks] == [(0, 20), (20, 41)]
+    # the first request normalised half the rows, the second the other half: one exchange each
+    assert [(x["exchanges"], x["normalised"]) for x in ranks] == [(2, r * n)] * 2
+    for rel in range(r):
+        ptr, cols, vals = lazy.rows(np.arange(rel * n, (rel + 1) * n))
+        for h in range(n):
+            want_c, want_v = cols[ptr[h]:ptr[h + 1]], vals[ptr[h]:ptr[h + 1]]
+            got_c, got_v = [], []
+            for x in ranks:
+                heads, p, c, v = x["rows"][rel]
+                assert heads[h] == h
+                got_c.append(c[p[h]:p[h + 1]])
+                got_v.append(v[p[h]:p[h + 1]])
+            assert np.array_equal(np.concatenate(got_c), want_c), (rel, h)
+            assert float(np.abs(np.concatenate(got_v) - want_v).max(initial=0)) <= 1e-6, (rel, h)
+    assert sum(len(x["rows"][r - 1][2]) for x in ranks) == int(ptr[-1])  # the last relation: every entry
+
+
+def test_lazy_sharded_answers_within_1e6_of_one_process(two_ranks):
+    """The 14 structures on a random lazy KG with 2 ranks from its shard folder (kge.shard): answers in the same order,
+    scores and explanations within 1e-6 of one process.  (From the lazy artifact itself, every rank cutting its shard:
+    :func:`test_rank_with_an_empty_block`'s group of 3.)"""
+    from engine.exec.api import Engine
+
+    runs, d, _ = two_ranks
+    assert [g[0] for g in runs["lazy shard answers"]] == [0, 0], [g[2][-2000:] for g in runs["lazy shard answers"]]
+    lines = (d / "lazy-queries.txt").read_text().splitlines()
+    check_lazy_ranks(Engine.load(d / "lazy"), lines, [d / f"lazy-shards-answers-of-2.rank{k}.pkl" for k in range(2)])
+
+
+def test_llm_bridge_sharded_same_answers_one_llm_call(two_ranks):
+    """The LGOT hook on 2 ranks with a scripted LLM: prompts made and the LLM asked on rank 0 only, once per node as in
+    one process; the linked answers merged into the owners' blocks: answers, scores, provenance and explanations
+    equal one process's (==), on projections, chains, i/u/n and a negated projection."""
+    from test_llm_lgot import ScriptedClient, tiny_artifact as lgot_artifact
+
+    from engine.exec.executor import Executor
+    from engine.lang.query import parse
+    from llm_bridge.lgot import LGOTHook, LGOTSettings
+
+    runs, d, _ = two_ranks
+    assert [g[0] for g in runs["lgot"]] == [0, 0], [g[2][-2000:] for g in runs["lgot"]]
+    art = lgot_artifact()
+    client = ScriptedClient(LGOT_SCRIPT)
+    hook = LGOTHook(client=client, artifact=art, settings=LGOTSettings(relation_questions="fallback"))
+    want = Executor(art, hooks=[hook], backend="reference").answer([parse(q) for q in LGOT_QUERIES], k=6)
+    ranks = [pickle.loads((d / f"lgot.rank{k}.pkl").read_bytes()) for k in range(2)]
+    assert [r["batches"] for r in ranks] == [len(client.batches), 0] and len(client.batches) > 0
+    for k, r in enumerate(ranks):
+        assert r["answers"] == strip(want), f"rank {k}"
+    assert ranks[0]["notes"] == [r.trace.root.notes for r in want]  # rank 0's trace holds the hook's notes
+    provenance = {a.provenance for q in want for a in q.answers}
+    assert {"llm", "both", "kg"} <= provenance  # the LLM's answers were merged, some only from the LLM
+
+
 def test_rank_with_an_empty_block(tmp_path):
-    """3 ranks, 7 entities (P does not divide N): rank 2's block [2, 7) has no entries at all."""
+    """3 ranks, 7 entities (P does not divide N): rank 2's block [2, 7) has no entries at all.  The same group of 3
+    runs the random lazy KG's 14 structures (41 entities in blocks of 13, 14, 14): within 1e-6 of one process."""
     from engine.exec.api import Engine
 
     single = Engine.load(tiny_artifact())
-    ranks = check_ranks(tmp_path, "tiny:", single, TINY_QUERIES, 3)
+    lazy = random_lazy_artifact(tmp_path / "lazy")
+    lazy_single = Engine.load(lazy)
+    lazy_lines = sampled_queries(lazy_single, 1)
+    (tmp_path / "queries.txt").write_text("\n".join(TINY_QUERIES) + "\n")
+    (tmp_path / "lazy-queries.txt").write_text("\n".join(lazy_lines) + "\n")
+    got = run_cases(tmp_path, {
+        "answers": ["answers", ["tiny:", str(tmp_path / "queries.txt"), str(tmp_path / "answers-of-3.pkl")]],
+        "lazy": ["answers", [str(lazy), str(tmp_path / "lazy-queries.txt"), str(tmp_path / "lazy-of-3.pkl")]]}, 3)
+    assert all(g[0] == 0 for case in got.values() for g in case)
+    ranks = check_ranks(tmp_path, "tiny:", single, TINY_QUERIES, 3, runs=tmp_path)
     assert [r["width"] for r in ranks] == [1, 1, 5]
     assert ranks[2]["nnz"] == 0 and ranks[0]["nnz"] > 0
+    lazy_ranks = check_lazy_ranks(lazy_single, lazy_lines, [tmp_path / f"lazy-of-3.rank{k}.pkl" for k in range(3)])
+    assert [r["width"] for r in lazy_ranks] == [13, 14, 14]
 
 
 if __name__ == "__main__":

@@ -166,6 +166,91 @@ def test_incomplete_and_mixed_shard_sets(two_ranks):
         assert rc == 2 and len(lines) == 1 and "comes from another build" in lines[0], err
 
 
+def test_lazy_shard_folder_holds_each_rank_its_known_edges_and_checks_its_files(two_ranks, tmp_path):
+    """A lazy artifact's shard folder (kge.shard): the embeddings once, per rank the known edges whose tail is in its
+    block (nothing else); a changed embedding file or a shard file of another build is one error line."""
+    import shutil
+
+    from engine.exec.api import Engine
+    from kge.sharding import LazyShard, block_bounds, load_shard, shard_file_name
+    from kgreason.errors import UserError
+
+    _, d, _ = two_ranks
+    art = Engine.load(d / "lazy").artifact
+    n, m = art.num_entities, art.matrices
+    obs = np.asarray(m.observed)
+    for p in (2, 3):
+        meta = json.loads((d / f"lazy.{p}" / "meta.json").read_text())
+        assert meta["matrices"] == "lazy" and meta["bounds"] == block_bounds(n, p)
+        assert (meta["threshold"], meta["delta"]) == (m.threshold, m.delta)
+        seen = 0
+        for k in range(p):
+            s = load_shard(d / f"lazy.{p}", k, p)
+            assert isinstance(s, LazyShard) and (s.lo, s.hi) == tuple(meta["bounds"][k:k + 2])
+            assert np.array_equal(np.asarray(s.entity), m.entity) and np.array_equal(np.asarray(s.relation), m.relation)
+            mine = obs[(obs[:, 2] >= s.lo) & (obs[:, 2] < s.hi)]
+            want = sorted(zip((mine[:, 1] * n + mine[:, 0]).tolist(), (mine[:, 2] - s.lo).tolist()))
+            assert list(zip(s.obs_key.tolist(), s.obs_tail.tolist())) == want
+            seen += s.obs_key.size
+        assert seen == len(obs)
+    changed = tmp_path / "changed"
+    shutil.copytree(d / "lazy.2", changed)
+    ent = np.load(changed / "entity.npy")
+    ent[0, 0] += 1
+    np.save(changed / "entity.npy", ent)
+    with pytest.raises(UserError, match=r"entity.npy changed since it was written"):
+        load_shard(changed, 1, 2)
+    with pytest.raises(UserError, match=r"comes from another build"):  # unverified, the build id still tells
+        load_shard(d / "lazy-mixed", 1, 2, verify=False)
+    incomplete = tmp_path / "incomplete"
+    shutil.copytree(d / "lazy.2", incomplete)
+    (incomplete / "relation.npy").unlink()
+    with pytest.raises(UserError, match=r"incomplete: relation.npy missing \(1 of 2 shards \+ 4 shared files\)"):
+        load_shard(incomplete, 0, 2)
+    assert shard_file_name(1, 2) in {f.name for f in (d / "lazy-mixed").iterdir()}
+
+
+def test_lazy_shard_sets_run_and_fail_like_eager_ones(two_ranks, capsys):
+    """torchrun -m engine.answer on a lazy shard folder prints what one lazy process prints (rank 0 only); a lazy
+    shard set of 3 for 2 ranks, or mixed from two builds, is one error line on every rank."""
+    from engine.answer import main
+
+    runs, d, _ = two_ranks
+    assert main(["--artifact", str(d / "lazy"), "--expr", "(p r0 (p r1 e3))", "--top-k", "3"]) == 0
+    want = capsys.readouterr().out
+    got = runs["lazy answer"]
+    assert [g[0] for g in got] == [0, 0], [g[2][-2000:] for g in got]
+    assert got[0][1] == want and "—" in want and got[1][1] == ""
+    for rc, out, err in runs["lazy count"]:
+        lines = error_lines(err)
+        assert rc == 2 and out == "" and len(lines) == 1 and "holds 3 shards but the run has 2 ranks" in lines[0], err
+    for k, (rc, _, err) in enumerate(runs["lazy mixed"]):
+        lines = error_lines(err)
+        assert rc == 2 and len(lines) == 1 and "changed since it was written" in lines[0], err
+        assert ("rank 1: " in lines[0]) == (k == 0)
+
+
+def test_sharded_evaluate_on_lazy_shards_gives_one_process_metrics(two_ranks):
+    """torchrun -m engine.evaluate on a lazy shard set: the metrics of one lazy process (rows within 1e-6 rank alike)."""
+    from test_dist_exec import assert_close
+
+    from engine.evaluate import main
+
+    import contextlib
+    import io
+
+    runs, d, _ = two_ranks
+    got = runs["lazy evaluate"]
+    assert [g[0] for g in got] == [0, 0], [g[2][-2000:] for g in got]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["--artifact", str(d / "lazy"), "--queries", str(d / "lazy-q.jsonl"), "--no-progress",
+                     "--batch-size", "5", "--json", str(d / "lazy-one.json")]) == 0
+    one = json.loads((d / "lazy-one.json").read_text())["results"]
+    assert_close(json.loads((d / "lazy-eval.json").read_text())["results"], one)
+    assert len(one) == 14 and any(r["metrics"]["average"]["mrr"] > 0 for r in one)
+    assert "2 ranks" in got[0][1] and got[1][1] == ""
+
+
 def _fault_rank(mode: str, artifact: str) -> int:
     """Rank 1 of a fault test: joins the group and loads like engine.answer, then dies or hangs."""
     from engine.exec.api import Engine

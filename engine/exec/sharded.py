@@ -28,8 +28,16 @@ k holds the entries of every relation whose *tail* lies in its block ``[lo, hi)`
   then :meth:`Executor._explain <engine.exec.executor.Executor._explain>` builds the same
   :class:`~engine.exec.explain.Explanation` trees as one process.
 
-Not sharded yet (one clear error each): CUDA devices (NCCL), hooks (the LLM bridge), ``frontier_k``,
-sparse sets, kept trace values, lazy artifacts.
+Lazy artifacts: :class:`engine.exec.sharded_lazy.LazyShardRows` stands in for :class:`ShardRows`,
+computing a hop's rows (this block's columns, the softmax normaliser from one exchange) before the
+same kernel calls.
+
+Hooks (the LLM bridge): :meth:`ShardedExecutor._apply_hooks` runs them once, on rank 0, over the
+node's gathered values, and broadcasts what they changed (entries, evidence, annotations); each
+rank writes its own columns.
+
+Not sharded yet (one clear error each): CUDA devices (NCCL), ``frontier_k``, sparse sets, kept
+trace values.
 """
 from __future__ import annotations
 
@@ -40,10 +48,11 @@ import torch
 
 import ops
 from kge.rows import RowBlock
-from kge.sharding import ColumnShard
+from kge.sharding import ColumnShard, LazyShard
 from kgreason.errors import UserError
 
 from engine.exec.executor import Executor, QueryResult, _topk_stable, _Witness, dense_one_hot_projection
+from engine.exec.hooks import _NO_EVIDENCE, NodeValue
 from engine.lang import optable
 from engine.lang.query import Node
 
@@ -67,6 +76,20 @@ class _RelBlock(NamedTuple):
     #: -1, then the heads (int32): ``heads_or_none[a + 1]`` maps a kernel witness ``a`` (-1: none) to an entity id
     heads_or_none: torch.Tensor
     tails: torch.Tensor
+
+
+def relation_block(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor, heads: torch.Tensor, tails: torch.Tensor,
+                   r: int, device: torch.device) -> _RelBlock:
+    """A relation's entries here as a prepared :class:`_RelBlock`: rows ``heads`` (ascending global ids) with CSR
+    pointers ``crow`` (from 0), columns ``col`` (indices into ``tails``, local ids ascending) and values ``val``."""
+    rows, e = int(heads.numel()), int(val.numel())
+    n = max(rows, int(tails.numel()))
+    small = e < 2**31  # int32 pointers when they fit: half the bytes of the two pointer arrays
+    ptr = torch.full((n + 1,), e, dtype=torch.int32 if small else torch.int64, device=device)
+    ptr[: rows + 1] = crow
+    stack = ops.prepare_matrices((ptr, col, val), num_entities=n, name=f"shard relation {r}")
+    return _RelBlock(stack, torch.cat([torch.full((1,), -1, dtype=torch.int32, device=device), heads.to(torch.int32)]),
+                     tails)
 
 
 class ShardRows:
@@ -110,18 +133,32 @@ class ShardRows:
         block = None
         if k1 > k0:
             e0, e1 = int(self.ptr[k0]), int(self.ptr[k1])
-            tails = self.tails[self.tail_ptr[r]:self.tail_ptr[r + 1]].long()
-            n = max(k1 - k0, int(tails.numel()))
-            small = e1 - e0 < 2**31  # int32 pointers when they fit: half the bytes of the two pointer arrays
-            crow = torch.full((n + 1,), e1 - e0, dtype=torch.int32 if small else torch.int64, device=self.device)
-            crow[: k1 - k0 + 1] = self.ptr[k0:k1 + 1] - e0
-            stack = ops.prepare_matrices((crow, self.col[e0:e1], self.val[e0:e1]), num_entities=n,
-                                         name=f"shard relation {r}")
-            heads = torch.cat([torch.full((1,), -1, dtype=torch.int32, device=self.device),
-                               (self.keys[k0:k1] - r * self.num_entities).to(torch.int32)])
-            block = _RelBlock(stack, heads, tails)
+            block = relation_block(self.ptr[k0:k1 + 1] - e0, self.col[e0:e1], self.val[e0:e1],
+                                   self.keys[k0:k1] - r * self.num_entities,
+                                   self.tails[self.tail_ptr[r]:self.tail_ptr[r + 1]].long(), r, self.device)
         self._blocks[r] = block
         return block
+
+    def relations(self, rels: list[int], heads: list[torch.Tensor] | None) -> list[_RelBlock | None]:
+        """The blocks of relations ``rels`` (all their rows here: ``heads``, the hop's active heads, is not needed)."""
+        return [self.relation(r) for r in rels]
+
+    def anchor_entries(self, rels: np.ndarray, ents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The entries here of rows ``M_{rels[b]}[ents[b], :]``: ``(counts (b,), local columns, values)`` in batch order."""
+        shard = self.shard
+        b = len(rels)
+        keys = shard.keys
+        key = rels * self.num_entities + ents
+        t = np.searchsorted(keys, key)
+        tc = np.minimum(t, max(keys.size - 1, 0))
+        found = (t < keys.size) & (keys[tc] == key) if keys.size else np.zeros(b, dtype=bool)
+        ptr = shard.ptr
+        start = np.where(found, ptr[tc], 0)
+        cnt = np.where(found, ptr[np.minimum(tc + 1, ptr.size - 1)] - start, 0)
+        total = int(cnt.sum())
+        rep = np.repeat(np.arange(b, dtype=np.int64), cnt)
+        pos = np.repeat(start - (np.cumsum(cnt) - cnt), cnt) + np.arange(total, dtype=np.int64)
+        return cnt, shard.tails[shard.tail_ptr[rels[rep]] + shard.col[pos]], shard.val[pos]
 
     def prepare_all(self) -> None:
         """Prepare every relation's block now (what a benchmark does before timing, as one process prepares its stack)."""
@@ -176,12 +213,12 @@ class ShardedExecutor(Executor):
     rank (all blocks gathered).  :attr:`hops` lists, per projection, what this rank received.
     """
 
-    def __init__(self, artifact: "Artifact", shard: ColumnShard, comm: "Comm", **executor_kwargs: Any) -> None:
-        for key, what in (("hooks", "hooks (the LLM bridge)"), ("frontier_k", "frontier_k"), ("sparse", "sparse sets"),
-                          ("rows", "rows")):
+    def __init__(self, artifact: "Artifact", shard: "ColumnShard | LazyShard", comm: "Comm", *,
+                 row_cache_gb: float | None = None, **executor_kwargs: Any) -> None:
+        for key, what in (("frontier_k", "frontier_k"), ("sparse", "sparse sets"), ("rows", "rows")):
             if executor_kwargs.get(key):
                 raise UserError(f"{what}: not available in a sharded run yet; run one process")
-        executor_kwargs = {k: v for k, v in executor_kwargs.items() if k not in ("hooks", "frontier_k", "sparse", "rows")}
+        executor_kwargs = {k: v for k, v in executor_kwargs.items() if k not in ("frontier_k", "sparse", "rows")}
         if (comm.rank, comm.size) != (shard.rank, shard.shards):
             raise UserError(f"shard {shard.rank} of {shard.shards} given to rank {comm.rank} of {comm.size}")
         if (shard.num_entities, shard.num_relations) != (artifact.num_entities, artifact.num_relations):
@@ -192,7 +229,13 @@ class ShardedExecutor(Executor):
             # The exchanges stage small host tensors (sizes, status, explained cells), which NCCL does not
             # take, and no multi-GPU machine has run this yet: refused rather than untested.
             raise UserError(f"device {device}: sharded runs are CPU-only (gloo) in this version; use --device cpu")
-        rows = ShardRows(shard, device)
+        rows: Any
+        if isinstance(shard, LazyShard):
+            from engine.exec.sharded_lazy import LazyShardRows
+
+            rows = LazyShardRows(shard, comm, device, relation_block, **({} if row_cache_gb is None else {"row_cache_gb": row_cache_gb}))
+        else:
+            rows = ShardRows(shard, device)
         super().__init__(artifact, rows=cast(Any, rows), **executor_kwargs)
         self.shard = shard
         self.comm = comm
@@ -203,8 +246,55 @@ class ShardedExecutor(Executor):
         self._bounds_t = torch.tensor(self.bounds[1:], dtype=torch.int64)
         self.hops: list[_Hop] = []
 
-    def without_hooks(self) -> "ShardedExecutor":
-        return self  # never has hooks
+    # ------------------------------------------------------------------------------------ hooks
+    def _full_value(self, value: NodeValue) -> NodeValue:
+        """``value`` with every rank's columns (collective): values and witnesses gathered, evidence and annotations
+        as they are (the same on every rank: :meth:`_apply_hooks` broadcasts them)."""
+        arg = None
+        if value.argmax is not None:
+            arg = self.gather_columns(value.argmax.view(torch.float32)).view(torch.int32)  # the bits travel as they are
+        return NodeValue(self.gather_columns(value.values), arg, value.evidence, value.row_evidence, value.annotations)
+
+    def _apply_hooks(self, hooks: list, nodes: list[Node], path: tuple[int, ...], op: str, rels, ents, inputs: Any,
+                     value: NodeValue, run: Any) -> NodeValue:
+        """The hooks run once, on rank 0, over the node's full values (every rank's block gathered, the children's
+        too): an LLM hook makes its prompts and calls the LLM once.  What they changed, the (row, entity, value)
+        entries, the witnesses changed, and the evidence and annotations, is broadcast; every rank writes the
+        entries of its own columns into its block.  A hook's error ends the run on every rank with its message."""
+        kids = inputs() if callable(inputs) else tuple(inputs)
+        full_kids = tuple(self._full_value(k) for k in kids)
+        full = self._full_value(value)
+        msg: Any = None
+        if self.comm.rank == 0:
+            try:
+                out = Executor._apply_hooks(self, hooks, nodes, path, op, rels, ents, full_kids, full, run)
+                rows, cols = (out.values != full.values).nonzero(as_tuple=True)
+                arg = None
+                if out.argmax is not None:
+                    ar, ac = (out.argmax != full.argmax).nonzero(as_tuple=True) if full.argmax is not None else \
+                        torch.ones_like(out.argmax, dtype=torch.bool).nonzero(as_tuple=True)
+                    arg = (ar, ac, out.argmax[ar, ac])
+                msg = ("ok", rows, cols, out.values[rows, cols], arg, out.argmax is None,
+                       tuple(dict(e) if e else None for e in out.evidence),  # read-only mappings do not pickle
+                       out.row_evidence, dict(out.annotations))
+            except Exception as exc:  # noqa: BLE001 (sent to the other ranks, then raised here as it was)
+                self.comm.broadcast_object(("error", f"{type(exc).__name__}: {exc}" if not isinstance(exc, UserError)
+                                            else str(exc)), "hook results")
+                raise
+        got = self.comm.broadcast_object(msg, "hook results")
+        if got[0] == "error":
+            raise UserError(f"rank 0: {got[1]}")
+        _, rows, cols, vals, arg, no_arg, evidence, row_evidence, annotations = got
+        mine = (cols >= self.lo) & (cols < self.hi)
+        y = value.values.clone()
+        y[rows[mine], cols[mine] - self.lo] = vals[mine]
+        a = None if no_arg else value.argmax.clone() if value.argmax is not None else \
+            torch.full_like(y, -1, dtype=torch.int32)
+        if a is not None and arg is not None:
+            ar, ac, av = arg
+            m = (ac >= self.lo) & (ac < self.hi)
+            a[ar[m], ac[m] - self.lo] = av[m]
+        return NodeValue(y, a, tuple(_NO_EVIDENCE if e is None else e for e in evidence), row_evidence, annotations)
 
     # ----------------------------------------------------------------------------- forward pass
     def _one_hot(self, ents: Sequence[int]) -> torch.Tensor:
@@ -245,21 +335,8 @@ class ShardedExecutor(Executor):
         <engine.exec.executor.Executor._project_one_hot>`'s float32 formulas: the kernel's bits).  Always dense."""
         rows_obj = cast(ShardRows, self.rows)
         b, w = len(rels), self.width
-        rel_np = np.asarray(rels, dtype=np.int64)
-        keys = rows_obj.shard.keys
-        key = rel_np * self.num_entities + np.asarray(ents, dtype=np.int64)
-        t = np.searchsorted(keys, key)
-        tc = np.minimum(t, max(keys.size - 1, 0))
-        found = (t < keys.size) & (keys[tc] == key) if keys.size else np.zeros(b, dtype=bool)
-        ptr = rows_obj.shard.ptr
-        start = np.where(found, ptr[tc], 0)
-        cnt = np.where(found, ptr[np.minimum(tc + 1, ptr.size - 1)] - start, 0)
-        total = int(cnt.sum())
+        cnt, local, vals = rows_obj.anchor_entries(np.asarray(rels, dtype=np.int64), np.asarray(ents, dtype=np.int64))
         rep = np.repeat(np.arange(b, dtype=np.int64), cnt)
-        pos = np.repeat(start - (np.cumsum(cnt) - cnt), cnt) + np.arange(total, dtype=np.int64)
-        tail_ptr = rows_obj.shard.tail_ptr
-        local = rows_obj.shard.tails[tail_ptr[rel_np[rep]] + rows_obj.shard.col[pos]]
-        vals = rows_obj.shard.val[pos]
         return dense_one_hot_projection(rep * w + local, vals, cnt, ents, b, w, negated=negated, want_arg=want_arg,
                                         neg_scale=self.neg_scale, device=self.device)
 
@@ -284,12 +361,16 @@ class ShardedExecutor(Executor):
         self.hops[-1] = self.hops[-1]._replace(active=int(g_vals.numel()))
         rel_t = torch.tensor(rels, dtype=torch.int64, device=dev)
         uniq, inv = torch.unique(rel_t, return_inverse=True)
-        blocks = [rows_obj.relation(r) for r in uniq.tolist()]
+        e_group = inv[g_rows]
+        heads_of = None
+        if getattr(rows_obj, "lazy", False):  # lazy rows are computed for the hop's active heads (collective)
+            hk = torch.unique(e_group * big_n + g_ents)
+            heads_of = list(torch.split(hk % big_n, torch.bincount(hk // big_n, minlength=len(uniq)).tolist()))
+        blocks = rows_obj.relations(uniq.tolist(), heads_of)
         order = torch.argsort(inv, stable=True)  # batch rows by group
         counts = torch.bincount(inv, minlength=len(blocks))
         pos = torch.empty_like(order)
         pos[order] = torch.arange(b, device=dev) - (torch.cumsum(counts, 0) - counts)[inv[order]]  # row within group
-        e_group = inv[g_rows]
         e_order = torch.argsort(e_group, stable=True)  # the gathered entries by group, then row, then entity
         e_counts = torch.bincount(e_group, minlength=len(blocks))
         if negated:
@@ -425,7 +506,7 @@ class ShardedExecutor(Executor):
                 if relational and value.argmax is not None:
                     src = value.argmax.cpu()[lr, le]
                     buf[own, 1] = src
-                    w = [self.shard.weight(int(nodes[int(r)].relation), int(s), int(e) + self.lo) if s >= 0 else 0.0
+                    w = [rows_obj.weight(int(nodes[int(r)].relation), int(s), int(e) + self.lo) if s >= 0 else 0.0
                          for r, s, e in zip(lr.tolist(), src.tolist(), le.tolist())]
                     buf[own, 2] = torch.tensor(w, dtype=torch.float32).view(torch.int32)
             got = torch.stack(self.comm.all_gather(buf, "explain"))

@@ -151,6 +151,17 @@ class Comm:
         outs = self.all_gather(pad, kind)
         return [o[:s] for o, s in zip(outs, sizes)]
 
+    def broadcast_object(self, obj: Any, kind: str, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` (any picklable object; the others pass ``None``) on every rank."""
+        box = [obj if self.rank == src else None]
+        self._run(f"broadcast ({kind})", lambda: dist.broadcast_object_list(box, src=src, group=self.group))
+        if self.rank != src:
+            import pickle
+
+            self.received[kind] = self.received.get(kind, 0) + len(pickle.dumps(box[0]))
+        self.calls[kind] = self.calls.get(kind, 0) + 1
+        return box[0]
+
     def agree(self, error: str | None) -> None:
         """Collective: raise on every rank the first rank's error (``None``: no error here), else return.
 

@@ -9,8 +9,8 @@ From Python (every rank runs the same code; see docs/distributed.md)::
     res = eng.answer("(p r1 A)")                         # the same results on every rank
 
 From the command line: ``torchrun --nproc-per-node P -m engine.answer --artifact DIR ...``
-(``DIR`` a shard folder from ``python -m kge.shard``, or an eager artifact that every rank
-then loads whole and cuts its shard from).  See :mod:`engine.exec.sharded` for how the
+(``DIR`` a shard folder from ``python -m kge.shard``, or an artifact, eager or lazy, that every
+rank then loads whole and cuts its shard from).  See :mod:`engine.exec.sharded` for how the
 work is split and :mod:`engine.exec.sharded_comm` for the collectives and their timeout.
 """
 from __future__ import annotations
@@ -62,13 +62,13 @@ def load_sharded(artifact: Any, process_group: Any, *, open_artifact: Callable[.
 
     ``artifact``: a shard folder (``python -m kge.shard``; this rank reads its own shard file
     only), or what ``open_artifact(artifact, verify=)`` opens (:func:`engine.exec.api.open_artifact`:
-    an eager artifact folder, an :class:`~kge.artifact.Artifact`, ``None`` for the default KG),
+    an artifact folder, eager or lazy (:mod:`engine.exec.sharded_lazy`), an :class:`~kge.artifact.Artifact`, ``None`` for the default KG),
     from whose whole matrices every rank cuts its shard.  Collective: a problem any rank finds
     while loading (a changed or missing shard, a shard count that is not the world size) is
     raised on every rank as one :class:`~kgreason.errors.UserError` line.  ``timeout_s``: the
     group's collective timeout, for error messages (default: what :func:`init_from_env` set).
     """
-    from kge.sharding import is_shard_folder, load_shard, shard_matrices
+    from kge.sharding import is_shard_folder, lazy_shard, load_shard, shard_matrices
 
     from engine.exec.sharded import ShardedExecutor
 
@@ -82,12 +82,14 @@ def load_sharded(artifact: Any, process_group: Any, *, open_artifact: Callable[.
             art = ShardVocabulary.of_folder(artifact)
         else:
             art = open_artifact(artifact, verify=verify)
-            if art.is_lazy:
-                raise UserError(f"artifact {art.path or ''}: lazy artifacts do not run sharded yet; use an eager one "
-                                "(kge.materialize) or one process")
             if comm.size > art.num_entities:
                 raise UserError(f"{comm.size} ranks for {art.num_entities} entities: use at most one rank per entity")
-            shard = shard_matrices(art.matrices, art.num_entities, comm.rank, comm.size)
+            if art.is_lazy:
+                m = art.matrices
+                shard = lazy_shard(m.entity, m.relation, m.observed, comm.rank, comm.size, threshold=m.threshold,
+                                   delta=m.delta)
+            else:
+                shard = shard_matrices(art.matrices, art.num_entities, comm.rank, comm.size)
     except UserError as exc:
         error = str(exc)
     comm.agree(error)
