@@ -27,12 +27,20 @@ request carries a ``response_format`` in llama.cpp's form
 ``{"type": "json_object", "schema": ...}``, which its server compiles into a
 grammar, so even a 135M model can only write the asked-for JSON: the planner's
 schema (:func:`plan_response_format`) is ``{"plans": [[relation, ...], ...]}``
-with 1..``max_plans`` plans of 1..``max_hops`` steps, every step an **enum of
-the candidate relations shown in that prompt**; the reasoner's
+with 1..``max_plans`` plans, each **one of the relation paths that exist from
+the topic in the KG** (:func:`plan_paths`: the request's ``continuations``
+walked step by step, step 1 a relation leaving the topic, step k one that
+continues from step k-1's tails, any step may be the last, 1..``max_hops``
+steps, only the candidate relations shown in the prompt when any path is made
+of them), so no plan can be reversed or lead nowhere; plans outside that set
+(a server that ignored the grammar) are dropped with a warning.  A request
+without ``continuations`` gets the flat schema: 1..``max_hops`` steps, each an
+enum of the shown candidate relations.  The reasoner's
 (:func:`reason_response_format`) is ``{"paths": [...], "answers": [...]}`` with
 the path numbers an integer enum 1..K of the shown paths and the answers an
-enum of the shown paths' tail names (free strings without quotes or brackets
-when there are more than :data:`MAX_ENUM_ANSWERS`).  ``"object"`` sends plain
+enum of the shown paths' tail names (the first :data:`MAX_ENUM_ANSWERS`, best
+paths first; none at all when no path reaches a nameable entity): the reply
+names nothing it was not shown.  ``"object"`` sends plain
 ``{"type": "json_object"}``; ``"off"`` sends none (and keeps the free-text
 prompt asking for a JSON list).  A server that rejects ``response_format``
 (HTTP 400/422) is asked again without it (:class:`~llm_bridge.client.LLMClient`),
@@ -66,21 +74,22 @@ from .client import LLMClient
 from .parse import _roots, extract_entities, scan_json
 
 __all__ = ["LLMPlanner", "LLMReasoner", "plan_messages", "reason_messages", "parse_plan_reply",
-           "parse_reason_reply",
+           "parse_reason_reply", "plan_paths",
            "plan_response_format", "reason_response_format", "JSON_OUTPUT_MODES", "MAX_ENUM_ANSWERS",
-           "SCHEMA_MAX_PATHS", "SCHEMA_MAX_ANSWERS"]
+           "MAX_ENUM_PLANS", "SCHEMA_MAX_PATHS", "SCHEMA_MAX_ANSWERS"]
 
 #: ``json_output`` of :class:`LLMPlanner` / :class:`LLMReasoner` (see the module doc).
 JSON_OUTPUT_MODES = ("schema", "object", "off")
-#: Most distinct tail names the reasoner's schema lists as an enum; beyond it answers are free strings.
+#: Most distinct tail names the reasoner's schema lists as an enum (those of the best-ranked paths first).
 MAX_ENUM_ANSWERS = 200
+#: Most relation paths the planner's narrowed schema lists (:func:`plan_paths`); MetaQA's question topics
+#: have at most a few hundred paths of 1..3 hops, a KG with hundreds of relations can have thousands.
+MAX_ENUM_PLANS = 512
 #: Most path numbers the reasoner's schema lets the model write (a choice, not a recital of 1..K).
 SCHEMA_MAX_PATHS = 3
 #: Most answer names the reasoner's schema lets the model write (the first one decides Hits@1; a short
 #: list keeps a small model inside its completion budget instead of cutting the JSON off).
 SCHEMA_MAX_ANSWERS = 3
-#: A free-string answer in the reasoner's schema: one line without quotes, backslashes, brackets or braces.
-_ANSWER_PATTERN = '^[^"\\\\\\n\\[\\]{}]{1,60}$'
 
 PLAN_SYSTEM = ("You plan relation paths over a knowledge graph. A relation path is the sequence of relations "
                "to follow from the topic entity to the answers.")
@@ -144,22 +153,54 @@ def _enum_names(names: Iterable[str]) -> list[str]:
     return [x for x in dict.fromkeys(str(n) for n in names) if not _UNSAFE.search(x)]
 
 
+def plan_paths(req: PlanRequest, *, max_hops: int = 3) -> list[tuple[str, ...]]:
+    """The relation paths a narrowed plan may be: ``req.continuations`` walked from the topic (``()``),
+    every path of 1..``max_hops`` steps in it (a prefix of a path is a path: the plan may stop after any
+    step), breadth first; [] when the request has no continuations.
+
+    Only paths made of the candidates shown in the prompt (``req.relations``) when there is any such path,
+    else all of them; names the grammar cannot quote (:func:`_enum_names`) end the walk there.  At most
+    :data:`MAX_ENUM_PLANS`: beyond it the paths whose latest-shown relation comes first in the prompt's
+    nearest-first order, shorter first, so the kept set stays prefix-closed.
+    """
+    paths: list[tuple[str, ...]] = []
+    frontier: list[tuple[str, ...]] = [()]
+    for _ in range(int(max_hops)):
+        nxt = [prefix + (r,) for prefix in frontier for r in _enum_names(req.continuations.get(prefix, ()))]
+        paths.extend(nxt)
+        frontier = nxt
+    pos: dict[str, int] = {}
+    for i, r in enumerate(req.relations):
+        pos.setdefault(r, i)
+    shown = [p for p in paths if all(r in pos for r in p)]
+    paths = shown or paths
+    if len(paths) > MAX_ENUM_PLANS:
+        late = len(pos)
+        paths = sorted(paths, key=lambda p: (max(pos.get(r, late) for r in p), len(p)))[:MAX_ENUM_PLANS]
+    return paths
+
+
 def plan_response_format(req: PlanRequest, *, max_plans: int = 3, max_hops: int = 3,
                          json_output: str = "schema") -> dict[str, Any] | None:
     """The planner request's ``response_format`` (see the module doc); None for ``"off"``.
 
-    ``"schema"``: ``{"plans": [...]}`` of 1..``max_plans`` plans, each 1..``max_hops`` steps from the
-    enum of ``req.relations`` (the candidates shown in the prompt, in order, duplicates once; names with a
-    quote, backslash or control character left out, see :func:`_enum_names`); with no candidate relations
-    it is plain ``{"type": "json_object"}`` (an empty enum admits no reply).
+    ``"schema"``: ``{"plans": [...]}`` of 1..``max_plans`` plans; with ``req.continuations`` each plan is
+    one of :func:`plan_paths` (an enum of whole relation paths: what exists from the topic, nothing else),
+    else 1..``max_hops`` steps from the enum of ``req.relations`` (the candidates shown in the prompt, in
+    order, duplicates once; names with a quote, backslash or control character left out, see
+    :func:`_enum_names`); with neither it is plain ``{"type": "json_object"}`` (an empty enum admits no
+    reply).
     """
     _check_mode(json_output)
     if json_output == "off":
         return None
     rels = _enum_names(req.relations)
-    if json_output == "object" or not rels:
+    paths = plan_paths(req, max_hops=max_hops) if json_output == "schema" else []
+    if json_output == "object" or not (rels or paths):
         return {"type": "json_object"}
-    plan = {"type": "array", "minItems": 1, "maxItems": int(max_hops), "items": {"type": "string", "enum": rels}}
+    plan: dict[str, Any] = {"enum": [list(p) for p in paths]}
+    if not paths:
+        plan = {"type": "array", "minItems": 1, "maxItems": int(max_hops), "items": {"type": "string", "enum": rels}}
     return {"type": "json_object",
             "schema": {"type": "object", "properties": {"plans": {"type": "array", "minItems": 1,
                                                                   "maxItems": int(max_plans), "items": plan}},
@@ -174,25 +215,25 @@ def reason_response_format(req: ReasonRequest, *, json_output: str = "schema",
     numbers from the enum 1..K of the ``K = len(req.paths)`` shown paths (at least one, so the reply
     always picks something);
     ``answers``: 0..``max_answers`` names from the enum of the paths' tail names (``ContextPath.answers``,
-    first seen first; names a grammar cannot quote left out, they stay reachable by path number) when
-    there are 1..:data:`MAX_ENUM_ANSWERS` of them, else free one-line strings.
-    With no candidate paths it is plain ``{"type": "json_object"}``.
+    first seen first, the first :data:`MAX_ENUM_ANSWERS`; names a grammar cannot quote left out, they stay
+    reachable by path number); none (``[]``) when no path has a nameable tail: the reply can name no
+    entity it was not shown.  With no candidate paths it is plain ``{"type": "json_object"}``.
     """
     _check_mode(json_output)
     if json_output == "off":
         return None
     if json_output == "object" or not req.paths:
         return {"type": "json_object"}
-    names = _enum_names(a for p in req.paths for a in p.answers)
-    answer = ({"type": "string", "enum": names} if 0 < len(names) <= MAX_ENUM_ANSWERS
-              else {"type": "string", "pattern": _ANSWER_PATTERN})
+    names = _enum_names(a for p in req.paths for a in p.answers)[:MAX_ENUM_ANSWERS]
+    answers = {"type": "array", "maxItems": int(max_answers) if names else 0,
+               "items": {"type": "string", "enum": names} if names else {"type": "string"}}
     k = len(req.paths)
     return {"type": "json_object",
             "schema": {"type": "object",
                        "properties": {"paths": {"type": "array", "minItems": 1,
                                                 "maxItems": min(k, SCHEMA_MAX_PATHS),
                                                 "items": {"type": "integer", "enum": list(range(1, k + 1))}},
-                                      "answers": {"type": "array", "maxItems": int(max_answers), "items": answer}},
+                                      "answers": answers},
                        "required": ["paths", "answers"], "additionalProperties": False}}
 
 
@@ -356,7 +397,9 @@ class LLMPlanner:
         max_hops: most steps per plan the schema allows (default 3, ``AskSettings.max_hops``'s default).
         temperature: sampling temperature (default 0: the plan is deterministic and cacheable).
         json_output: ``"off"`` (default: free text, the prompt asks for JSON in words), ``"schema"``
-            (relation names constrained to the prompt's candidates) or ``"object"``; see the module doc.
+            (each plan one of the relation paths that exist from the topic, :func:`plan_paths`, when the
+            request has ``continuations``; else relation names from the prompt's candidates) or
+            ``"object"``; see the module doc.
     """
 
     def __init__(self, client: LLMClient, *, max_plans: int = 3, max_hops: int = 3, temperature: float = 0.0,
@@ -374,9 +417,13 @@ class LLMPlanner:
         kw = {"max_plans": self.max_plans, "max_hops": self.max_hops, "json_output": self.json_output}
         batch = [plan_messages(r, **kw) for r in requests]
         formats = [plan_response_format(r, **kw) for r in requests]
+        # Under the narrowed schema only the paths it lists are plans: a server that ignored the grammar
+        # (or fell back without it) must not get a reversed or impossible path into the loop.
+        allowed = [set(plan_paths(r, max_hops=self.max_hops)) if self.json_output == "schema" else set()
+                   for r in requests]
         out = []
-        for res in self.client.complete_many_sync(batch, n=1, temperature=self.temperature,
-                                                  response_format=formats):
+        for res, ok_paths in zip(self.client.complete_many_sync(batch, n=1, temperature=self.temperature,
+                                                                response_format=formats), allowed):
             calls, tokens = _used(res)
             if not res.ok:
                 out.append(PlanReply(ok=False, warnings=(_failure(res),), calls=calls, tokens=tokens))
@@ -388,8 +435,13 @@ class LLMPlanner:
                 out.append(PlanReply(ok=False, warnings=(f"malformed planner reply ({exc}): {text[:120]!r}",),
                                      calls=calls, tokens=tokens))
                 continue
-            out.append(PlanReply(plans=plans[: self.max_plans], calls=calls, tokens=tokens,
-                                 warnings=() if plans else ("the planner proposed no plan",)))
+            warnings = [] if plans else ["the planner proposed no plan"]
+            if ok_paths:
+                bad = [p for p in plans if p not in ok_paths]
+                warnings += [f"plan {json.dumps(list(p), ensure_ascii=False)} is not a relation path from the "
+                             "topic in the KG: dropped" for p in bad]
+                plans = tuple(p for p in plans if p in ok_paths)
+            out.append(PlanReply(plans=plans[: self.max_plans], calls=calls, tokens=tokens, warnings=tuple(warnings)))
         return out
 
 

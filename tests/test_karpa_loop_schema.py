@@ -13,13 +13,15 @@ import pytest
 
 from _llm_server import chat_reply, scripted_server  # tests/ is on sys.path
 
-from engine.exec.ask import PlanRequest, ReasonRequest
+from engine.exec.api import Engine
+from engine.exec.ask import Asker, PlanRequest, ReasonRequest
 from engine.exec.context import ContextPath
 from experiments.simulate_ask import parse_plan_prompt
 from llm_bridge.client import LLMClient
 from llm_bridge.config import LLMConfig
 from llm_bridge.karpa_loop import (MAX_ENUM_ANSWERS, SCHEMA_MAX_ANSWERS, SCHEMA_MAX_PATHS, LLMPlanner, LLMReasoner,
-                                   parse_plan_reply, parse_reason_reply, plan_messages, plan_response_format,
+                                   parse_plan_reply, parse_reason_reply, plan_messages, plan_paths,
+                                   plan_response_format,
                                    reason_response_format)
 
 RELS_A = ("starred_actors^-1", "directed_by", "has_genre", "directed_by")  # a duplicate, shown twice
@@ -92,12 +94,13 @@ def test_reason_schema_bounds_path_numbers_and_names_the_shown_tails():
     assert reason_response_format(_reason_request([("A",)] * 2))["schema"]["properties"]["paths"]["maxItems"] == 2
     assert answers["items"] == {"type": "string", "enum": ["Alien", "Heat", "Ran"]}
     assert answers["maxItems"] == SCHEMA_MAX_ANSWERS
-    # too many names for an enum: free one-line strings
-    many = _reason_request([tuple(f"Film {i}" for i in range(MAX_ENUM_ANSWERS + 1))])
-    free = reason_response_format(many)["schema"]["properties"]["answers"]["items"]
-    assert free["type"] == "string" and "enum" not in free and free["pattern"].startswith("^[^\"")
-    # no tails at all: free strings too (an empty enum admits nothing)
-    assert "enum" not in reason_response_format(_reason_request([()]))["schema"]["properties"]["answers"]["items"]
+    # more names than an enum holds: still only shown names, the first MAX_ENUM_ANSWERS (best paths first)
+    many = _reason_request([("Best",), tuple(f"Film {i}" for i in range(MAX_ENUM_ANSWERS + 1))])
+    capped = reason_response_format(many)["schema"]["properties"]["answers"]["items"]
+    assert capped["enum"] == ["Best"] + [f"Film {i}" for i in range(MAX_ENUM_ANSWERS - 1)]
+    # no tails at all: no answer names (an empty enum would admit no reply; free strings would admit any)
+    none = reason_response_format(_reason_request([()]))["schema"]["properties"]["answers"]
+    assert none["maxItems"] == 0 and "enum" not in none["items"]
     assert reason_response_format(_reason_request([])) == {"type": "json_object"}
     assert reason_response_format(req, json_output="off") is None
 
@@ -161,10 +164,10 @@ def test_every_schema_valid_reply_parses_to_candidate_relations(seed):
                 {"paths": [1, 2, 1], "answers": []},
                 {"paths": [1], "answers": ["Z"]}, {"paths": [1]}, {"paths": [1], "answers": ["A", "B", "C", "A"]}):
         assert not _valid(bad, rschema), bad
-    free = reason_response_format(_reason_request([()]))["schema"]
-    assert _valid({"paths": [1], "answers": ["Any Name (1999)"]}, free)
-    for name in ('a "quoted" name', "two\nlines", "[x]", ""):
-        assert not _valid({"paths": [1], "answers": [name]}, free), name
+    nothing = reason_response_format(_reason_request([()]))["schema"]
+    assert _valid({"paths": [1], "answers": []}, nothing)
+    for name in ("Any Name (1999)", 'a "quoted" name', ""):
+        assert not _valid({"paths": [1], "answers": [name]}, nothing), name
 
 
 def test_the_schemas_compile_to_llama_cpp_grammars_with_the_enums():
@@ -321,16 +324,18 @@ def test_engine_ask_sends_the_mode_asked_for(small_kg, mode, capsys):
     elif mode == "object":
         assert fmts == [{"type": "json_object"}] * len(fmts)
     else:
-        plan_schema = fmts[0]["schema"]["properties"]["plans"]
-        assert plan_schema["items"]["maxItems"] == 2  # --max-hops
-        assert set(plan_schema["items"]["items"]["enum"]) == set(
-            parse_plan_prompt(srv.bodies[0]["messages"]).relations)
+        # each plan one of the relation paths of 1..2 steps (--max-hops) that leave the topic in the KG
+        paths = [tuple(p) for p in fmts[0]["schema"]["properties"]["plans"]["items"]["enum"]]
+        eng = Engine.load(small_kg)
+        asker = Asker(eng, eng.retriever(encoder="hashing"))
+        assert set(paths) == set(plan_paths(PlanRequest("q", topic, (), continuations=asker.continuations(1, 2)),
+                                        max_hops=2))
+        assert {len(p) for p in paths} == {1, 2}
+        assert set(x for p in paths for x in p) <= set(parse_plan_prompt(srv.bodies[0]["messages"]).relations)
         assert "paths" in fmts[-1]["schema"]["properties"]
 
 
 def _entities(art):
-    from engine.exec.api import Engine
-
     return Engine.load(art).artifact.entities
 
 

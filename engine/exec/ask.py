@@ -210,7 +210,9 @@ class Asker(PathScorer):
         plans: dict[int, list[Plan]] = {id(r): [] for r in live}
         if planner is not None and live:
             near = self._nearest_relations([texts[id(r)] for r in live], s.candidate_relations)
-            reqs = [PlanRequest(r.question, r.topic, tuple(rel_names[i] for i in nr)) for r, nr in zip(live, near)]
+            conts = {id(r): self.continuations(int(r.topic_id), s.max_hops) for r in live}
+            reqs = [PlanRequest(r.question, r.topic, tuple(rel_names[i] for i in nr), continuations=conts[id(r)])
+                    for r, nr in zip(live, near)]
             replies = self._call_planner(planner, reqs, live, round_=1)
             final = replies
             if s.replan:
@@ -231,7 +233,8 @@ class Asker(PathScorer):
                     cand = cand[: s.candidate_relations]
                     prev = tuple(tuple(str(x) for x in p) for p in rep.plans if isinstance(p, (list, tuple)))
                     again.append(r)
-                    again_req.append(PlanRequest(r.question, r.topic, tuple(rel_names[i] for i in cand), prev))
+                    again_req.append(PlanRequest(r.question, r.topic, tuple(rel_names[i] for i in cand), prev,
+                                                 continuations=conts[id(r)]))
                 if again:
                     second = self._call_planner(planner, again_req, again, round_=2)
                     by_id = {id(r): rep for r, rep in zip(again, second)}

