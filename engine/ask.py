@@ -71,7 +71,7 @@ class AskConfig(AskSettings):
     question: str | None = None  # the positional question (exactly one of it and --questions)
     questions: str | None = setting(None, metavar="FILE",
                                     help='one question per line, or JSON lines {"question", "answers"}')
-    encoder: str = setting("minilm", help="relation/question encoder (minilm, hashing, sentence-transformers)")
+    encoder: str = setting("minilm", help="relation/question encoder (minilm, mpnet, hashing, sentence-transformers)")
     encoder_kwargs: str = setting("{}", metavar="JSON", check=_kwargs_problem,
                                   help="encoder keyword arguments as a JSON object")
     path_text: str = setting("questions", choices=("questions", "names"),
