@@ -860,9 +860,12 @@ class MemoryArgs:
 
 def _use_tree(argv: Sequence[str]) -> Path | None:
     """Honour ``--tree DIR`` before the project is imported (stdlib only here)."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     pre.add_argument("--tree", type=Path, default=None)
-    ns, _ = pre.parse_known_args(list(argv))
+    try:
+        ns, _ = pre.parse_known_args(list(argv))
+    except argparse.ArgumentError:  # e.g. --tree with no value: the full parser reports it in the CLIs' one-line form
+        return None
     if ns.tree is None:
         return None
     tree = ns.tree.resolve()

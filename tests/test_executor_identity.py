@@ -211,3 +211,11 @@ def test_limit_runs_a_round_robin_subset(ident, recorded, umls_tiny_artifact):
     assert set(rec["queries"]["subset"]) <= set(idx) and len({structures[k] for k in idx}) == 14
     full = dict(zip(rec["runs"]["eager/dense"]["indices"], rec["runs"]["eager/dense"]["queries"]))
     assert [full[k] for k in idx] == small["runs"]["eager/dense"]["queries"]
+
+
+@pytest.mark.parametrize("argv", [["memory", "--artifact", "a", "--tree"], ["run", "--tree"]])
+def test_tree_without_a_value_is_one_error_line(ident, argv, capsys):
+    """Found by test_fuzz_cli: the stdlib pre-parser of --tree printed its own 'usage: -c ... -c: error:' pair."""
+    assert ident.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == "error: argument --tree: expected one argument\n", err
