@@ -40,7 +40,7 @@ from kgreason.constants import INVERSE_SUFFIX
 from kgreason.errors import UserError
 from kgreason.files import read_lines
 
-from engine.lang.query import Anchor, Complement, Intersection, Node, Projection, to_sexpr
+from engine.lang.query import Node, path_query, to_sexpr
 
 if TYPE_CHECKING:  # pragma: no cover
     from kge.graph import KnowledgeGraph
@@ -134,12 +134,7 @@ def question_node(topic: str | int, relations: Sequence[str | int], *, exclude_t
     """
     if not relations:
         raise ValueError("a MetaQA question has at least one hop")
-    node: Node = Anchor(topic)
-    for k, r in enumerate(relations):
-        node = Projection(r, node)
-        if exclude_topic and k >= 1:
-            node = Intersection((node, Complement(Anchor(topic))))
-    return node
+    return path_query(topic, relations, exclude_topic=exclude_topic)
 
 
 def _closest(name: str, known: Iterable[str], n: int = 3) -> str:

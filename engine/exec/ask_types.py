@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
 from engine.exec.context import ContextPath
-from engine.lang.query import Anchor, Complement, Intersection, Node, Projection
+from engine.lang.query import Node, path_query  # noqa: F401  (path_query: re-exported, engine.exec.ask's users import it)
 
 __all__ = ["PlanRequest", "PlanReply", "ReasonRequest", "ReasonReply", "Planner", "Reasoner", "AskPath",
            "AskAnswer", "AskResult", "path_query"]
@@ -167,18 +167,3 @@ class AskResult:
                 "answers": [a.to_json() for a in self.answers], "paths": [p.to_json() for p in self.paths],
                 "warnings": list(self.warnings), "trace": self.trace,
                 "llm": {"calls": self.llm_calls, "tokens": self.llm_tokens}, "seconds": round(self.seconds, 6)}
-
-
-def path_query(topic: int | str, relations: Sequence[int | str], *, exclude_topic: bool = True) -> Node:
-    """The logical query of a relation path from ``topic``: ``(p r_L … (p r_1 topic))``.
-
-    With ``exclude_topic`` the topic is removed from every set from the second hop on,
-    ``(i (p r_s …) (n topic))``: a path that comes back through the topic is no
-    evidence (MetaQA's answer rule, :mod:`engine.eval.metaqa`).
-    """
-    node: Node = Anchor(topic)
-    for step, x in enumerate(relations):
-        node = Projection(x, node)
-        if exclude_topic and step >= 1:
-            node = Intersection((node, Complement(Anchor(topic))))
-    return node

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Iterator
+from typing import TYPE_CHECKING, ClassVar, Iterator, Sequence
 
 from kgreason.errors import UserError
 from kgreason.text import printable
@@ -70,6 +70,7 @@ __all__ = [
     "iter_nodes",
     "anchors_of",
     "relations_of",
+    "path_query",
 ]
 
 #: The deepest query (operators on one root-to-leaf path) that the parser and the node
@@ -647,3 +648,19 @@ def describe(node: Node, artifact: "Artifact | None" = None) -> str:
         return " ".join(parts)
 
     return f"?y such that {about(node, '?y')}"
+
+
+def path_query(topic: str | int, relations: Sequence[str | int], *, exclude_topic: bool = True) -> Node:
+    """The query of a relation path from ``topic``: ``(p r_L ... (p r_1 topic))``.
+
+    With ``exclude_topic`` every set from the second hop on is ANDed with ``(n topic)``,
+    ``(i (p r_s ...) (n topic))``: a path that comes back through the topic is no evidence
+    (MetaQA's answer rule, :mod:`engine.eval.metaqa`; the ask loop's candidate paths).
+    ``topic`` and ``relations`` may be names or ids (the AST keeps what it is given).
+    """
+    node: Node = Anchor(topic)
+    for step, r in enumerate(relations):
+        node = Projection(r, node)
+        if exclude_topic and step >= 1:
+            node = Intersection((node, Complement(Anchor(topic))))
+    return node
