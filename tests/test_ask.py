@@ -1191,3 +1191,16 @@ def test_each_candidate_path_runs_once_per_question(kg, questions, pick, explain
     else:
         assert not extra
     assert any(t["step"] == "vote" for r in res for t in r.trace)
+
+
+def test_scoring_no_question_gives_no_costs(kg):
+    """Found by test_fuzz_cli_metaqa_ask_slow (`--per-hop 0 --tune-exemplars`): with a verbalizer, scoring an
+    empty batch subtracted the (d,) verbalized mean from the encoder's (0, 0) array and raised ValueError."""
+    from llm_bridge.prompts import fallback_template
+
+    from engine.exec.ask import Asker
+
+    _, eng, ret = kg
+    asker = Asker(eng, ret, settings=AskSettings(max_hops=2), verbalizer=fallback_template)
+    assert asker.score_sequences([], []) == []
+    assert [len(c) for c in asker.score_sequences([[(0,)], []], ["who follows them", "x"])] == [1, 0]

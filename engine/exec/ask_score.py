@@ -449,6 +449,10 @@ class PathScorer:
     def score_sequences(self, seq_lists: Sequence[Sequence[tuple[int, ...]]], texts: Sequence[str]) -> list[np.ndarray]:
         """Embedding-only costs (:meth:`embedding_retrieve`'s formula) of any relation sequences, one list per
         question text (the sequences need not exist in the KG)."""
+        if len(seq_lists) != len(texts):
+            raise ValueError(f"score_sequences: {len(seq_lists)} sequence lists for {len(texts)} question texts")
+        if not texts:  # no question (e.g. a run of 0 questions): an encoder gives (0, 0) for [], not (0, d)
+            return []
         s = self.settings
         enc = self.retriever.encoder
         # One encoder call for every sequence text not seen before; kept across calls and on disk.
