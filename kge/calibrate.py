@@ -233,20 +233,27 @@ class RowCalibrator:
             torch.mm(q, self._tails_t, out=s)  # scores (c, W)
             if s.shape[1] != n:
                 s = s[:, :n].contiguous()  # the padding columns of a tiny KG
-            # the rows' observed tails as a CSR (ptr, cols), from the edges sorted by flattened row
-            a = np.searchsorted(self._obs_key, keys, side="left")
-            b = np.searchsorted(self._obs_key, keys, side="right")
-            counts = b - a
-            ptr = np.zeros(c + 1, dtype=np.int64)
-            np.cumsum(counts, out=ptr[1:])
-            total = int(ptr[-1])
-            o_pos = np.repeat(a - ptr[:-1], counts) + np.arange(total)
-            o_cols = self._obs_tail[o_pos]
+            ptr, o_cols = rows_observed_tails(self._obs_key, self._obs_tail, keys)
             # softmax, * max(1, #tails), observed -> 1, threshold, cap, CSR: one fused op (backend: the
             # ops module default, ops.set_backend); it may overwrite s, a workspace
             row_nnz, cols, vals = ops.calibrate_rows(s, torch.from_numpy(ptr).to(dev), torch.from_numpy(o_cols).to(dev),
                                                      threshold=thr, delta=self.delta)
             return row_nnz.cpu().numpy(), cols.cpu().numpy(), vals.cpu().numpy()
+
+
+def rows_observed_tails(obs_key: np.ndarray, obs_tail: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The observed tails of rows ``keys`` (flattened ``r*N + h``) as a CSR: ``(ptr (c+1,) int64, tails)``.
+
+    ``obs_key`` (E,) ascending holds each observed edge's row key and ``obs_tail`` (E,) its tail, in the
+    same order (edges sorted by row key); row ``i``'s tails are ``tails[ptr[i]:ptr[i+1]]``, in that order.
+    """
+    a = np.searchsorted(obs_key, keys, side="left")
+    b = np.searchsorted(obs_key, keys, side="right")
+    counts = b - a
+    ptr = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    pos = np.repeat(a - ptr[:-1], counts) + np.arange(int(ptr[-1]), dtype=np.int64)
+    return ptr, obs_tail[pos]
 
 
 #: Chunks of fewer rows are padded to this many before the score GEMM (see RowCalibrator.compute).

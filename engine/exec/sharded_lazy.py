@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import torch
 
-from kge.calibrate import _MIN_GEMM_COLS, _MIN_GEMM_ROWS
+from kge.calibrate import _MIN_GEMM_COLS, _MIN_GEMM_ROWS, rows_observed_tails
 from kge.lazy import DEFAULT_ROW_CACHE_GB, RowCache, _RowSet, check_row_cache_gb, take_rows
 from kge.sharding import LazyShard
 
@@ -106,13 +106,7 @@ class LazyShardRows:
 
     def _known(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The rows' known tails here: ``(ptr (c+1,), local tails)``."""
-        obs_key = self.shard.obs_key
-        a = np.searchsorted(obs_key, keys, side="left")
-        b = np.searchsorted(obs_key, keys, side="right")
-        ptr = np.zeros(len(keys) + 1, dtype=np.int64)
-        np.cumsum(b - a, out=ptr[1:])
-        pos = np.repeat(a - ptr[:-1], b - a) + np.arange(int(ptr[-1]), dtype=np.int64)
-        return ptr, self.shard.obs_tail[pos]
+        return rows_observed_tails(self.shard.obs_key, self.shard.obs_tail, keys)
 
     def _entries(self, s: torch.Tensor, keys: np.ndarray, norm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This block's entries of rows ``keys`` from their scores ``s`` (used as a workspace) and normalisers ``norm``
