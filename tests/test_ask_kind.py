@@ -74,14 +74,15 @@ def test_kind_texts_say_what_the_entities_a_relation_reaches_are(films):
 def test_costs_move_by_exactly_the_weighted_kind_score(films):
     eng, ret = films
     off = Asker(eng, ret, settings=AskSettings(kind_weight=0.0))
-    texts = ["which films share the director of", "who directed", "what year"]
+    texts = ["which films share the director of", "who was there", "what year", "who directed"]
     seqs = [off.reachable_sequences(0, 3)[0]] * len(texts)
     base = off.score_sequences(seqs, texts)
     for w in (0.5, 2.0):
-        on = Asker(eng, ret, settings=AskSettings(kind_weight=w))
+        on = Asker(eng, ret, settings=AskSettings(kind_weight=w, kind_who=False))
         kinds = on.kind_scores(texts)
         assert kinds.shape == (len(texts), len(ret.graph.relation_names))
-        assert not kinds[1].any()  # "who" alone names no kind of thing
+        assert not kinds[1].any()  # "who" alone (naming no relation, without kind_who) names no kind of thing
+        assert kinds[3].any()  # "who directed": the kind of what directed_by reaches
         assert kinds[0].any() and kinds[2].any()
         for i, got in enumerate(on.score_sequences(seqs, texts)):
             want = base[i] - w * kinds[i][[x[-1] for x in seqs[i]]]
@@ -112,3 +113,85 @@ def test_cli_kind_weight_out_of_range_is_one_error_line(bad, capsys):
     assert main(["who is [X]", "--kind-weight", bad]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --kind-weight must be in [0, 10]") and "Traceback" not in err
+
+
+def _names(word):
+    """A stand-in for PathScorer.names_relation: the words of a KG with directors, writers, genres, languages."""
+    from engine.exec.ask import words_match
+
+    return any(words_match(word, w) for w in ("directed", "written", "starred", "actors", "genre", "language"))
+
+
+@pytest.mark.parametrize("text, word", [
+    ("what film genre is", "genre"),  # the noun of the phrase, not the topic's kind before it
+    ("what is the primary language in", "language"),
+    ("what are the main languages in starred movies", "languages"),
+    ("which films share the same director of", None),  # "films" names no relation: the phrase as before
+    ("what is a movie written by", None),  # a passive verb says what the movie underwent
+    ("what does star in", None),  # "does": no noun follows
+    ("which person wrote the films acted by", "wrote"),  # an irregular past form names written_by
+    ("who are the writers of the films", "writers"),
+    ("who is listed as director of written films", "director"),
+    ("who acted in the movies directed by", None),  # "directed by": passive, not the agent asked for
+    ("the movies that share actors with the movie are directed by who", "directed"),  # before a final "who"
+    ("the screenwriter co-wrote movies with who", "wrote"),
+    ("when were the movies directed by released", None),  # only which / what / who / whom
+])
+def test_kind_word(text, word):
+    from engine.exec.ask_text import kind_word
+
+    assert kind_word(text, _names, 3) == word
+    assert kind_word(text, _names, 0) is None  # window 0: off
+
+
+@pytest.mark.parametrize("text, phrase", [
+    ("what film genre is", "what genre"),
+    ("who are the writers of", "who writers"),
+    ("the actor is a co-star of who", "who star"),
+    ("who was born there", "which person"),  # a "who" naming no relation: kind_who's phrase
+    ("which films share the same director of", "which films"),
+])
+def test_kind_phrase_with_a_word_naming_a_relation(text, phrase):
+    assert kind_phrase(text, 1, names=_names, window=3, person="which person") == phrase
+
+
+def test_named_kind_word_reads_as_the_kind_of_the_relation_it_names(films):
+    """kind_named: a kind word naming a relation is compared kind text with kind text, so the question asks for
+    what the named relation reaches (its tails) and a round trip back to the topic's kind loses."""
+    eng, ret = films
+    names = ret.graph.relation_names
+    on = Asker(eng, ret, settings=AskSettings(kind_window=3, kind_named=True))
+    texts = ["what film year is", "the films are directed by who"]
+    kinds = on.kind_scores(texts)
+    K = on._kind_embeddings()
+    for i, rel in enumerate(("release_year", "directed_by")):
+        r = names.index(rel)
+        np.testing.assert_allclose(kinds[i], K @ K[r], atol=1e-9)  # the named relation's own kind text
+        assert kinds[i][r] == pytest.approx(1.0)
+        assert kinds[i][r] > kinds[i][names.index(rel + "^-1")] + 0.5  # films are not what it asks for
+    # Off (the stop-38 settings): the same questions embed "what film" and "who" (no kind term).
+    off = Asker(eng, ret, settings=AskSettings(kind_window=0, kind_who=False, kind_named=False)).kind_scores(texts)
+    assert not off[1].any()
+    # The round trip year -> films ("what film year": the word "film" pulled it) loses to the year itself.
+    seqs = [(names.index("release_year"),), (names.index("release_year"), names.index("release_year^-1"))]
+    only_kind = dict(length_penalty=0.0, length_prior=0.0, answer_type_weight=0.0, lexical_weight=0.0)
+    got = Asker(eng, ret, settings=AskSettings(kind_window=3, kind_named=True, **only_kind)).score_sequences(
+        [seqs], ["what film year is"])[0]
+    base = Asker(eng, ret, settings=AskSettings(kind_weight=0.0, **only_kind)).score_sequences(
+        [seqs], ["what film year is"])[0]
+    w = AskSettings().kind_weight
+    np.testing.assert_allclose(got, base - w * kinds[0][[s[-1] for s in seqs]], atol=1e-9)
+    assert got[0] - base[0] < got[1] - base[1] - 0.5 * w
+
+
+def test_who_reads_as_a_person_only_with_kind_who(films):
+    eng, ret = films
+    texts = ["who was born there"]
+    assert not Asker(eng, ret, settings=AskSettings(kind_who=False)).kind_scores(texts).any()
+    on = Asker(eng, ret, settings=AskSettings(kind_who=True)).kind_scores(texts)
+    np.testing.assert_allclose(on[0], _kind_row(eng, ret, "which person"), atol=1e-9)
+
+
+def _kind_row(eng, ret, phrase):
+    a = Asker(eng, ret)
+    return (a.phrase_embeddings([phrase]) @ a._kind_embeddings().T)[0]

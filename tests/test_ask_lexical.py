@@ -27,7 +27,10 @@ def kg(tmp_path_factory):
 @pytest.mark.parametrize("a, b, same", [
     ("writer", "written", True), ("written", "writer", True), ("director", "directed", True),
     ("stars", "starred", True), ("genre", "genre", True), ("genres", "genre", True),
-    ("wrote", "written", False), ("acted", "actors", False), ("rate", "rating", False),
+    ("acted", "actors", False),
+    # an irregular past form reads as its base form (IRREGULAR_VERBS): "wrote" -> "write"
+    ("wrote", "written", True), ("wrote", "writer", True), ("wrote", "wrote", True), ("taken", "take", True),
+    ("wrote", "wrath", False), ("rate", "rating", False),
     ("film", "films", True), ("directly", "director", True), ("dire", "directed", True),
     ("", "written", False), ("abc", "abc", False),
     # a closed compound's last part (6+ letters) is a word of its own: "screen|writer"

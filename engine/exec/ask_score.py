@@ -22,7 +22,7 @@ import numpy as np
 from kgreason.errors import UserError, unknown_name
 
 from engine.exec.ask_settings import AskSettings
-from engine.exec.ask_text import (WH_CENTRE, answer_phrase, content_words, kind_phrase, lexical_f1, question_text,
+from engine.exec.ask_text import (WH_CENTRE, WHO_KIND, answer_phrase, content_words, kind_phrase, kind_word, lexical_f1, question_text,
                                   words_match)
 from engine.exec.ask_types import AskResult
 from engine.paths import PathRetriever, relation_text
@@ -100,6 +100,7 @@ class PathScorer:
         self._kind: np.ndarray | None = None
         self._wh_centre: np.ndarray | None = None
         self._rel_words: list[tuple[str, tuple[str, ...]]] | None = None
+        self._names_word: dict[str, bool] = {}
         self._outrel: tuple[np.ndarray, np.ndarray] | None = None
         self._seq_emb: dict[str, np.ndarray] | None = None
         self._seq_damage: str | None = None  # why the path-embedding cache read was damaged, until rewritten
@@ -391,6 +392,20 @@ class PathScorer:
         return frozenset(b for b, ws in dict(self.relation_words()).items()
                          if any(words_match(a, w) for a in qw for w in ws))
 
+    def names_relation(self, word: str) -> bool:
+        """Whether ``word`` names some relation of the KG (:func:`words_match` with a word of
+        :meth:`relation_words`)."""
+        hit = self._names_word.get(word)
+        if hit is None:
+            hit = self._names_word[word] = any(words_match(word, w) for _, ws in self.relation_words() for w in ws)
+        return hit
+
+    def named_forward(self, word: str) -> list[int]:
+        """The forward relations (ids; no inverse) whose name ``word`` matches a word of (:func:`words_match`)."""
+        names = self.retriever.graph.relation_names
+        return [r for r, (b, ws) in enumerate(self.relation_words())
+                if names[r] == b and any(words_match(word, w) for w in ws)]
+
     def phrase_embeddings(self, phrases: Sequence[str]) -> np.ndarray:
         """(len(phrases), d) unit rows: each answer phrase embedded, minus the mean of :data:`WH_CENTRE`'s
         (fixed, so a question's cost does not depend on the other questions asked)."""
@@ -407,9 +422,21 @@ class PathScorer:
     def kind_scores(self, texts: Sequence[str]) -> np.ndarray:
         """(questions, R): cosine between each question's kind phrase (:func:`kind_phrase`, centred:
         :meth:`phrase_embeddings`) and each relation's centred kind text (:meth:`kind_texts`; 0 when empty)."""
-        w = self.settings.kind_words
-        phrases = [kind_phrase(t, w) or t for t in texts]
-        out = self.phrase_embeddings(phrases) @ self._kind_embeddings().T
+        s = self.settings
+        phrases = [kind_phrase(t, s.kind_words, names=self.names_relation, window=s.kind_window,
+                               person=WHO_KIND if s.kind_who else "") or t for t in texts]
+        K = self._kind_embeddings()
+        Q = self.phrase_embeddings(phrases)
+        if s.kind_named and s.kind_window > 0:
+            # The word naming relations stands for what they reach: the mean of their kind texts (forward
+            # relations: a relation's name says what its tails are, "directed_by" -> directors), so
+            # "which directors" is compared kind with kind, not with the films' text that lists "directed by".
+            for i, t in enumerate(texts):
+                w = kind_word(t, self.names_relation, s.kind_window)
+                rows = self.named_forward(w) if w is not None else []
+                if rows:
+                    Q[i] = _unit(K[rows].mean(axis=0))
+        out = Q @ K.T
         # A question word alone ("who", "when") names no kind of thing: its cosines with the kind texts
         # only echo the texts' wording (MiniLM puts "who" nearer "the starred actors" than "the written by").
         out[[len(p.split()) < 2 for p in phrases]] = 0.0

@@ -43,6 +43,11 @@ LENGTH_PIVOT = 8
 KIND_WEIGHT = 1.5
 KIND_COVERAGE = 0.5
 KIND_WORDS = 1
+#: The kind word (stop 40): a word naming a relation near the question word is what is asked for, read as the
+#: kind texts of the relations it names; "who" naming none reads as "which person" (MetaQA dev, docs/ask.md).
+KIND_WINDOW = 3
+KIND_WHO = True
+KIND_NAMED = True
 #: Lexical term: the F1 between the relations a path follows and those the question names.
 LEXICAL_WEIGHT = 0.6
 #: Exemplar vote, chosen on held-out MetaQA dev exemplars.
@@ -118,8 +123,11 @@ class ScoreSettings(Settings):
     ``answer_type_weight`` times the cosine between the question's answer phrase ("which movies") and the
     path's range text (the names of the ``range_examples`` most frequent tails of its last relation), minus
     ``kind_weight`` times the cosine between the question's kind phrase (the question word and ``kind_words``
-    words after it) and the kind text of the path's last relation (read from the KG: a relation enters it
-    when at least ``kind_coverage`` of its tails take part in it), minus ``lexical_weight`` times the F1
+    words after it; with ``kind_window``, the word naming a relation among the ``kind_window`` words around
+    "which"/"what"/"who", :func:`~engine.exec.ask_text.kind_word`, which with ``kind_named`` stands for the
+    kind texts of the relations it names; with ``kind_who`` a "who" naming none reads as "which person") and
+    the kind text of the path's last relation (read from the KG: a relation enters it when at least
+    ``kind_coverage`` of its tails take part in it), minus ``lexical_weight`` times the F1
     between the relations the path follows and those the question names word for word, minus
     ``exemplar_weight`` times the mean of the ``exemplar_k`` highest cosines with the exemplar questions
     labelled with the path (with exemplars).  The terms may take a cost below 0: it is a cost, compared
@@ -146,6 +154,13 @@ class ScoreSettings(Settings):
                                         "take part in it")
     kind_words: int = setting(KIND_WORDS, low=0, integer=True, metavar="N",
                               help="words after 'which'/'what' in the question's kind phrase")
+    kind_window: int = setting(KIND_WINDOW, low=0, integer=True, metavar="N",
+                               help="the kind phrase takes the first word naming a relation among the N words "
+                                    "around 'which'/'what'/'who' ('what film genre' -> 'what genre'; 0 turns it off)")
+    kind_who: bool = _switch(KIND_WHO, "a 'who'/'whom' naming no relation reads as 'who' alone (no kind term), not as "
+                             "'which person'", flag="--no-kind-who", negate=True)
+    kind_named: bool = _switch(KIND_NAMED, "a kind word naming relations is embedded as a word, not read as the kind "
+                               "texts of the relations it names", flag="--no-kind-named", negate=True)
     lexical_weight: float = setting(LEXICAL_WEIGHT, low=0.0, high=10.0, metavar="W",
                                     help="embedding-only score: cost lowered by W x the F1 between the relations "
                                          "a path follows and those the question names word for word (0 turns it off)")

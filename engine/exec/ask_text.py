@@ -13,8 +13,8 @@ from kgreason.files import read_json_objects, relation_path_field, text_field
 
 from engine.exec.ask_settings import KIND_WORDS
 
-__all__ = ["FUNCTION_WORDS", "MIN_WORD", "MIN_COMPOUND", "WH_WORDS", "WH_CENTRE", "ANSWER_PHRASE_WORDS",
-           "FILLER_WORDS", "question_text", "kind_phrase", "answer_phrase", "content_words", "words_match",
+__all__ = ["FUNCTION_WORDS", "MIN_WORD", "MIN_COMPOUND", "WH_WORDS", "WH_CENTRE", "WHO_KIND", "ANSWER_PHRASE_WORDS",
+           "FILLER_WORDS", "IRREGULAR_VERBS", "question_text", "kind_phrase", "kind_word", "noun_run", "NOUN_SKIP", "answer_phrase", "content_words", "words_match",
            "lexical_f1", "find_topic", "read_exemplars", "fold", "folded_names"]
 
 #: English function words (and the question words) never read as naming a relation; words shorter than
@@ -37,6 +37,8 @@ ANSWER_PHRASE_WORDS = 3
 #: question's cost does not depend on the other questions asked).
 WH_CENTRE = ("who", "what", "which", "when", "where", "whom", "whose", "how many", "how much", "what is",
              "which one")
+#: What "who"/"whom" ask for when no word naming a relation follows them (``AskSettings.kind_who``).
+WHO_KIND = "which person"
 #: Words a kind phrase skips (:func:`kind_phrase`): English articles and auxiliary verbs, which say nothing
 #: of what is asked for ("what *are the* movies").
 FILLER_WORDS = frozenset("a an the is are was were be been being do does did has have had can could will "
@@ -59,21 +61,85 @@ def question_text(question: str, topic: str | None = None) -> str:
     return " ".join(text.split())
 
 
-def kind_phrase(text: str, words: int = KIND_WORDS) -> str:
+def kind_phrase(text: str, words: int = KIND_WORDS, *, names: Callable[[str], bool] | None = None,
+                window: int = 0, person: str = "") -> str:
     """The words saying what kind of thing a question asks for: its first English question word
     (:data:`WH_WORDS`), and after "which" or "what", the next ``words`` words that are not
     :data:`FILLER_WORDS` ("what are the movies that share" -> "what movies that", "which films share" ->
     "which films share"), after "how" the next word ("how many"); "who", "when", "where" ... say it alone
-    ("when were the movies released" asks for a time, not movies).  No question word: the first words."""
+    ("when were the movies released" asks for a time, not movies).  No question word: the first words.
+
+    ``names`` (``word -> whether it names a relation of the KG``, e.g. :meth:`PathScorer.names_relation`)
+    and ``window`` > 0: the word naming a relation that says what is asked for (:func:`kind_word`), when
+    there is one, follows the question word instead ("what film *genre* is" -> "what genre", "who are the
+    *writers* of" -> "who writers", "[X] co-*starred* with who" -> "who starred"): an adjective or the topic's
+    own kind before the noun is not what is asked for.  ``person``: what "who"/"whom" stand for when no such
+    word is found ("which person"; empty: "who" alone)."""
     m = _WH.search(text)
     if m is None:
         return " ".join(text.split()[: words + 1])
     wh, rest = m.group(0), text[m.end():].split()
-    if wh.lower() in ("which", "what"):
+    low = wh.lower()
+    hit = kind_word(text, names, window) if names is not None else None
+    if hit is not None:
+        return f"{wh} {hit}"
+    if low in ("which", "what"):
         rest = [w for w in rest if w.lower().strip("?,.!") not in FILLER_WORDS][:words]
+    elif low in ("who", "whom") and person:
+        return person
     else:
-        rest = rest[:1] if wh.lower() == "how" else []
+        rest = rest[:1] if low == "how" else []
     return " ".join([wh] + rest)
+
+
+def kind_word(text: str, names: Callable[[str], bool], window: int) -> str | None:
+    """The word naming a relation (``names``) that says what ``text`` asks for, read around its first
+    "which", "what", "who" or "whom"; None when there is none (or ``window`` is 0).
+
+    After "which"/"what": the first such word among the first ``window`` words of the noun phrase that
+    follows (:func:`noun_run`: "what film *genre* is", "what primary *language*", not "what does *star* in").
+    After "who"/"whom", whose noun is a verb's agent: the first among the next ``window`` content words, a
+    passive verb's (before "by") left out ("who *directed* the films", "who is listed as *director* of",
+    not "who acted in the movies *directed* by"); none there, the nearest of the ``window`` content words
+    before it ("the movies are *directed* by who", "[X] co-*starred* with who")."""
+    m = _WH.search(text)
+    if m is None or window <= 0:
+        return None
+    wh = m.group(0).lower()
+    after = text[m.end():].split()
+    if wh in ("which", "what"):
+        return next((w for w in noun_run(after)[:window] if names(w)), None)
+    if wh not in ("who", "whom"):
+        return None
+    lows = [w.lower().strip("?,.!;:") for w in after]
+    agent = [c for i, low in enumerate(lows) if lows[i + 1: i + 2] != ["by"] for c in content_words(low)]
+    hit = next((w for w in agent[:window] if names(w)), None)
+    if hit is None:
+        hit = next((w for w in content_words(text[: m.start()])[::-1][:window] if names(w)), None)
+    return hit
+
+
+#: Words a noun phrase after "which"/"what" skips before its noun (:func:`noun_run`): articles and "be".
+NOUN_SKIP = frozenset("a an the is are was were be been being".split())
+
+
+def noun_run(words: Sequence[str]) -> list[str]:
+    """The content words (:func:`content_words`) of the noun phrase that opens ``words``: leading
+    :data:`NOUN_SKIP` words skipped ("are the"), then the words up to the first filler, function or short
+    word ("film genre | is", "primary language | in", "writers | of", "films | did"; "does | star in": no
+    noun), or before a passive verb ("movie | written by"): where a question word's noun is."""
+    out: list[str] = []
+    started = False
+    lows = [w.lower().strip("?,.!;:") for w in words]
+    for i, low in enumerate(lows):
+        if low in NOUN_SKIP and not started:
+            continue
+        started = True
+        got = content_words(low)
+        if low in FILLER_WORDS or not got or len(low) < MIN_WORD or lows[i + 1: i + 2] == ["by"]:
+            break  # a word before "by" is a passive verb: it says what the noun underwent, not what it is
+        out.extend(got)
+    return out
 
 
 def answer_phrase(text: str) -> str:
@@ -87,6 +153,22 @@ def answer_phrase(text: str) -> str:
 
 _LETTERS = re.compile(r"[a-z0-9]+")
 
+#: English irregular verbs, their past forms of :data:`MIN_WORD`+ letters -> the base form (whose start the
+#: prefix rule of :func:`words_match` can read): "wrote" names what "write", "writer", "written" name.
+#: English, as :data:`FUNCTION_WORDS` is; no KG's relation names.
+IRREGULAR_VERBS = {past: base for base, forms in (
+    ("begin", "began begun"), ("bring", "brought"), ("build", "built"), ("buy", "bought"),
+    ("choose", "chose chosen"), ("come", "came"), ("draw", "drew drawn"), ("drive", "drove driven"),
+    ("fall", "fell fallen"), ("feel", "felt"), ("fight", "fought"), ("find", "found"), ("fly", "flew flown"),
+    ("forget", "forgot forgotten"), ("give", "gave given"), ("grow", "grew grown"), ("hold", "held"),
+    ("keep", "kept"), ("know", "knew known"), ("lead", "led"), ("leave", "left"), ("lose", "lost"),
+    ("make", "made"), ("ride", "rode ridden"), ("rise", "rose risen"), ("sell", "sold"), ("send", "sent"),
+    ("shake", "shook shaken"), ("shoot", "shot"), ("sing", "sang sung"), ("speak", "spoke spoken"),
+    ("spend", "spent"), ("stand", "stood"), ("steal", "stole stolen"), ("strike", "struck"),
+    ("swim", "swam swum"), ("take", "took taken"), ("teach", "taught"), ("tell", "told"), ("think", "thought"),
+    ("throw", "threw thrown"), ("wear", "wore worn"), ("write", "wrote written"))
+    for past in forms.split() if len(past) >= MIN_WORD}
+
 
 def content_words(text: str) -> list[str]:
     """The lower-cased words of ``text`` (runs of letters and digits) of at least :data:`MIN_WORD` characters
@@ -97,9 +179,12 @@ def content_words(text: str) -> list[str]:
 def words_match(a: str, b: str) -> bool:
     """Whether two words are read as the same word: a common prefix of at least :data:`MIN_WORD` characters
     that covers 60% of the shorter one ("writer"/"written", "director"/"directed", "stars"/"starred"; not
-    "wrote"/"written"): English inflection and derivation change the end of a word, rarely its start.  Or
+    "wrote"/"written" but see below): English inflection and derivation change the end of a word, rarely its start.  Or
     one is a closed compound whose last part, of at least :data:`MIN_COMPOUND` letters, matches the other
-    that way ("screenwriter"/"written", "costar"/"starred" no: "star" is too short to stand alone)."""
+    that way ("screenwriter"/"written", "costar"/"starred" no: "star" is too short to stand alone).  An
+    irregular past form reads as its base form (:data:`IRREGULAR_VERBS`: "wrote" as "write", which matches
+    "written" and "writer")."""
+    a, b = IRREGULAR_VERBS.get(a, a), IRREGULAR_VERBS.get(b, b)
     if _prefix_match(a, b):
         return True
     for x, y in ((a, b), (b, a)):
