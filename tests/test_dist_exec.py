@@ -586,3 +586,19 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":  # one rank by hand, with torchrun's environment
         raise SystemExit(worker(sys.argv[2:]))
     raise SystemExit("usage: python tests/test_dist_exec.py ranks SPEC OUT_DIR | worker OUT CASES")
+
+
+def test_max_normalisers_setting(monkeypatch):
+    """KGREASON_LAZY_MAX_NORMALISERS: the lazy ranks' normaliser bound; a bad value is one error naming the setting."""
+    from engine.exec.sharded_lazy import DEFAULT_MAX_NORMALISERS, MAX_NORMALISERS_ENV, max_normalisers_from_env
+    from kgreason.errors import UserError
+
+    monkeypatch.delenv(MAX_NORMALISERS_ENV, raising=False)
+    assert max_normalisers_from_env() == DEFAULT_MAX_NORMALISERS
+    for raw, want in (("12", 12), (" 0 ", 0), ("", DEFAULT_MAX_NORMALISERS)):
+        monkeypatch.setenv(MAX_NORMALISERS_ENV, raw)
+        assert max_normalisers_from_env() == want
+    for raw in ("-1", "lots", "1e6"):
+        monkeypatch.setenv(MAX_NORMALISERS_ENV, raw)
+        with pytest.raises(UserError, match=f"{MAX_NORMALISERS_ENV}: expected an integer >= 0 .*got '{raw}'"):
+            max_normalisers_from_env()

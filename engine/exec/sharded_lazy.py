@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from engine.exec.sharded import _RelBlock
     from engine.exec.sharded_comm import Comm
 
-__all__ = ["LazyShardRows", "DEFAULT_MAX_NORMALISERS", "max_normalisers_from_env"]
+__all__ = ["LazyShardRows", "DEFAULT_MAX_NORMALISERS", "MAX_NORMALISERS_ENV", "max_normalisers_from_env"]
 
 #: Scores of one exchange's chunks held at once (kept from the statistics to the entries); the chunks beyond are
 #: computed again.
