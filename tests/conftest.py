@@ -18,18 +18,44 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit():
                           str(max(1, (os.cpu_count() or 1) // max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))))
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-# The cuda parameter carries the `cuda` marker from collection on, so `pytest -m cuda` selects every test that
-# runs on the GPU (benchmarks/gpu_check.sh runs exactly that); a marker added when the fixture runs would come
-# after the selection.
-DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if torch.cuda.is_available() else [])
+# torch is imported where a test process needs it (collection, fixtures), never when this file loads: under
+# pytest-xdist the controller loads it too, and importing torch there (~2-4 s, before any worker starts) was
+# wall time of every `-n 2` run during which neither worker existed yet.  The controller never collects.
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def devices() -> list:
+    """The `device` fixture's parameters: cpu, and cuda where a GPU is visible.  The cuda parameter carries the
+    `cuda` marker from collection on, so `pytest -m cuda` selects every test that runs on the GPU
+    (benchmarks/gpu_check.sh runs exactly that); a marker added when the fixture runs would come after the
+    selection."""
+    return ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if _has_cuda() else [])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc):
+    # what `@pytest.fixture(params=devices())` did (same ids, same place in them), computed at collection; a test
+    # that parametrizes `device` itself keeps its own values (as with fixture params)
+    if "device" in metafunc.fixturenames and not any(
+            "device" in _argnames(mark) for mark in metafunc.definition.iter_markers("parametrize")):
+        metafunc.parametrize("device", devices(), indirect=True)
+
+
+def _argnames(mark) -> list[str]:
+    names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
+    return [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
 
 
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         _longest_files_first(items)
-    if torch.cuda.is_available():
+    if _has_cuda():
         return
     skip = pytest.mark.skip(reason="no CUDA device")
     for item in items:
@@ -115,8 +141,9 @@ def umls_tiny_artifact(tmp_path_factory):
 from _llm_server import llm_artifact, local_llm  # noqa: E402,F401
 
 
-@pytest.fixture(params=DEVICES)
+@pytest.fixture
 def device(request):
+    """"cpu" or "cuda": one test per device (parametrized by pytest_generate_tests above)."""
     return request.param
 
 
@@ -134,6 +161,7 @@ def seed(request) -> int:
     import random
 
     import numpy as np
+    import torch
 
     raw = os.environ.get(SEED_ENV, "").strip()
     if raw:
