@@ -499,6 +499,7 @@ def two_rank_runs(umls_tiny_artifact, tmp_path_factory):
         "lazy k": ["answers", [str(d / "lazy.2"), str(d / "lazy-queries.txt"), str(d / "lazy-k2-of-2.pkl"), 2]],
         "answer k": ["engine.answer", ["--artifact", str(shards[2]), *answer, "--frontier-k", "2", "--json"]],
         "llm answer": ["llm_answer", [llm + ["--llm-cache", str(d / "llm-two.sqlite")], str(d / "llm-opened.json")]],
+        "llm bad cache": ["engine.answer", llm + ["--llm-cache", str(d)]],  # a folder: rank 0's client refuses it
         # the lazy rows' flags: each rank's cache budget; the persisted store refused
         "row cache": ["engine.answer", ["--artifact", str(d / "lazy.2"), "--expr", "(p r0 (p r1 e3))", "--top-k", "3",
                                         "--row-cache-gb", "0.001"]],
@@ -651,7 +652,8 @@ def test_sharded_frontier_k_equals_one_process(umls_tiny_artifact, two_ranks, tm
 def test_llm_answer_under_torchrun_rank_zero_only(two_ranks):
     """``engine.answer --llm`` on 2 ranks against the simulated LLM server: rank 0 alone builds the client and opens
     ``--llm-cache`` (rank 1: none of either, and no summary line); the server gets the requests one process sends, the
-    cache is written once (as many entries as one process's) and the JSON output is one process's."""
+    cache is written once (as many entries as one process's) and the JSON output is one process's.  A client rank 0
+    cannot build (a folder as --llm-cache) ends both ranks with its line."""
     import sqlite3
 
     runs, d, _ = two_ranks
@@ -668,6 +670,12 @@ def test_llm_answer_under_torchrun_rank_zero_only(two_ranks):
             counts.append(conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
     assert counts[0] == counts[1] > 0
     assert any(a["provenance"] != "kg" for a in json.loads(single["stdout"])["answers"])  # the LLM's answers merged
+    # rank 0 cannot build its client: one line on every rank, at once (not the others waiting for the timeout)
+    want = f"LLM cache {d} is a folder: it is not a kgreason LLM cache and was not modified"
+    for k, (rc, out, err) in enumerate(runs["llm bad cache"]):
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert rc == 2 and out == "" and len(lines) == 1, err
+        assert lines[0].startswith("error: " + ("rank 0: " if k else "") + want), lines
 
 
 def test_row_flags_under_torchrun(two_ranks):
