@@ -106,11 +106,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
-    from engine.exec.sharded_load import rank_zero_output, torchrun_group
+    from engine.exec.sharded_load import in_torchrun, rank_zero_output, torchrun_group
 
-    group = torchrun_group()  # None in one process
-    if group is not None and args.timeout is not None:
+    if in_torchrun() and args.timeout is not None:  # before joining: every rank stops here alike
         ap.error("--timeout: a rank cannot stop a query alone under torchrun; give --plan (a one-process run's --json)")
+    group = torchrun_group()  # None in one process
     timeout = 120.0 if args.timeout is None else args.timeout
     plan = _modes(args.plan) if args.plan else {}
     log = rank_zero_output(group, sys.stderr)
