@@ -576,6 +576,12 @@ class ShardedExecutor(Executor):
                     queue.append(path + (c,))
         return out
 
+    def _run_batch(self, roots: list[Node], idx: list[int], **kwargs: Any) -> tuple[NodeValue, Any]:
+        begin = getattr(self.rows, "begin_batch", None)
+        if begin is not None:  # lazy rows: the bounded normaliser table is trimmed between batches (sharded_lazy)
+            begin()
+        return super()._run_batch(roots, idx, **kwargs)
+
     def answer(self, queries: Sequence[Node], *, k: int = 10, explain: bool = True,
                batch_size: int = 256, trace_values: bool = False) -> list[QueryResult]:
         """As :meth:`Executor.answer` (collective; the same results on every rank)."""
