@@ -507,6 +507,8 @@ def two_rank_runs(umls_tiny_artifact, tmp_path_factory):
         "answers k": ["answers", [str(umls_tiny_artifact), str(d / "queries.txt"), str(d / "answers-k3-of-2.pkl"), None, 3]],
         "lazy k": ["answers", [str(d / "lazy.2"), str(d / "lazy-queries.txt"), str(d / "lazy-k2-of-2.pkl"), None, 2]],
         "answer k": ["engine.answer", ["--artifact", str(shards[2]), *answer, "--frontier-k", "2", "--json"]],
+        "evaluate k": ["engine.evaluate", ["--artifact", str(shards[2]), "--queries", str(d / "q.jsonl"), "--no-progress",
+                                           "--batch-size", "5", "--frontier-k", "3", "--json", str(d / "eval-k3.json")]],
         "llm answer": ["llm_answer", [llm + ["--llm-cache", str(d / "llm-two.sqlite")], str(d / "llm-opened.json")]],
         "llm bad cache": ["engine.answer", llm + ["--llm-cache", str(d)]],  # a folder: rank 0's client refuses it
         # the lazy rows' flags: each rank's cache budget; the persisted store refused
@@ -653,8 +655,9 @@ def _cut_at_ties(single, lines: list[str]) -> int:
 def test_sharded_frontier_k_equals_one_process(umls_tiny_artifact, two_ranks, tmp_path):
     """``frontier_k`` sharded (each rank's best entries, one gather, the same stable merge as top-k): the 14 structures on
     UMLS with k = 3 give one process's answers, scores and explanations bit for bit (==, torch.equal), cuts splitting
-    ties of calibrated values included; the random lazy KG with k = 2 within 1e-6; and ``engine.answer --frontier-k``
-    on 2 shards prints one process's JSON.  The cut changes results (it is not the exact run)."""
+    ties of calibrated values included; the random lazy KG with k = 2 within 1e-6; ``engine.answer --frontier-k``
+    on 2 shards prints one process's JSON and ``engine.evaluate --frontier-k`` gives its metrics exactly.  The cut
+    changes results (it is not the exact run)."""
     from engine.answer import main
     from engine.exec.api import Engine
 
@@ -674,6 +677,16 @@ def test_sharded_frontier_k_equals_one_process(umls_tiny_artifact, two_ranks, tm
         assert main(["--artifact", str(umls_tiny_artifact), "--expr", EXPR, "--top-k", "5", "--frontier-k", "2",
                      "--json"]) == 0
     assert runs["answer k"][0][1] == so.getvalue() and runs["answer k"][1][1] == ""
+    # engine.evaluate --frontier-k: one process's metrics exactly (and not the exact run's)
+    assert [g[0] for g in runs["evaluate k"]] == [0, 0], [g[2][-2000:] for g in runs["evaluate k"]]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        from engine.evaluate import main as evaluate_main
+
+        assert evaluate_main(["--artifact", str(umls_tiny_artifact), "--queries", str(d / "q.jsonl"), "--no-progress",
+                              "--batch-size", "5", "--frontier-k", "3", "--json", str(tmp_path / "one-k3.json")]) == 0
+    one = json.loads((tmp_path / "one-k3.json").read_text())["results"]
+    assert json.loads((d / "eval-k3.json").read_text())["results"] == one
+    assert one != json.loads((d / "eval.json").read_text())["results"]
 
 
 def test_llm_answer_under_torchrun_rank_zero_only(two_ranks):
