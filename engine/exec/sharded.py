@@ -345,8 +345,8 @@ class ShardedExecutor(Executor):
         local = self.ops.topk_prune(x, kl)
         rows, cols = (local > 0).nonzero(as_tuple=True)  # row-major: ids ascending within a row
         vals = local[rows, cols]
-        slot = torch.arange(rows.numel(), device=x.device) - \
-            (torch.cumsum(torch.bincount(rows, minlength=b), 0) - torch.bincount(rows, minlength=b))[rows]
+        per_row = torch.bincount(rows, minlength=b)
+        slot = torch.arange(rows.numel(), device=x.device) - (torch.cumsum(per_row, 0) - per_row)[rows]  # place in row
         cand_v = torch.full((b, k), -1.0, dtype=torch.float32, device=x.device)
         cand_i = torch.full((b, k), self.num_entities, dtype=torch.int64, device=x.device)
         cand_v[rows, slot], cand_i[rows, slot] = vals, cols + self.lo
