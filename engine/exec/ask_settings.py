@@ -54,8 +54,8 @@ EMBEDDING_CANDIDATES = 0
 PLAN_VARIANTS = 4
 #: How much an LLM's word weighs on the embedding-only cost scale (docs/ask.md, "Weighing the LLM"): a planned
 #: path's cost and a reasoner's picked path's cost are lowered by these, chosen on MetaQA dev questions.
-PLAN_BONUS = 0.2
-PICK_BONUS = 0.2
+PLAN_BONUS = 0.3
+PICK_BONUS = 0.3
 #: The vote of the top candidate paths, chosen on MetaQA dev questions (docs/ask.md).
 VOTE_PATHS = 16
 VOTE_TEMPERATURE = 0.1
