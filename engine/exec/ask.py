@@ -8,7 +8,7 @@ order (read this file top-down; the pieces live beside it)::
     retrieve  the candidate paths, best first                            Asker.retrieve  (ask_score.PathScorer)
     execute   every candidate path run ONCE; the rows it reaches kept    Asker.execute
     reason    the reasoner's pick of paths/answers (an LLM)              Asker.reason
-    vote      the answers: the pick, else the paths' vote; explained     Asker.vote      (vote_ranking)
+    vote      the answers: the paths' vote, a pick one more voter        Asker.vote      (vote_ranking)
 
     engine/exec/ask_settings.py  the settings, one class per concern (AskSettings: all of them)
     engine/exec/ask_types.py     what planners/reasoners are asked and answer; AskResult, AskPath, AskAnswer
@@ -47,9 +47,13 @@ In detail:
 5. **reason**: with a :class:`Reasoner` the LLM sees the paths and
    their tail entities (:mod:`engine.exec.context`, bounded in tokens) and picks
    paths and/or answers.
-6. **vote**: without a pick (no reasoner, or it failed) the answers are ranked
-   by a vote of the best ``vote_paths`` candidate paths (:func:`vote_ranking`); a pick of paths alone
-   keeps their answers, ordered by that vote (``pick_vote``).
+6. **vote**: the answers are ranked by a vote of the best ``vote_paths`` candidate paths
+   (:func:`vote_ranking`), each weighing ``exp(-(cost - lowest) / vote_temperature)`` on the embedding-only
+   cost scale; a planned path's cost is lowered by ``plan_bonus`` (:meth:`Asker.weigh`, which also ranks
+   the candidates by it) and a reasoner's pick votes with its path's cost lowered by ``pick_bonus``: the
+   LLM's word is evidence, not an override (docs/ask.md, "Weighing the LLM").  With ``llm_decides`` (the
+   loop before stop 40) plans are ranked first and a pick decides: named answers are the answers, a pick
+   of paths alone keeps their answers, ordered by that vote (``pick_vote``).
 
 Every answer carries the path and query that produced it, the executor's score,
 explanation and provenance, and who selected it (``"llm"``, ``"vote"``, or ``"best-path"`` with
