@@ -5,7 +5,7 @@
 
 Each term is a measured constant times a size, fitted to the measurements in
 benchmarks/results/distributed.md (FB15k-237, eager, P = 1, 2, 3) and
-benchmarks/results/large_kg_1m.md (the 1M-entity synthetic KG, lazy, P = 1);
+benchmarks/results/large_kg_1m.md (the 1M-entity synthetic KG, lazy, P = 1 and 2);
 ``tests/test_scale_model.py`` checks that the model reproduces every measured point within
 :data:`TOLERANCE`.  The predictions for larger KGs on 8 GPUs are extrapolations of those constants:
 they say what dominates and where the memory goes, not a promise of seconds.
@@ -24,8 +24,18 @@ Eager artifact, P ranks (entities split into P column blocks balanced by entries
 Lazy artifact (rows computed from the embeddings on demand), one process:
 
 * memory = ``LAZY_BASE + embeddings (N + R) x rank x 8 bytes + observed edges x LAZY_BYTES_PER_EDGE +
-  row cache``, the row cache at most ``--row-cache-gb`` (two measured points, so this line is a fit); sharded lazy rows (issue 30, not merged when
-  this was written) would divide the entity embeddings and the edges by P.
+  row cache``, the row cache at most ``--row-cache-gb`` (two measured points, so this line is a fit).
+
+Lazy artifact, P > 1 ranks (each loads its shard folder from ``kge.shard``: its block's entity embeddings,
+the relations', its known edges at 12 bytes and the KG's names):
+
+* memory per rank = ``SHARD_LAZY_BASE + (N / P + R) x rank x 8 + edges / P x SHARD_LAZY_BYTES_PER_EDGE + row
+  cache``: a line through the two ranks of the 1M KG at P = 2 (10.5 M and 7.5 M known edges), so also a
+  fit; the 1M KG's other P = 2 point (rank 0 right after the load) checks it.  One process loads the whole
+  artifact instead (int64 triples and their index: 98 bytes an edge), hence the jump from P = 1 to P = 2.
+
+:func:`measured_points` lists every measured memory point with the model's value for it: the plot draws
+those points, and ``tests/test_scale_model.py`` checks each within :data:`TOLERANCE`.
 
 Latency of a hop at P ranks = ``compute / P + ALPHA + bytes / BANDWIDTH``: the local kernel work
 splits with the entries, the collective costs a latency ``ALPHA`` plus the bytes over the link.
@@ -69,6 +79,18 @@ KG120K_PEAK_MIB = 553
 KG1M_PEAK_MIB = 2_304
 KG1M_RANK = 32
 KG1M_ROW_CACHE_GB = 0.0  # measured right after the load: no rows computed yet
+#: The 1M KG, one process: after the load (2,304 MiB, dist3 and again dist5b) and after its first 13 queries
+#: (2,489 MiB, dist4: a few rows cached).
+KG1M_P1_MIB = (2_304, 2_489)
+#: The 1M KG at P = 2 (benchmarks/results/distributed.md, dist4): (known edges of the rank, peak RSS MiB after 13
+#: queries) for rank 0 and rank 1; and rank 0 right after loading its shard (dist5b's 112-query run).
+KG1M_P2_RANKS = ((10_500_000, 1_192), (7_500_000, 1_148))
+KG1M_P2_AFTER_LOAD_MIB = 1_126
+#: The line through KG1M_P2_RANKS: 44 MiB more for 3 M more edges, the rest the base (the names of 1M entities,
+#: torch, gloo).
+SHARD_LAZY_BYTES_PER_EDGE = (KG1M_P2_RANKS[0][1] - KG1M_P2_RANKS[1][1]) * MIB / (KG1M_P2_RANKS[0][0] - KG1M_P2_RANKS[1][0])
+SHARD_LAZY_BASE = KG1M_P2_RANKS[0][1] * MIB - (1_000_000 / 2 + 2_000) * KG1M_RANK * 8 \
+    - SHARD_LAZY_BYTES_PER_EDGE * KG1M_P2_RANKS[0][0]
 
 
 @dataclass(frozen=True)
@@ -112,10 +134,26 @@ def eager_memory_per_rank(entries: float, p: int) -> float:
     return EAGER_BASE + EAGER_BYTES_PER_ENTRY * entries / p
 
 
-def lazy_memory(kg: KG, rank: int, *, row_cache_gb: float = 0.0, p: int = 1) -> float:
-    """Peak bytes of a lazy artifact's process (``p`` > 1: entity embeddings and edges split P ways)."""
+def lazy_memory(kg: KG, rank: int, *, row_cache_gb: float = 0.0, p: int = 1, edges: float | None = None) -> float:
+    """Peak bytes of a lazy artifact's process (``p`` > 1: one rank, from its shard folder, holding ``edges`` known
+    edges, default an even ``kg.edges / p``)."""
     emb = (kg.entities / p + kg.relations) * rank * 8
-    return LAZY_BASE + emb + LAZY_BYTES_PER_EDGE * kg.edges / p + row_cache_gb * GIB
+    if p == 1:
+        return LAZY_BASE + emb + LAZY_BYTES_PER_EDGE * kg.edges + row_cache_gb * GIB
+    edges = kg.edges / p if edges is None else edges
+    return SHARD_LAZY_BASE + emb + SHARD_LAZY_BYTES_PER_EDGE * edges + row_cache_gb * GIB
+
+
+def measured_points() -> list[tuple[str, int, float, float]]:
+    """Every measured memory point: ``(series, P, measured MiB, the model's MiB)`` (what the plot draws and the test
+    checks).  The lazy lines are fits (module doc): their points check the fit's residuals, not a prediction."""
+    out = [("FB15k-237 eager", p, m, eager_memory_per_rank(FB["entries"], p) / MIB)
+           for p, pair in FB_PEAK_MIB.items() for m in pair]
+    out += [("1M lazy", 1, m, lazy_memory(KG1M, KG1M_RANK) / MIB) for m in KG1M_P1_MIB]
+    out += [("1M lazy", 2, m, lazy_memory(KG1M, KG1M_RANK, p=2, edges=e) / MIB) for e, m in KG1M_P2_RANKS]
+    out.append(("1M lazy", 2, KG1M_P2_AFTER_LOAD_MIB, lazy_memory(KG1M, KG1M_RANK, p=2, edges=KG1M_P2_RANKS[0][0]) / MIB))
+    out.append(("120k lazy", 1, KG120K_PEAK_MIB, lazy_memory(KG120K, KG1M_RANK) / MIB))
+    return out
 
 
 def hop_bytes(frontier_entries: float, p: int) -> float:
@@ -191,11 +229,17 @@ def plot(path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    ps = [1, 2, 3]
-    for p, (lo, hi) in FB_PEAK_MIB.items():
-        a.plot([p, p], [lo, hi], "o-", color="C0", lw=3)
-    a.plot(ps, [eager_memory_per_rank(FB["entries"], p) / MIB for p in ps], "--", color="C0",
+    ps = [1, 2, 3, 4]
+    colours = {"FB15k-237 eager": "C0", "1M lazy": "C2", "120k lazy": "C3"}
+    for series, p, measured, _ in measured_points():
+        a.plot([p], [measured], "o", color=colours[series])
+    a.plot(ps[:3], [eager_memory_per_rank(FB["entries"], p) / MIB for p in ps[:3]], "--", color="C0",
            label="FB15k-237 eager: model")
+    a.plot([1], [lazy_memory(KG1M, KG1M_RANK) / MIB], "x", color="C2", ms=9, label="1M lazy, one process: fit")
+    a.plot(ps[1:], [lazy_memory(KG1M, KG1M_RANK, p=p) / MIB for p in ps[1:]], ":", color="C2",
+           label="1M lazy, P ranks (shard folder): fit")
+    a.plot([1], [lazy_memory(KG120K, KG1M_RANK) / MIB], "x", color="C3", ms=9, label="120k lazy, one process: fit")
+    a.set_xticks(ps)
     a.set_xlabel("ranks P")
     a.set_ylabel("peak RSS per rank (MiB)")
     a.set_title("memory per rank (dots: measured)")

@@ -142,18 +142,20 @@ def run(cfg: AnswerSettings, out=None, *, hooks: Sequence = ()) -> int:
     from engine.lang.query import describe, named, parse, resolve, to_sexpr
     from engine.lang.structures import get_structure
 
-    artifact = cfg.artifact
-    if artifact is not None and (cfg.row_cache_gb is not None or cfg.row_store_gb is not None):
+    from engine.exec.sharded_load import rank_zero_output, sharded_row_options, torchrun_group
+
+    group = torchrun_group(cfg.device, cfg.dist_timeout)  # None unless torchrun started several ranks
+    artifact, sharded = cfg.artifact, {}
+    if group is not None:
+        sharded = sharded_row_options(cfg.row_cache_gb, cfg.row_store_gb)
+    elif artifact is not None and (cfg.row_cache_gb is not None or cfg.row_store_gb is not None):
         from kge.artifact import Artifact
 
         artifact = Artifact.load(artifact, verify=cfg.verify, load_embeddings=False, row_cache_gb=cfg.row_cache_gb,
                                  row_store_gb=cfg.row_store_gb)
-    from engine.exec.sharded_load import rank_zero_output, torchrun_group
-
-    group = torchrun_group(cfg.device, cfg.dist_timeout)  # None unless torchrun started several ranks
     out = rank_zero_output(group, out)
     engine = Engine.load(artifact, verify=cfg.verify, negation=cfg.negation, tnorm=cfg.tnorm, neg_scale=cfg.neg_scale,
-                         device=cfg.device, hooks=hooks, frontier_k=cfg.frontier_k, process_group=group)
+                         device=cfg.device, hooks=hooks, frontier_k=cfg.frontier_k, process_group=group, **sharded)
     art = engine.artifact
     if cfg.query is not None:
         structure = get_structure(cfg.query)
@@ -229,7 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine.providers import llm_provider
 
     cfg = parse_args(argv)
-    with llm_provider().answer_hooks(cfg.llm) as hooks:  # () without --llm
+    from engine.exec.sharded_load import rank_zero_hooks, torchrun_group
+
+    # Under torchrun only rank 0 builds the LLM client and opens --llm-cache (it alone runs the hooks)
+    group = torchrun_group(cfg.device, cfg.dist_timeout) if cfg.llm is not None else None
+    with rank_zero_hooks(group, lambda: llm_provider().answer_hooks(cfg.llm)) as hooks:  # () without --llm
         return run(cfg, hooks=hooks)
 
 

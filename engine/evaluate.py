@@ -118,11 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         from engine.exec.api import Engine
 
-        for given, flag in ((args.row_cache_gb, "--row-cache-gb"), (args.row_store_gb, "--row-store-gb")):
-            if given is not None:
-                raise UserError(f"{flag}: lazy artifacts do not run sharded; run one process")
+        from engine.exec.sharded_load import sharded_row_options
+
         engine = Engine.load(args.artifact, verify=args.verify, process_group=group, tnorm=args.tnorm,
-                             neg_scale=args.neg_scale, device=args.device, frontier_k=args.frontier_k)
+                             neg_scale=args.neg_scale, device=args.device, frontier_k=args.frontier_k,
+                             **sharded_row_options(args.row_cache_gb, args.row_store_gb))
         artifact, executor = engine.artifact, engine.executor
         lead = dist.get_rank(group) == 0  # the ranks compute the same metrics: one prints and writes them
     else:

@@ -56,9 +56,9 @@ __all__ = [
 ]
 
 # QTO calibration of GEMM score rows (ops/calibrate_rows.py; used by kge.calibrate.RowCalibrator).
-from .calibrate_rows import calibrate_rows  # noqa: E402
+from .calibrate_rows import calibrate_row_stats, calibrate_rows, calibrate_rows_normalised  # noqa: E402
 
-__all__ += ["calibrate_rows"]
+__all__ += ["calibrate_rows", "calibrate_row_stats", "calibrate_rows_normalised"]
 
 #: The removed aliases of the release before issue 23's fold, and what replaces each.
 _REMOVED = {

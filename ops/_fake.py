@@ -93,6 +93,23 @@ def _calibrate_rows_fake(scores, obs_ptr, obs_cols, threshold, delta):
             scores.new_empty((nnz,)))
 
 
+@register_fake("kgreason::calibrate_row_stats")
+def _calibrate_row_stats_fake(scores):
+    torch._check(scores.dim() == 2, lambda: f"kgreason::calibrate_row_stats: scores must be 2-D (c, N), got {scores.dim()}-D")
+    return scores.new_empty((scores.shape[0],)), scores.new_empty((scores.shape[0],), dtype=torch.float64)
+
+
+@register_fake("kgreason::calibrate_rows_normalised")
+def _calibrate_rows_normalised_fake(scores, row_max, row_scale, obs_ptr, obs_cols, threshold, delta):
+    torch._check(scores.dim() == 2,
+                 lambda: f"kgreason::calibrate_rows_normalised: scores must be 2-D (c, N), got {scores.dim()}-D")
+    torch._check(row_max.shape[0] == scores.shape[0] and row_scale.shape[0] == scores.shape[0],
+                 lambda: "kgreason::calibrate_rows_normalised: row_max and row_scale must have c entries")
+    nnz = torch.library.get_ctx().new_dynamic_size()  # data-dependent, as for calibrate_rows
+    return (scores.new_empty((scores.shape[0],), dtype=torch.int64), scores.new_empty((nnz,), dtype=torch.int32),
+            scores.new_empty((nnz,)))
+
+
 @register_fake("kgreason::project_multi_sparse")
 def _project_multi_sparse_fake(xcrow, xcol, xval, rel, crow, col, val, n):
     torch._check(xcrow.dim() == 1 and xcrow.shape[0] >= 1,

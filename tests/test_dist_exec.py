@@ -11,7 +11,10 @@ with ``==`` and ``torch.equal``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import json
 import os
 import pickle
 import socket
@@ -143,22 +146,28 @@ def strip(results):
 
 
 # ------------------------------------------------------------------------------ the worker
-def answers_and_scores(artifact: str, queries: str, out: str) -> None:
+def answers_and_scores(artifact: str, queries: str, out: str, max_normalisers: int | None = None,
+                       frontier_k: int | None = None) -> None:
     """This rank's answers and scores of the queries (one per line of the file ``queries``) into ``out``
-    (collective: every rank of the group calls it)."""
+    (collective: every rank of the group calls it); lazy rows with ``max_normalisers`` kept between batches when
+    given (and the normalisers forgotten, the exchanges in the pickle); ``frontier_k``: the executor's."""
     from engine.exec.api import Engine
     from engine.exec.sharded_load import init_from_env
 
     group = init_from_env(timeout_s=60)  # the group already joined
-    eng = Engine.load(tiny_artifact() if artifact == "tiny:" else artifact, process_group=group)
+    eng = Engine.load(tiny_artifact() if artifact == "tiny:" else artifact, process_group=group, frontier_k=frontier_k)
+    ex = eng.executor
+    if max_normalisers is not None:
+        ex.rows.max_normalisers = max_normalisers
     lines = [l for l in Path(queries).read_text().splitlines() if l.strip()]
     nodes = eng.queries(lines)
     res = eng.answer(nodes, k=10)
     scores = eng.scores(nodes)
-    ex = eng.executor
+    lazy = {"evicted": ex.rows.normalisers_evicted, "exchanges": ex.rows.exchanges,
+            "table": len(ex.rows._norm_keys)} if hasattr(ex.rows, "normalisers_evicted") else {}
     with open(out.replace(".pkl", f".rank{ex.comm.rank}.pkl"), "wb") as f:
         pickle.dump({"answers": strip(res), "scores": scores, "width": ex.width, "nnz": ex.shard.nnz,
-                     "hops": [tuple(h) for h in ex.hops]}, f)
+                     "hops": [tuple(h) for h in ex.hops], **lazy}, f)
 
 
 def lazy_rows(artifact: str, out: str) -> None:
@@ -209,6 +218,35 @@ def lgot_results(out: str) -> None:
                      "notes": [r.trace.root.notes if r.trace is not None else None for r in res]}, f)
 
 
+def llm_answer(argv: list[str], out: str) -> int:
+    """``engine.answer.main(argv)`` on this rank, counting the LLM clients built and the response caches opened in
+    this process (written to ``out`` with the rank's number)."""
+    import json
+
+    import torch.distributed as dist
+
+    from engine.answer import main
+    from llm_bridge import cache, client
+
+    opened = {"clients": 0, "caches": 0}
+    inits = (client.LLMClient.__init__, cache.ResponseCache.__init__)
+
+    def counted(kind, init):
+        def wrapped(self, *a, **kw):
+            opened[kind] += 1
+            init(self, *a, **kw)
+        return wrapped
+
+    client.LLMClient.__init__ = counted("clients", inits[0])  # type: ignore[method-assign]
+    cache.ResponseCache.__init__ = counted("caches", inits[1])  # type: ignore[method-assign]
+    try:
+        rc = main(argv)
+    finally:
+        client.LLMClient.__init__, cache.ResponseCache.__init__ = inits  # type: ignore[method-assign]
+    Path(out.replace(".json", f".rank{dist.get_rank()}.json")).write_text(json.dumps(opened))
+    return rc
+
+
 def worker(argv: list[str]) -> int:
     """``worker OUT CASES``: run every case of the JSON file CASES in one group, in order, and write each case's
     exit code, stdout and stderr to OUT (JSON).  A case is ``[module, argv]``, the CLI's ``main(argv)`` (in
@@ -232,6 +270,8 @@ def worker(argv: list[str]) -> int:
             if module in ("answers", "lazy_rows", "lgot"):
                 {"answers": answers_and_scores, "lazy_rows": lazy_rows, "lgot": lgot_results}[module](*args)
                 rc = 0
+            elif module == "llm_answer":
+                rc = llm_answer(*args)
             else:
                 rc = importlib.import_module(module).main(args)
         got.append([rc, so.getvalue(), se.getvalue()])
@@ -341,9 +381,10 @@ def sampled_queries(engine, per_structure: int) -> list[str]:
     return out
 
 
-def check_ranks(tmp_path, artifact_arg: str, single, lines: list[str], world: int, runs=None):
+def check_ranks(tmp_path, artifact_arg: str, single, lines: list[str], world: int, runs=None, name: str = "answers"):
     """Every rank's answers and scores (a pickle per rank) against one process's; spawns a group unless ``runs``
-    (the outputs' folder of a group that ran the ``answers`` case already) is given."""
+    (the outputs' folder of a group that ran the ``answers`` case already, its pickles ``{name}-of-{world}``) is
+    given."""
     if runs is None:
         qfile = tmp_path / "queries.txt"
         qfile.write_text("\n".join(lines) + "\n")
@@ -351,7 +392,7 @@ def check_ranks(tmp_path, artifact_arg: str, single, lines: list[str], world: in
         got = run_cases(tmp_path, cases, world)
         assert [g[0] for g in got["answers"]] == [0] * world
         runs = tmp_path
-    outs = [runs / f"answers-of-{world}.rank{k}.pkl" for k in range(world)]
+    outs = [runs / f"{name}-of-{world}.rank{k}.pkl" for k in range(world)]
     nodes = single.queries(lines)
     want = strip(single.answer(nodes, k=10))
     want_scores = single.scores(nodes)
@@ -365,6 +406,7 @@ def check_ranks(tmp_path, artifact_arg: str, single, lines: list[str], world: in
 
 
 EXPR = "(i (p location_of acquired_abnormality) (np interacts_with bacterium))"
+LLM_EXPR = "(u (p likes (p parent_of Entity_003)) (p located_in Entity_007))"
 
 
 _TWO_RANKS: dict[str, tuple] = {}
@@ -423,6 +465,21 @@ def two_rank_runs(umls_tiny_artifact, tmp_path_factory):
     qs, _ = sample_queries(single.artifact, list(STRUCTURES), 3, seed=0, progress=False)
     write_jsonl(qs, d / "q.jsonl", single.artifact)
     answer = ["--expr", EXPR, "--top-k", "5"]
+    # engine.answer --llm on 2 ranks against one process, on the simulated LLM server (tests/_llm_server.py)
+    from _llm_server import make_artifact, simulator
+
+    llm_art = make_artifact(d / "llm-artifact")
+    llm = ["--artifact", str(llm_art), "--expr", LLM_EXPR, "--json", "--llm", "--llm-model", "m",
+           "--llm-relation-questions", "fallback"]  # no relation-question requests: the projections' only
+    stack = contextlib.ExitStack()
+    srv = stack.enter_context(simulator(llm_art))
+    llm += ["--llm-base-url", srv.base_url]
+    so, se = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
+        from engine.answer import main as answer_main
+
+        assert answer_main(llm + ["--llm-cache", str(d / "llm-one.sqlite")]) == 0, se.getvalue()
+    llm_single = {"stdout": so.getvalue(), "requests": srv.stats["requests"]}
     cases = {
         "answers": ["answers", [str(umls_tiny_artifact), str(d / "queries.txt"), str(d / "answers-of-2.pkl")]],
         "answer": ["engine.answer", ["--artifact", str(shards[2]), *answer]],
@@ -437,14 +494,37 @@ def two_rank_runs(umls_tiny_artifact, tmp_path_factory):
         "lazy shard answers": ["answers", [str(d / "lazy.2"), str(d / "lazy-queries.txt"),
                                            str(d / "lazy-shards-answers-of-2.pkl")]],
         "lazy rows": ["lazy_rows", [str(d / "lazy.2"), str(d / "lazy-rows.pkl")]],
+        # the normaliser table bounded to 2 rows between batches: rows forgotten and exchanged again
+        "lazy tiny table": ["answers", [str(d / "lazy.2"), str(d / "lazy-queries.txt"),
+                                        str(d / "lazy-tiny-table.pkl"), 2]],
         "lgot": ["lgot", [str(d / "lgot.pkl")]],
         "lazy answer": ["engine.answer", ["--artifact", str(d / "lazy.2"), "--expr", "(p r0 (p r1 e3))", "--top-k", "3"]],
         "lazy count": ["engine.answer", ["--artifact", str(d / "lazy.3"), "--expr", "(p r0 e3)"]],
         "lazy mixed": ["engine.answer", ["--artifact", str(lazy_mixed), "--expr", "(p r0 e3)"]],
         "lazy evaluate": ["engine.evaluate", ["--artifact", str(d / "lazy.2"), "--queries", str(d / "lazy-q.jsonl"),
                                               "--no-progress", "--batch-size", "5", "--json", str(d / "lazy-eval.json")]],
+        # frontier cuts: the UMLS queries (cuts at ties of calibrated values), the lazy KG's, the CLI
+        "answers k": ["answers", [str(umls_tiny_artifact), str(d / "queries.txt"), str(d / "answers-k3-of-2.pkl"), None, 3]],
+        "lazy k": ["answers", [str(d / "lazy.2"), str(d / "lazy-queries.txt"), str(d / "lazy-k2-of-2.pkl"), None, 2]],
+        "answer k": ["engine.answer", ["--artifact", str(shards[2]), *answer, "--frontier-k", "2", "--json"]],
+        "evaluate k": ["engine.evaluate", ["--artifact", str(shards[2]), "--queries", str(d / "q.jsonl"), "--no-progress",
+                                           "--batch-size", "5", "--frontier-k", "3", "--json", str(d / "eval-k3.json")]],
+        "llm answer": ["llm_answer", [llm + ["--llm-cache", str(d / "llm-two.sqlite")], str(d / "llm-opened.json")]],
+        "llm bad cache": ["engine.answer", llm + ["--llm-cache", str(d)]],  # a folder: rank 0's client refuses it
+        # the lazy rows' flags: each rank's cache budget; the persisted store refused
+        "row cache": ["engine.answer", ["--artifact", str(d / "lazy.2"), "--expr", "(p r0 (p r1 e3))", "--top-k", "3",
+                                        "--row-cache-gb", "0.001"]],
+        "row store": ["engine.answer", ["--artifact", str(d / "lazy.2"), "--expr", "(p r0 e3)", "--row-store-gb", "1"]],
+        "evaluate row cache": ["engine.evaluate", ["--artifact", str(d / "lazy.2"), "--queries", str(d / "lazy-q.jsonl"),
+                                                   "--no-progress", "--batch-size", "5", "--row-cache-gb", "0.001",
+                                                   "--json", str(d / "lazy-eval-cache.json")]],
     }
-    _TWO_RANKS[str(umls_tiny_artifact)] = run_cases(d, cases, 2), d, shards
+    with stack:
+        requests0 = srv.stats["requests"]
+        got = run_cases(d, cases, 2)
+        llm_single["group_requests"] = srv.stats["requests"] - requests0
+    (d / "llm-single.json").write_text(json.dumps(llm_single))
+    _TWO_RANKS[str(umls_tiny_artifact)] = got, d, shards
     return _TWO_RANKS[str(umls_tiny_artifact)]
 
 
@@ -507,6 +587,24 @@ def test_lazy_sharded_answers_within_1e6_of_one_process(two_ranks):
     check_lazy_ranks(Engine.load(d / "lazy"), lines, [d / f"lazy-shards-answers-of-2.rank{k}.pkl" for k in range(2)])
 
 
+def test_lazy_sharded_answers_with_a_tiny_normaliser_table(two_ranks):
+    """The normaliser table bounded to 2 rows between batches (engine.exec.sharded_lazy.LazyShardRows.begin_batch):
+    rows forgotten on both ranks alike and exchanged again, the answers, scores and explanations still within 1e-6 of
+    one process; the table ends at most 2 rows + the last batch's."""
+    from engine.exec.api import Engine
+
+    runs, d, _ = two_ranks
+    assert [g[0] for g in runs["lazy tiny table"]] == [0, 0], [g[2][-2000:] for g in runs["lazy tiny table"]]
+    lines = (d / "lazy-queries.txt").read_text().splitlines()
+    ranks = check_lazy_ranks(Engine.load(d / "lazy"), lines, [d / f"lazy-tiny-table.rank{k}.pkl" for k in range(2)])
+    unbounded = pickle.loads((d / "lazy-shards-answers-of-2.rank0.pkl").read_bytes())
+    assert unbounded["evicted"] == 0
+    assert ranks[0]["evicted"] > 0 and ranks[0]["evicted"] == ranks[1]["evicted"]
+    # forgotten rows asked again took more exchanges (every rank the same)
+    assert ranks[0]["exchanges"] == ranks[1]["exchanges"] > unbounded["exchanges"]
+    assert ranks[0]["table"] == ranks[1]["table"] < unbounded["table"]
+
+
 def test_llm_bridge_sharded_same_answers_one_llm_call(two_ranks):
     """The LGOT hook on 2 ranks with a scripted LLM: prompts made and the LLM asked on rank 0 only, once per node as in
     one process; the linked answers merged into the owners' blocks: answers, scores, provenance and explanations
@@ -532,9 +630,115 @@ def test_llm_bridge_sharded_same_answers_one_llm_call(two_ranks):
     assert {"llm", "both", "kg"} <= provenance  # the LLM's answers were merged, some only from the LLM
 
 
+def _cut_at_ties(single, lines: list[str]) -> int:
+    """How many projection inputs of one process's run of ``lines`` the frontier cut split inside a tie (entries equal
+    to the k-th value both kept and dropped): where the tie rule (smaller ids) decides."""
+    import ops
+
+    ex = single.executor
+    k, seen, cut = ex.frontier_k, [], ops.topk_prune
+    def spy(x, kk, **kw):
+        out = cut(x, kk, **kw)
+        thr = torch.topk(x, kk, dim=1).values[:, -1:]
+        at = (x == thr) & (thr > 0)
+        seen.append(int(((at & (out > 0)).any(1) & (at & (out == 0)).any(1)).sum()))
+        return out
+    ops.topk_prune = spy
+    try:
+        single.answer(lines, k=10)
+    finally:
+        ops.topk_prune = cut
+    assert k is not None
+    return sum(seen)
+
+
+def test_sharded_frontier_k_equals_one_process(umls_tiny_artifact, two_ranks, tmp_path):
+    """``frontier_k`` sharded (each rank's best entries, one gather, the same stable merge as top-k): the 14 structures on
+    UMLS with k = 3 give one process's answers, scores and explanations bit for bit (==, torch.equal), cuts splitting
+    ties of calibrated values included; the random lazy KG with k = 2 within 1e-6; ``engine.answer --frontier-k``
+    on 2 shards prints one process's JSON and ``engine.evaluate --frontier-k`` gives its metrics exactly.  The cut
+    changes results (it is not the exact run)."""
+    from engine.answer import main
+    from engine.exec.api import Engine
+
+    runs, d, _ = two_ranks
+    for case in ("answers k", "lazy k", "answer k"):
+        assert [g[0] for g in runs[case]] == [0, 0], (case, [g[2][-2000:] for g in runs[case]])
+    lines = (d / "queries.txt").read_text().splitlines()
+    single = Engine.load(umls_tiny_artifact, frontier_k=3)
+    check_ranks(tmp_path, str(umls_tiny_artifact), single, lines, 2, runs=d, name="answers-k3")
+    assert _cut_at_ties(single, lines) > 0  # the tie rule was exercised
+    exact = Engine.load(umls_tiny_artifact)
+    assert strip(exact.answer(lines, k=10)) != strip(single.answer(lines, k=10))
+    lazy_lines = (d / "lazy-queries.txt").read_text().splitlines()
+    check_lazy_ranks(Engine.load(d / "lazy", frontier_k=2), lazy_lines, [d / f"lazy-k2-of-2.rank{k}.pkl" for k in range(2)])
+    so = io.StringIO()
+    with contextlib.redirect_stdout(so):
+        assert main(["--artifact", str(umls_tiny_artifact), "--expr", EXPR, "--top-k", "5", "--frontier-k", "2",
+                     "--json"]) == 0
+    assert runs["answer k"][0][1] == so.getvalue() and runs["answer k"][1][1] == ""
+    # engine.evaluate --frontier-k: one process's metrics exactly (and not the exact run's)
+    assert [g[0] for g in runs["evaluate k"]] == [0, 0], [g[2][-2000:] for g in runs["evaluate k"]]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        from engine.evaluate import main as evaluate_main
+
+        assert evaluate_main(["--artifact", str(umls_tiny_artifact), "--queries", str(d / "q.jsonl"), "--no-progress",
+                              "--batch-size", "5", "--frontier-k", "3", "--json", str(tmp_path / "one-k3.json")]) == 0
+    one = json.loads((tmp_path / "one-k3.json").read_text())["results"]
+    assert json.loads((d / "eval-k3.json").read_text())["results"] == one
+    assert one != json.loads((d / "eval.json").read_text())["results"]
+
+
+def test_llm_answer_under_torchrun_rank_zero_only(two_ranks):
+    """``engine.answer --llm`` on 2 ranks against the simulated LLM server: rank 0 alone builds the client and opens
+    ``--llm-cache`` (rank 1: none of either, and no summary line); the server gets the requests one process sends, the
+    cache is written once (as many entries as one process's) and the JSON output is one process's.  A client rank 0
+    cannot build (a folder as --llm-cache) ends both ranks with its line."""
+    import sqlite3
+
+    runs, d, _ = two_ranks
+    assert [g[0] for g in runs["llm answer"]] == [0, 0], [g[2][-2000:] for g in runs["llm answer"]]
+    single = json.loads((d / "llm-single.json").read_text())
+    opened = [json.loads((d / f"llm-opened.rank{k}.json").read_text()) for k in range(2)]
+    assert opened == [{"clients": 1, "caches": 1}, {"clients": 0, "caches": 0}]
+    assert single["requests"] > 0 and single["group_requests"] == single["requests"]
+    assert runs["llm answer"][0][1] == single["stdout"] and runs["llm answer"][1][1] == ""
+    assert "llm: " in runs["llm answer"][0][2] and "llm: " not in runs["llm answer"][1][2]
+    counts = []
+    for name in ("llm-one.sqlite", "llm-two.sqlite"):
+        with contextlib.closing(sqlite3.connect(d / name)) as conn:
+            counts.append(conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+    assert counts[0] == counts[1] > 0
+    assert any(a["provenance"] != "kg" for a in json.loads(single["stdout"])["answers"])  # the LLM's answers merged
+    # rank 0 cannot build its client: one line on every rank, at once (not the others waiting for the timeout)
+    want = f"LLM cache {d} is a folder: it is not a kgreason LLM cache and was not modified"
+    for k, (rc, out, err) in enumerate(runs["llm bad cache"]):
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert rc == 2 and out == "" and len(lines) == 1, err
+        assert lines[0].startswith("error: " + ("rank 0: " if k else "") + want), lines
+
+
+def test_row_flags_under_torchrun(two_ranks):
+    """Under torchrun ``--row-cache-gb`` is each rank's lazy-row cache budget (engine.answer used to load the shard
+    folder as an artifact and fail, engine.evaluate refused it): the answers and metrics of the run without it; a
+    ``--row-store-gb`` above 0 (a persisted store the sharded rows do not use) is one error line on every rank."""
+    runs, d, _ = two_ranks
+    for case in ("row cache", "evaluate row cache"):
+        assert [g[0] for g in runs[case]] == [0, 0], (case, [g[2][-2000:] for g in runs[case]])
+    assert runs["row cache"][0][1] == runs["lazy answer"][0][1] and runs["row cache"][1][1] == ""
+    assert (json.loads((d / "lazy-eval-cache.json").read_text())["results"]
+            == json.loads((d / "lazy-eval.json").read_text())["results"])
+    for rc, out, err in runs["row store"]:
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert rc == 2 and out == "" and lines == ["error: --row-store-gb 1: the persisted row store is not used in a "
+                                                   "sharded run (each rank computes its own columns of a row and keeps "
+                                                   "them in its --row-cache-gb cache); leave it out, or run one process"]
+
+
 def test_rank_with_an_empty_block(tmp_path):
     """3 ranks, 7 entities (P does not divide N): rank 2's block [2, 7) has no entries at all.  The same group of 3
-    runs the random lazy KG's 14 structures (41 entities in blocks of 13, 14, 14): within 1e-6 of one process."""
+    runs the random lazy KG's 14 structures (41 entities in blocks of 13, 14, 14): within 1e-6 of one process; and the
+    7-entity queries with ``frontier_k=1`` (cuts inside ties spanning the 3 blocks): one process's, bit for bit."""
     from engine.exec.api import Engine
 
     single = Engine.load(tiny_artifact())
@@ -545,11 +749,16 @@ def test_rank_with_an_empty_block(tmp_path):
     (tmp_path / "lazy-queries.txt").write_text("\n".join(lazy_lines) + "\n")
     got = run_cases(tmp_path, {
         "answers": ["answers", ["tiny:", str(tmp_path / "queries.txt"), str(tmp_path / "answers-of-3.pkl")]],
-        "lazy": ["answers", [str(lazy), str(tmp_path / "lazy-queries.txt"), str(tmp_path / "lazy-of-3.pkl")]]}, 3)
+        "lazy": ["answers", [str(lazy), str(tmp_path / "lazy-queries.txt"), str(tmp_path / "lazy-of-3.pkl")]],
+        "k1": ["answers", ["tiny:", str(tmp_path / "queries.txt"), str(tmp_path / "tiny-k1-of-3.pkl"), None, 1]]}, 3)
     assert all(g[0] == 0 for case in got.values() for g in case)
     ranks = check_ranks(tmp_path, "tiny:", single, TINY_QUERIES, 3, runs=tmp_path)
     assert [r["width"] for r in ranks] == [1, 1, 5]
     assert ranks[2]["nnz"] == 0 and ranks[0]["nnz"] > 0
+    # frontier_k = 1 on 3 ranks: complements tie at 1 on entities of every block; the smallest id survives
+    k1 = Engine.load(tiny_artifact(), frontier_k=1)
+    check_ranks(tmp_path, "tiny:", k1, TINY_QUERIES, 3, runs=tmp_path, name="tiny-k1")
+    assert _cut_at_ties(k1, TINY_QUERIES) > 0
     lazy_ranks = check_lazy_ranks(lazy_single, lazy_lines, [tmp_path / f"lazy-of-3.rank{k}.pkl" for k in range(3)])
     assert [r["width"] for r in lazy_ranks] == [13, 14, 14]
 
@@ -560,3 +769,19 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":  # one rank by hand, with torchrun's environment
         raise SystemExit(worker(sys.argv[2:]))
     raise SystemExit("usage: python tests/test_dist_exec.py ranks SPEC OUT_DIR | worker OUT CASES")
+
+
+def test_max_normalisers_setting(monkeypatch):
+    """KGREASON_LAZY_MAX_NORMALISERS: the lazy ranks' normaliser bound; a bad value is one error naming the setting."""
+    from engine.exec.sharded_lazy import DEFAULT_MAX_NORMALISERS, MAX_NORMALISERS_ENV, max_normalisers_from_env
+    from kgreason.errors import UserError
+
+    monkeypatch.delenv(MAX_NORMALISERS_ENV, raising=False)
+    assert max_normalisers_from_env() == DEFAULT_MAX_NORMALISERS
+    for raw, want in (("12", 12), (" 0 ", 0), ("", DEFAULT_MAX_NORMALISERS)):
+        monkeypatch.setenv(MAX_NORMALISERS_ENV, raw)
+        assert max_normalisers_from_env() == want
+    for raw in ("-1", "lots", "1e6"):
+        monkeypatch.setenv(MAX_NORMALISERS_ENV, raw)
+        with pytest.raises(UserError, match=f"{MAX_NORMALISERS_ENV}: expected an integer >= 0 .*got '{raw}'"):
+            max_normalisers_from_env()

@@ -92,6 +92,23 @@ def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
                 out.append((s.to(device), ptr.to(device), cols.to(device), threshold, 1e-4))
         z = torch.zeros(1, dtype=torch.int64, device=device)
         out.append((torch.zeros(0, 40, device=device), z, z[:0], 1e-3, 1e-4))  # no rows
+    elif op == "calibrate_row_stats":
+        out += [(torch.randn(6, 40, generator=gen).to(device),), (torch.zeros(0, 40, device=device),),
+                (torch.zeros(3, 0, device=device),)]  # a zero-width block
+    elif op == "calibrate_rows_normalised":
+        s = torch.randn(6, 40, generator=gen) * 4
+        m = s.amax(dim=1) + torch.rand(6, generator=gen)  # a larger row max: other blocks' scores
+        scale = torch.rand(6, generator=gen) * 0.5 + 0.01
+        ptr = torch.tensor([0, 2, 3, 3, 43, 43, 46])
+        for index_dtype in (torch.int32, torch.int64):
+            cols = torch.cat([torch.randint(0, 40, (3,), generator=gen), torch.arange(40),
+                              torch.randint(0, 40, (3,), generator=gen)]).to(index_dtype)
+            for threshold in (1e-3, 0.9):
+                out.append((s.to(device), m.to(device), scale.to(device), ptr.to(device), cols.to(device), threshold,
+                            1e-4))
+        z = torch.zeros(1, dtype=torch.int64, device=device)
+        e = torch.zeros(0, device=device)
+        out.append((torch.zeros(0, 40, device=device), e, e, z, z[:0], 1e-3, 1e-4))  # no rows
     elif op == "csr_transpose":
         for index_dtype in (torch.int32, torch.int64):
             p = _prepared(gen, device, index_dtype)
@@ -118,8 +135,8 @@ def _samples(op: str, device: str, gen: torch.Generator) -> list[tuple]:
 
 
 #: Every op of the extension (csrc/*.cpp); each needs a fake kernel in ops/_fake.py and samples above.
-OPS = ["calibrate_rows", "csr_transpose", "dijkstra", "fuzzy_reduce", "project", "project_multi_sparse", "project_out",
-       "project_strategy", "sparse_align"]
+OPS = ["calibrate_row_stats", "calibrate_rows", "calibrate_rows_normalised", "csr_transpose", "dijkstra", "fuzzy_reduce",
+       "project", "project_multi_sparse", "project_out", "project_strategy", "sparse_align"]
 
 
 def test_every_op_is_checked():
@@ -165,7 +182,7 @@ def test_opcheck(device, seed, op):
 
 #: Ops whose output sizes depend on input values: their fakes allocate unbacked sizes (as torch.nonzero's),
 #: which needs a ShapeEnv; those dimensions are compared as "any size".
-DATA_DEPENDENT = {"calibrate_rows", "project_multi_sparse", "sparse_align"}
+DATA_DEPENDENT = {"calibrate_rows", "calibrate_rows_normalised", "project_multi_sparse", "sparse_align"}
 
 
 def _static_shape(fake_shape, real_shape) -> tuple:

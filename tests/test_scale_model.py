@@ -16,6 +16,36 @@ sys.modules.setdefault("scale_model", sm)  # its dataclasses look their module u
 _spec.loader.exec_module(sm)
 
 
+def test_every_plotted_memory_point_within_tolerance():
+    """The points the plot draws (:func:`measured_points`): FB15k-237 eager at P = 1-3, the 1M lazy KG at P = 1 and 2
+    (both ranks, and rank 0 after the load), the 120k lazy KG; each within TOLERANCE of the model (the lazy lines are
+    fits: this checks their residuals)."""
+    points = sm.measured_points()
+    assert {(s, p) for s, p, _, _ in points} >= {("FB15k-237 eager", 3), ("1M lazy", 1), ("1M lazy", 2)}
+    for series, p, measured, model in points:
+        assert abs(model - measured) <= sm.TOLERANCE * measured, (series, p, measured, model)
+
+
+def test_plot_draws_the_measured_points(tmp_path, monkeypatch):
+    """The plot's memory panel draws exactly :func:`measured_points` (dots), so the test above covers all it shows."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    drawn: list = []
+    real = matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kw):
+        drawn.append((self, args))
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    sm.plot(str(tmp_path / "p.png"))
+    memory = drawn[0][0]  # the memory panel draws first
+    dots = [(x, y) for ax, (xs, ys, fmt, *_) in drawn if ax is memory and fmt == "o" for x, y in zip(xs, ys)]
+    assert sorted(dots) == sorted((p, m) for _, p, m, _ in sm.measured_points())
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
 @pytest.mark.parametrize("p", [1, 2, 3])
 def test_eager_memory_per_rank_matches_fb15k237(p):
     model = sm.eager_memory_per_rank(sm.FB["entries"], p) / sm.MIB

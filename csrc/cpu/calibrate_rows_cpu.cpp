@@ -48,9 +48,12 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fuzzy_common.h"
@@ -103,12 +106,9 @@ struct TaskOut {
   std::vector<float> vals;
 };
 
-// One row: returns its number of kept entries, appended to out.  buf: N floats of scratch.
-template <typename idx_t>
-int64_t calibrate_row(const float* s, int64_t N, float* buf, const idx_t* obs, int64_t n_obs, float thr, float cap,
-                      TaskOut& out) {
+// 1. The row's maximum (the only read of the row from memory in calibrate_rows).
+inline float row_max(const float* s, int64_t N) {
   const int64_t Nv = N - N % W;
-  // 1. row max (the only read of the row from memory)
   float m = -std::numeric_limits<float>::infinity();
   if (Nv) {
     Vec m0(m), m1(m);
@@ -121,8 +121,14 @@ int64_t calibrate_row(const float* s, int64_t N, float* buf, const idx_t* obs, i
     m = hmax(at::vec::maximum(m0, m1));
   }
   for (int64_t j = Nv; j < N; ++j) m = std::max(m, s[j]);
+  return m;
+}
 
-  // 2. e_j = exp(s_j - m) into buf, Z = sum e_j (blocks of kSumBlock in float lanes, added in double)
+// 2. e_j = exp(s_j - m) into buf (kStore), Z = sum e_j (blocks of kSumBlock in float lanes, added in double).
+//    calibrate_rows and calibrate_row_stats share it, so a block's partial Z is summed as one process sums.
+template <bool kStore>
+double exp_sum(const float* s, int64_t N, float m, float* buf) {
+  const int64_t Nv = N - N % W;
   const Vec vm(m);
   double z = 0.0;
   for (int64_t b0 = 0; b0 < Nv; b0 += kSumBlock) {
@@ -132,32 +138,63 @@ int64_t calibrate_row(const float* s, int64_t N, float* buf, const idx_t* obs, i
     for (; j + 2 * W <= b1; j += 2 * W) {
       const Vec e0 = (Vec::loadu(s + j) - vm).exp();
       const Vec e1 = (Vec::loadu(s + j + W) - vm).exp();
-      e0.store(buf + j);
-      e1.store(buf + j + W);
+      if (kStore) {
+        e0.store(buf + j);
+        e1.store(buf + j + W);
+      }
       a0 = a0 + e0;
       a1 = a1 + e1;
     }
     for (; j < b1; j += W) {
       const Vec e0 = (Vec::loadu(s + j) - vm).exp();
-      e0.store(buf + j);
+      if (kStore) e0.store(buf + j);
       a0 = a0 + e0;
     }
     z += static_cast<double>(hsum(a0 + a1));
   }
   for (int64_t j = Nv; j < N; ++j) {
-    buf[j] = std::exp(s[j] - m);
-    z += static_cast<double>(buf[j]);
+    const float e = std::exp(s[j] - m);
+    if (kStore) buf[j] = e;
+    z += static_cast<double>(e);
   }
-  // float32 k / Z, as the torch formulation computes it
-  const float k = static_cast<float>(std::max<int64_t>(1, n_obs));
-  const float scale = k / static_cast<float>(z);
+  return z;
+}
 
-  // 3. observed columns: +inf, so p = inf * scale = inf passes any threshold and is written as 1.0
-  //    (no computed p is infinite: e_j <= 1 and Z >= 1, so p <= k)
+// e_j = exp(s_j - m) into buf for an outside maximum m (calibrate_rows_normalised); returns the row's own
+// maximum, which must not exceed m (the caller checks: a larger score would make p_j > k, or infinite).
+inline float exp_store(const float* s, int64_t N, float m, float* buf) {
+  const int64_t Nv = N - N % W;
+  const Vec vm(m);
+  Vec mx(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < Nv; j += W) {
+    const Vec x = Vec::loadu(s + j);
+    mx = at::vec::maximum(mx, x);
+    (x - vm).exp().store(buf + j);
+  }
+  float own = Nv ? hmax(mx) : -std::numeric_limits<float>::infinity();
+  for (int64_t j = Nv; j < N; ++j) {
+    own = std::max(own, s[j]);
+    buf[j] = std::exp(s[j] - m);
+  }
+  return own;
+}
+
+// The largest score calibrate_rows_normalised accepts in a row with outside maximum m: m itself, plus float32
+// rounding (a row's block may be recomputed in another GEMM shape than the one its statistics came from, which
+// may move a score by a few ulp); p_j is then a hair above k * e_j / Z (and capped at 1 - delta), never infinite.
+inline float max_bound(float m) { return m + 1e-4f * std::max(1.f, std::fabs(m)); }
+
+// 3-4. From the e_j in buf and the row's scale k / Z: observed columns -> 1.0, p_j = e_j * scale >= thr
+//      appended (column ascending), capped.  Returns the row's number of kept entries.
+template <typename idx_t>
+int64_t emit_row(float* buf, int64_t N, float scale, const idx_t* obs, int64_t n_obs, float thr, float cap,
+                 TaskOut& out) {
+  const int64_t Nv = N - N % W;
+  // observed columns: +inf, so p = inf * scale = inf passes any threshold and is written as 1.0
+  // (no computed p is infinite: e_j <= 1 and Z >= 1, so p <= k)
   const float inf = std::numeric_limits<float>::infinity();
   for (int64_t o = 0; o < n_obs; ++o) buf[static_cast<int64_t>(obs[o])] = inf;
 
-  // 4. p_j = e_j * scale >= threshold: append (column ascending)
   const size_t before = out.cols.size();
   auto emit = [&](int64_t j, float p) {
     out.cols.push_back(static_cast<int32_t>(j));
@@ -183,10 +220,27 @@ int64_t calibrate_row(const float* s, int64_t N, float* buf, const idx_t* obs, i
   return static_cast<int64_t>(out.cols.size() - before);
 }
 
+// One row: returns its number of kept entries, appended to out.  buf: N floats of scratch.
 template <typename idx_t>
-void run(const float* S, int64_t c, int64_t N, const int64_t* ptr, const idx_t* ocol, float thr, float cap,
-         int64_t* row_nnz, std::vector<TaskOut>& outs) {
-  const int64_t tasks = static_cast<int64_t>(outs.size());
+int64_t calibrate_row(const float* s, int64_t N, float* buf, const idx_t* obs, int64_t n_obs, float thr, float cap,
+                      TaskOut& out) {
+  const float m = row_max(s, N);
+  const double z = exp_sum<true>(s, N, m, buf);
+  // float32 k / Z, as the torch formulation computes it
+  const float k = static_cast<float>(std::max<int64_t>(1, n_obs));
+  const float scale = k / static_cast<float>(z);
+  return emit_row<idx_t>(buf, N, scale, obs, n_obs, thr, cap, out);
+}
+
+// Rows [0, c) split into a few contiguous tasks per thread; row_fn(r, buf, out) computes row r into task
+// buffer out (buf: N floats of scratch) and returns its entries.  Then the task buffers are placed one after
+// the other.  Returns (cols, vals).
+template <typename RowFn>
+std::tuple<at::Tensor, at::Tensor> run_rows(int64_t c, int64_t N, const at::TensorOptions& opts, int64_t* row_nnz,
+                                            const RowFn& row_fn) {
+  // a few contiguous row ranges per thread (rows cost the same, ~N entries each)
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(c, 4 * at::get_num_threads()));
+  std::vector<TaskOut> outs(static_cast<size_t>(tasks));
   detail::parallel_if(kEntryNs * static_cast<double>(c) * static_cast<double>(N), 0, tasks, 1,
                       [&](int64_t t0, int64_t t1) {
                         detail::AlignedFloats buf(static_cast<size_t>(N));
@@ -196,71 +250,15 @@ void run(const float* S, int64_t c, int64_t N, const int64_t* ptr, const idx_t* 
                           // a guess (~1/32 of the entries) that avoids most regrowth
                           out.cols.reserve(static_cast<size_t>((r1 - r0) * std::min<int64_t>(N, 64 + N / 32)));
                           out.vals.reserve(out.cols.capacity());
-                          for (int64_t r = r0; r < r1; ++r)
-                            row_nnz[r] = calibrate_row<idx_t>(S + r * N, N, buf.data(), ocol + ptr[r],
-                                                              ptr[r + 1] - ptr[r], thr, cap, out);
+                          for (int64_t r = r0; r < r1; ++r) row_nnz[r] = row_fn(r, buf.data(), out);
                         }
                       });
-}
-
-}  // namespace
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> calibrate_rows_cpu(const at::Tensor& scores_in,
-                                                                  const at::Tensor& ptr_in,
-                                                                  const at::Tensor& cols_in, double threshold,
-                                                                  double delta) {
-  constexpr const char* op = "kgreason::calibrate_rows";
-  TORCH_CHECK(scores_in.device().is_cpu() && scores_in.scalar_type() == at::kFloat && scores_in.dim() == 2, op,
-              ": scores must be a 2-D float32 CPU tensor");
-  const int64_t c = scores_in.size(0), N = scores_in.size(1);
-  TORCH_CHECK(N <= INT32_MAX, op, ": N must fit int32 (the output columns are int32)");
-  TORCH_CHECK(ptr_in.device().is_cpu() && ptr_in.scalar_type() == at::kLong && ptr_in.dim() == 1 &&
-                  ptr_in.numel() == c + 1,
-              op, ": obs_ptr must be a (c+1,) int64 CPU tensor");
-  TORCH_CHECK(cols_in.device().is_cpu() && cols_in.dim() == 1 &&
-                  (cols_in.scalar_type() == at::kInt || cols_in.scalar_type() == at::kLong),
-              op, ": obs_cols must be a 1-D int32/int64 CPU tensor");
-  TORCH_CHECK(std::isfinite(threshold) && threshold > 0.0, op, ": threshold must be finite and > 0, got ",
-              threshold);
-  TORCH_CHECK(delta >= 0.0 && delta < 1.0, op, ": delta must be in [0, 1), got ", delta);
-  const at::Tensor scores = scores_in.contiguous(), ptr_t = ptr_in.contiguous(), cols_t = cols_in.contiguous();
-  const int64_t* ptr = ptr_t.data_ptr<int64_t>();
-  const int64_t E = cols_t.numel();
-  // Out-of-range pointers or columns would write outside the row buffer: checked here, O(c + E).
-  TORCH_CHECK(ptr[0] == 0 && ptr[c] == E, op, ": obs_ptr must start at 0 and end at len(obs_cols) = ", E);
-  for (int64_t r = 0; r < c; ++r) TORCH_CHECK(ptr[r] <= ptr[r + 1], op, ": obs_ptr must be non-decreasing");
-  auto check_cols = [&](const auto* oc) {
-    for (int64_t e = 0; e < E; ++e)
-      TORCH_CHECK(oc[e] >= 0 && static_cast<int64_t>(oc[e]) < N, op, ": obs_cols must lie in [0, ", N, ")");
-  };
-  if (cols_t.scalar_type() == at::kInt)
-    check_cols(cols_t.data_ptr<int32_t>());
-  else
-    check_cols(cols_t.data_ptr<int64_t>());
-
-  // keep p >= threshold exactly: against the smallest float >= threshold
-  float thr = static_cast<float>(threshold);
-  if (static_cast<double>(thr) < threshold) thr = std::nextafter(thr, std::numeric_limits<float>::infinity());
-  const float cap = static_cast<float>(1.0 - delta);
-
-  at::Tensor row_nnz = at::zeros({c}, scores.options().dtype(at::kLong));
-  if (c == 0 || N == 0)
-    return {row_nnz, at::empty({0}, scores.options().dtype(at::kInt)), at::empty({0}, scores.options())};
-  // a few contiguous row ranges per thread (rows cost the same, ~N entries each)
-  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(c, 4 * at::get_num_threads()));
-  std::vector<TaskOut> outs(static_cast<size_t>(tasks));
-  if (cols_t.scalar_type() == at::kInt)
-    run<int32_t>(scores.data_ptr<float>(), c, N, ptr, cols_t.data_ptr<int32_t>(), thr, cap,
-                 row_nnz.data_ptr<int64_t>(), outs);
-  else
-    run<int64_t>(scores.data_ptr<float>(), c, N, ptr, cols_t.data_ptr<int64_t>(), thr, cap,
-                 row_nnz.data_ptr<int64_t>(), outs);
 
   std::vector<int64_t> off(static_cast<size_t>(tasks) + 1, 0);
   for (int64_t t = 0; t < tasks; ++t) off[t + 1] = off[t] + static_cast<int64_t>(outs[t].cols.size());
   const int64_t nnz = off[tasks];
-  at::Tensor cols = at::empty({nnz}, scores.options().dtype(at::kInt));
-  at::Tensor vals = at::empty({nnz}, scores.options());
+  at::Tensor cols = at::empty({nnz}, opts.dtype(at::kInt));
+  at::Tensor vals = at::empty({nnz}, opts.dtype(at::kFloat));
   int32_t* cp = cols.data_ptr<int32_t>();
   float* vp = vals.data_ptr<float>();
   // ~0.1 ns per byte copied
@@ -272,6 +270,139 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> calibrate_rows_cpu(const at::Tens
       std::memcpy(vp + off[t], outs[t].vals.data(), n * sizeof(float));
     }
   });
+  return {cols, vals};
+}
+
+void check_scores(const char* op, const at::Tensor& scores) {
+  TORCH_CHECK(scores.device().is_cpu() && scores.scalar_type() == at::kFloat && scores.dim() == 2, op,
+              ": scores must be a 2-D float32 CPU tensor");
+  TORCH_CHECK(scores.size(1) <= INT32_MAX, op, ": N must fit int32 (the output columns are int32)");
+}
+
+// The observed-tails CSR (c rows, columns in [0, N)), threshold and delta: out-of-range pointers or columns would
+// write outside the row buffer, so they are checked here, O(c + E).  Returns (thr, cap) as the kernels test them.
+std::pair<float, float> check_obs(const char* op, int64_t c, int64_t N, const at::Tensor& ptr_t,
+                                  const at::Tensor& cols_t, double threshold, double delta) {
+  TORCH_CHECK(ptr_t.device().is_cpu() && ptr_t.scalar_type() == at::kLong && ptr_t.dim() == 1 &&
+                  ptr_t.numel() == c + 1,
+              op, ": obs_ptr must be a (c+1,) int64 CPU tensor");
+  TORCH_CHECK(cols_t.device().is_cpu() && cols_t.dim() == 1 &&
+                  (cols_t.scalar_type() == at::kInt || cols_t.scalar_type() == at::kLong),
+              op, ": obs_cols must be a 1-D int32/int64 CPU tensor");
+  TORCH_CHECK(std::isfinite(threshold) && threshold > 0.0, op, ": threshold must be finite and > 0, got ",
+              threshold);
+  TORCH_CHECK(delta >= 0.0 && delta < 1.0, op, ": delta must be in [0, 1), got ", delta);
+  TORCH_CHECK(ptr_t.is_contiguous() && cols_t.is_contiguous(), op, ": obs_ptr and obs_cols must be contiguous");
+  const int64_t* ptr = ptr_t.data_ptr<int64_t>();
+  const int64_t E = cols_t.numel();
+  TORCH_CHECK(ptr[0] == 0 && ptr[c] == E, op, ": obs_ptr must start at 0 and end at len(obs_cols) = ", E);
+  for (int64_t r = 0; r < c; ++r) TORCH_CHECK(ptr[r] <= ptr[r + 1], op, ": obs_ptr must be non-decreasing");
+  auto check_cols = [&](const auto* oc) {
+    for (int64_t e = 0; e < E; ++e)
+      TORCH_CHECK(oc[e] >= 0 && static_cast<int64_t>(oc[e]) < N, op, ": obs_cols must lie in [0, ", N, ")");
+  };
+  if (cols_t.scalar_type() == at::kInt)
+    check_cols(cols_t.data_ptr<int32_t>());
+  else
+    check_cols(cols_t.data_ptr<int64_t>());
+  // keep p >= threshold exactly: against the smallest float >= threshold
+  float thr = static_cast<float>(threshold);
+  if (static_cast<double>(thr) < threshold) thr = std::nextafter(thr, std::numeric_limits<float>::infinity());
+  return {thr, static_cast<float>(1.0 - delta)};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> calibrate_rows_cpu(const at::Tensor& scores_in,
+                                                                  const at::Tensor& ptr_in,
+                                                                  const at::Tensor& cols_in, double threshold,
+                                                                  double delta) {
+  constexpr const char* op = "kgreason::calibrate_rows";
+  check_scores(op, scores_in);
+  const int64_t c = scores_in.size(0), N = scores_in.size(1);
+  const at::Tensor scores = scores_in.contiguous(), ptr_t = ptr_in.contiguous(), cols_t = cols_in.contiguous();
+  const auto [thr, cap] = check_obs(op, c, N, ptr_t, cols_t, threshold, delta);
+  at::Tensor row_nnz = at::zeros({c}, scores.options().dtype(at::kLong));
+  if (c == 0 || N == 0)
+    return {row_nnz, at::empty({0}, scores.options().dtype(at::kInt)), at::empty({0}, scores.options())};
+  const float* S = scores.data_ptr<float>();
+  const int64_t* ptr = ptr_t.data_ptr<int64_t>();
+  auto go = [&](const auto* ocol) {
+    using idx_t = std::remove_const_t<std::remove_pointer_t<decltype(ocol)>>;
+    return run_rows(c, N, scores.options(), row_nnz.data_ptr<int64_t>(), [&](int64_t r, float* buf, TaskOut& out) {
+      return calibrate_row<idx_t>(S + r * N, N, buf, ocol + ptr[r], ptr[r + 1] - ptr[r], thr, cap, out);
+    });
+  };
+  auto [cols, vals] = cols_t.scalar_type() == at::kInt ? go(cols_t.data_ptr<int32_t>()) : go(cols_t.data_ptr<int64_t>());
+  return {row_nnz, cols, vals};
+}
+
+std::tuple<at::Tensor, at::Tensor> calibrate_row_stats_cpu(const at::Tensor& scores_in) {
+  constexpr const char* op = "kgreason::calibrate_row_stats";
+  check_scores(op, scores_in);
+  const int64_t c = scores_in.size(0), N = scores_in.size(1);
+  const at::Tensor scores = scores_in.contiguous();
+  at::Tensor max_t = at::full({c}, -std::numeric_limits<float>::infinity(), scores.options());
+  at::Tensor sum_t = at::zeros({c}, scores.options().dtype(at::kDouble));
+  if (c == 0 || N == 0) return {max_t, sum_t};  // a zero-width block: max -inf, sum 0 (adds nothing)
+  const float* S = scores.data_ptr<float>();
+  float* mp = max_t.data_ptr<float>();
+  double* zp = sum_t.data_ptr<double>();
+  // max + exp + sum: about two thirds of calibrate_rows' work per entry
+  detail::parallel_if(0.7 * kEntryNs * static_cast<double>(c) * static_cast<double>(N), 0, c, 1,
+                      [&](int64_t r0, int64_t r1) {
+                        for (int64_t r = r0; r < r1; ++r) {
+                          const float* s = S + r * N;
+                          mp[r] = row_max(s, N);
+                          zp[r] = exp_sum<false>(s, N, mp[r], nullptr);
+                        }
+                      });
+  return {max_t, sum_t};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> calibrate_rows_normalised_cpu(
+    const at::Tensor& scores_in, const at::Tensor& max_in, const at::Tensor& scale_in, const at::Tensor& ptr_in,
+    const at::Tensor& cols_in, double threshold, double delta) {
+  constexpr const char* op = "kgreason::calibrate_rows_normalised";
+  check_scores(op, scores_in);
+  const int64_t c = scores_in.size(0), N = scores_in.size(1);
+  auto check_row_vector = [&](const char* name, const at::Tensor& t) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 1 && t.size(0) == c, op, ": ",
+                name, " must be a (c,) float32 CPU tensor");
+  };
+  check_row_vector("row_max", max_in);
+  check_row_vector("row_scale", scale_in);
+  const at::Tensor scores = scores_in.contiguous(), ptr_t = ptr_in.contiguous(), cols_t = cols_in.contiguous();
+  const at::Tensor mx = max_in.contiguous(), sc = scale_in.contiguous();
+  const auto [thr, cap] = check_obs(op, c, N, ptr_t, cols_t, threshold, delta);
+  const float* M = mx.data_ptr<float>();
+  const float* K = sc.data_ptr<float>();
+  for (int64_t r = 0; r < c; ++r)
+    TORCH_CHECK(std::isfinite(K[r]) && K[r] > 0.f && (N == 0 || std::isfinite(M[r])), op,
+                ": row ", r, ": row_max must be finite and row_scale finite and > 0, got ", M[r], " and ", K[r]);
+  at::Tensor row_nnz = at::zeros({c}, scores.options().dtype(at::kLong));
+  if (c == 0 || N == 0)
+    return {row_nnz, at::empty({0}, scores.options().dtype(at::kInt)), at::empty({0}, scores.options())};
+  const float* S = scores.data_ptr<float>();
+  const int64_t* ptr = ptr_t.data_ptr<int64_t>();
+  // the first row whose scores exceed its row_max (c: none); rows are independent, so any thread may find one
+  std::atomic<int64_t> bad{c};
+  auto go = [&](const auto* ocol) {
+    using idx_t = std::remove_const_t<std::remove_pointer_t<decltype(ocol)>>;
+    return run_rows(c, N, scores.options(), row_nnz.data_ptr<int64_t>(), [&](int64_t r, float* buf, TaskOut& out) {
+      if (exp_store(S + r * N, N, M[r], buf) > max_bound(M[r])) {
+        int64_t seen = bad.load();
+        while (r < seen && !bad.compare_exchange_weak(seen, r)) {
+        }
+        return int64_t{0};
+      }
+      return emit_row<idx_t>(buf, N, K[r], ocol + ptr[r], ptr[r + 1] - ptr[r], thr, cap, out);
+    });
+  };
+  auto [cols, vals] = cols_t.scalar_type() == at::kInt ? go(cols_t.data_ptr<int32_t>()) : go(cols_t.data_ptr<int64_t>());
+  const int64_t b = bad.load();
+  TORCH_CHECK(b == c, op, ": row ", b, ": row_max ", M[b], " is below the row's largest score (",
+              row_max(S + b * N, N), "); it must be the maximum over every block of the row (1e-4 relative slack)");
   return {row_nnz, cols, vals};
 }
 

@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "fuzzy_cuda_common.cuh"
 
@@ -80,6 +81,61 @@ __global__ void stats_kernel(const float* __restrict__ S, int64_t c, int64_t N, 
   }
 }
 
+// calibrate_row_stats: per row its max and sum of exp(s - max) (the first half of stats_kernel).
+__global__ void row_stats_kernel(const float* __restrict__ S, int64_t c, int64_t N, float* __restrict__ row_max,
+                                 double* __restrict__ row_sum) {
+  __shared__ float fred[kRowWarps];
+  __shared__ double dred[kRowWarps];
+  for (int64_t r = blockIdx.x; r < c; r += gridDim.x) {
+    const float* s = S + r * N;
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < N; j += blockDim.x) m = fmaxf(m, s[j]);
+    m = block_max(m, fred);
+    double z = 0.0;
+    for (int64_t j = threadIdx.x; j < N; j += blockDim.x) z += static_cast<double>(expf(s[j] - m));
+    z = block_sum<double, kRowWarps>(z, dred);
+    if (threadIdx.x == 0) {
+      row_max[r] = m;
+      row_sum[r] = z;
+    }
+    __syncthreads();
+  }
+}
+
+// calibrate_rows_normalised's count pass: stats_kernel with (max, scale) given per row.  A row whose scores exceed
+// its given max sets *bad to the smallest such row (checked on the host after the pass).
+template <typename idx_t>
+__global__ void given_count_kernel(const float* __restrict__ S, int64_t c, int64_t N, int64_t nw,
+                                   const int64_t* __restrict__ ptr, const idx_t* __restrict__ ocol,
+                                   uint32_t* __restrict__ bits, float thr, const float* __restrict__ row_max,
+                                   const float* __restrict__ row_scale, int64_t* __restrict__ row_nnz,
+                                   unsigned long long* __restrict__ bad) {
+  __shared__ float fred[kRowWarps];
+  __shared__ double dred[kRowWarps];
+  for (int64_t r = blockIdx.x; r < c; r += gridDim.x) {
+    const float* s = S + r * N;
+    uint32_t* b = bits + r * nw;
+    for (int64_t o = ptr[r] + threadIdx.x; o < ptr[r + 1]; o += blockDim.x) {
+      const int64_t j = static_cast<int64_t>(ocol[o]);
+      atomicOr(b + (j >> 5), 1u << (j & 31));
+    }
+    const float m = row_max[r], scale = row_scale[r];
+    float own = -INFINITY;
+    for (int64_t j = threadIdx.x; j < N; j += blockDim.x) own = fmaxf(own, s[j]);
+    own = block_max(own, fred);  // its __syncthreads publish the bitmap's bits to the block
+    double cnt = 0.0;
+    for (int64_t j = threadIdx.x; j < N; j += blockDim.x)
+      cnt += (observed(b, j) || prob(s[j], m, scale) >= thr) ? 1.0 : 0.0;
+    cnt = block_sum<double, kRowWarps>(cnt, dred);
+    if (threadIdx.x == 0) {
+      row_nnz[r] = static_cast<int64_t>(cnt);
+      // as the CPU kernel's max_bound: float32 rounding of a recomputed block is accepted
+      if (own > m + 1e-4f * fmaxf(1.f, fabsf(m))) atomicMin(bad, static_cast<unsigned long long>(r));
+    }
+    __syncthreads();
+  }
+}
+
 __global__ void write_kernel(const float* __restrict__ S, int64_t c, int64_t N, int64_t nw,
                              const uint32_t* __restrict__ bits, float thr, float cap,
                              const float* __restrict__ row_max, const float* __restrict__ row_scale,
@@ -122,40 +178,73 @@ __global__ void write_kernel(const float* __restrict__ S, int64_t c, int64_t N, 
   }
 }
 
+void check_scores(const char* op, const at::Tensor& scores) {
+  TORCH_CHECK(scores.is_cuda() && scores.scalar_type() == at::kFloat && scores.dim() == 2, op,
+              ": scores must be a 2-D float32 CUDA tensor");
+  TORCH_CHECK(scores.size(1) <= INT32_MAX, op, ": N must fit int32 (the output columns are int32)");
+}
+
+// The observed-tails CSR, threshold and delta (an out-of-range pointer or column would write outside the bitmap:
+// one sync to rule them out; c > 0, N > 0).  Returns (thr, cap) as the kernels test them.
+std::pair<float, float> check_obs(const char* op, const at::Tensor& scores, const at::Tensor& ptr,
+                                  const at::Tensor& ocol, double threshold, double delta) {
+  const int64_t c = scores.size(0), N = scores.size(1);
+  TORCH_CHECK(ptr.device() == scores.device() && ptr.scalar_type() == at::kLong && ptr.dim() == 1 &&
+                  ptr.numel() == c + 1,
+              op, ": obs_ptr must be a (c+1,) int64 tensor on scores' device");
+  TORCH_CHECK(ocol.device() == scores.device() && ocol.dim() == 1 &&
+                  (ocol.scalar_type() == at::kInt || ocol.scalar_type() == at::kLong),
+              op, ": obs_cols must be a 1-D int32/int64 tensor on scores' device");
+  TORCH_CHECK(std::isfinite(threshold) && threshold > 0.0, op, ": threshold must be finite and > 0, got ",
+              threshold);
+  TORCH_CHECK(delta >= 0.0 && delta < 1.0, op, ": delta must be in [0, 1), got ", delta);
+  if (c > 0 && N > 0) {
+    const int64_t E = ocol.numel();
+    TORCH_CHECK(ptr[0].item<int64_t>() == 0 && ptr[c].item<int64_t>() == E, op,
+                ": obs_ptr must start at 0 and end at len(obs_cols) = ", E);
+    TORCH_CHECK(!(ptr.slice(0, 1) < ptr.slice(0, 0, c)).any().item<bool>(), op, ": obs_ptr must be non-decreasing");
+    if (E) TORCH_CHECK(!((ocol < 0) | (ocol >= N)).any().item<bool>(), op, ": obs_cols must lie in [0, ", N, ")");
+  }
+  float thr = static_cast<float>(threshold);
+  if (static_cast<double>(thr) < threshold) thr = std::nextafter(thr, std::numeric_limits<float>::infinity());
+  return {thr, static_cast<float>(1.0 - delta)};
+}
+
+// The write pass (offsets from the counts: one device sync for the output size), shared by both calibrations.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> write_rows(const at::Tensor& scores, const at::Tensor& bits,
+                                                          float thr, float cap, const at::Tensor& row_max,
+                                                          const at::Tensor& row_scale, const at::Tensor& row_nnz,
+                                                          int grid, cudaStream_t stream) {
+  const int64_t c = scores.size(0), N = scores.size(1), nw = bits.size(1);
+  const at::Tensor row_end = at::cumsum(row_nnz, 0);
+  const int64_t nnz = row_end[c - 1].item<int64_t>();  // the output size: one device sync
+  at::Tensor cols = at::empty({nnz}, scores.options().dtype(at::kInt));
+  at::Tensor vals = at::empty({nnz}, scores.options());
+  if (nnz > 0) {
+    write_kernel<<<grid, kRowThreads, 0, stream>>>(scores.data_ptr<float>(), c, N, nw,
+                                                   reinterpret_cast<const uint32_t*>(bits.data_ptr<int32_t>()), thr,
+                                                   cap, row_max.data_ptr<float>(), row_scale.data_ptr<float>(),
+                                                   row_end.data_ptr<int64_t>(), cols.data_ptr<int32_t>(),
+                                                   vals.data_ptr<float>());
+    check_launch("calibrate_rows write");
+  }
+  return {row_nnz, cols, vals};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> calibrate_rows_cuda(const at::Tensor& scores_in,
                                                                    const at::Tensor& ptr_in,
                                                                    const at::Tensor& cols_in, double threshold,
                                                                    double delta) {
   constexpr const char* op = "kgreason::calibrate_rows";
-  TORCH_CHECK(scores_in.is_cuda() && scores_in.scalar_type() == at::kFloat && scores_in.dim() == 2, op,
-              ": scores must be a 2-D float32 CUDA tensor");
+  check_scores(op, scores_in);
   const int64_t c = scores_in.size(0), N = scores_in.size(1);
-  TORCH_CHECK(N <= INT32_MAX, op, ": N must fit int32 (the output columns are int32)");
-  TORCH_CHECK(ptr_in.device() == scores_in.device() && ptr_in.scalar_type() == at::kLong && ptr_in.dim() == 1 &&
-                  ptr_in.numel() == c + 1,
-              op, ": obs_ptr must be a (c+1,) int64 tensor on scores' device");
-  TORCH_CHECK(cols_in.device() == scores_in.device() && cols_in.dim() == 1 &&
-                  (cols_in.scalar_type() == at::kInt || cols_in.scalar_type() == at::kLong),
-              op, ": obs_cols must be a 1-D int32/int64 tensor on scores' device");
-  TORCH_CHECK(std::isfinite(threshold) && threshold > 0.0, op, ": threshold must be finite and > 0, got ",
-              threshold);
-  TORCH_CHECK(delta >= 0.0 && delta < 1.0, op, ": delta must be in [0, 1), got ", delta);
   const c10::DeviceGuard guard(scores_in.device());
   const at::Tensor scores = scores_in.contiguous(), ptr = ptr_in.contiguous(), ocol = cols_in.contiguous();
+  const auto [thr, cap] = check_obs(op, scores, ptr, ocol, threshold, delta);
   const auto long_opts = scores.options().dtype(at::kLong);
   if (c == 0 || N == 0)
     return {at::zeros({c}, long_opts), at::empty({0}, scores.options().dtype(at::kInt)),
             at::empty({0}, scores.options())};
-  const int64_t E = ocol.numel();
-  // An out-of-range pointer or column would write outside the bitmap: one sync to rule them out.
-  TORCH_CHECK(ptr[0].item<int64_t>() == 0 && ptr[c].item<int64_t>() == E, op,
-              ": obs_ptr must start at 0 and end at len(obs_cols) = ", E);
-  TORCH_CHECK(!(ptr.slice(0, 1) < ptr.slice(0, 0, c)).any().item<bool>(), op, ": obs_ptr must be non-decreasing");
-  if (E) TORCH_CHECK(!((ocol < 0) | (ocol >= N)).any().item<bool>(), op, ": obs_cols must lie in [0, ", N, ")");
-
-  float thr = static_cast<float>(threshold);
-  if (static_cast<double>(thr) < threshold) thr = std::nextafter(thr, std::numeric_limits<float>::infinity());
-  const float cap = static_cast<float>(1.0 - delta);
   const int64_t nw = (N + 31) / 32;
   at::Tensor bits = at::zeros({c, nw}, scores.options().dtype(at::kInt));
   at::Tensor row_max = at::empty({c}, scores.options()), row_scale = at::empty({c}, scores.options());
@@ -172,22 +261,75 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> calibrate_rows_cuda(const at::Ten
         scores.data_ptr<float>(), c, N, nw, ptr.data_ptr<int64_t>(), ocol.data_ptr<int64_t>(), bp, thr,
         row_max.data_ptr<float>(), row_scale.data_ptr<float>(), row_nnz.data_ptr<int64_t>());
   check_launch("calibrate_rows stats");
-  const at::Tensor row_end = at::cumsum(row_nnz, 0);
-  const int64_t nnz = row_end[c - 1].item<int64_t>();  // the output size: one device sync
-  at::Tensor cols = at::empty({nnz}, scores.options().dtype(at::kInt));
-  at::Tensor vals = at::empty({nnz}, scores.options());
-  if (nnz > 0) {
-    write_kernel<<<grid, kRowThreads, 0, stream>>>(scores.data_ptr<float>(), c, N, nw, bp, thr, cap,
-                                                   row_max.data_ptr<float>(), row_scale.data_ptr<float>(),
-                                                   row_end.data_ptr<int64_t>(), cols.data_ptr<int32_t>(),
-                                                   vals.data_ptr<float>());
-    check_launch("calibrate_rows write");
-  }
-  return {row_nnz, cols, vals};
+  return write_rows(scores, bits, thr, cap, row_max, row_scale, row_nnz, grid, stream);
+}
+
+std::tuple<at::Tensor, at::Tensor> calibrate_row_stats_cuda(const at::Tensor& scores_in) {
+  constexpr const char* op = "kgreason::calibrate_row_stats";
+  check_scores(op, scores_in);
+  const int64_t c = scores_in.size(0), N = scores_in.size(1);
+  const c10::DeviceGuard guard(scores_in.device());
+  const at::Tensor scores = scores_in.contiguous();
+  at::Tensor row_max = at::full({c}, -std::numeric_limits<float>::infinity(), scores.options());
+  at::Tensor row_sum = at::zeros({c}, scores.options().dtype(at::kDouble));
+  if (c == 0 || N == 0) return {row_max, row_sum};
+  const int grid = static_cast<int>(c < 65535 * 4 ? c : 65535 * 4);
+  row_stats_kernel<<<grid, kRowThreads, 0, current_stream(scores.device())>>>(
+      scores.data_ptr<float>(), c, N, row_max.data_ptr<float>(), row_sum.data_ptr<double>());
+  check_launch("calibrate_row_stats");
+  return {row_max, row_sum};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> calibrate_rows_normalised_cuda(
+    const at::Tensor& scores_in, const at::Tensor& max_in, const at::Tensor& scale_in, const at::Tensor& ptr_in,
+    const at::Tensor& cols_in, double threshold, double delta) {
+  constexpr const char* op = "kgreason::calibrate_rows_normalised";
+  check_scores(op, scores_in);
+  const int64_t c = scores_in.size(0), N = scores_in.size(1);
+  for (const at::Tensor* t : {&max_in, &scale_in})
+    TORCH_CHECK(t->device() == scores_in.device() && t->scalar_type() == at::kFloat && t->dim() == 1 &&
+                    t->size(0) == c,
+                op, ": row_max and row_scale must be (c,) float32 tensors on scores' device");
+  const c10::DeviceGuard guard(scores_in.device());
+  const at::Tensor scores = scores_in.contiguous(), ptr = ptr_in.contiguous(), ocol = cols_in.contiguous();
+  const at::Tensor row_max = max_in.contiguous(), row_scale = scale_in.contiguous();
+  const auto [thr, cap] = check_obs(op, scores, ptr, ocol, threshold, delta);
+  const auto long_opts = scores.options().dtype(at::kLong);
+  if (c == 0 || N == 0)
+    return {at::zeros({c}, long_opts), at::empty({0}, scores.options().dtype(at::kInt)),
+            at::empty({0}, scores.options())};
+  TORCH_CHECK(at::isfinite(row_max).all().item<bool>() &&
+                  (at::isfinite(row_scale) & (row_scale > 0)).all().item<bool>(),
+              op, ": row_max must be finite and row_scale finite and > 0");
+  const int64_t nw = (N + 31) / 32;
+  at::Tensor bits = at::zeros({c, nw}, scores.options().dtype(at::kInt));
+  at::Tensor row_nnz = at::empty({c}, long_opts);
+  at::Tensor bad = at::full({1}, c, long_opts);
+  const cudaStream_t stream = current_stream(scores.device());
+  const int grid = static_cast<int>(c < 65535 * 4 ? c : 65535 * 4);
+  uint32_t* bp = reinterpret_cast<uint32_t*>(bits.data_ptr<int32_t>());
+  auto* badp = reinterpret_cast<unsigned long long*>(bad.data_ptr<int64_t>());
+  if (ocol.scalar_type() == at::kInt)
+    given_count_kernel<int32_t><<<grid, kRowThreads, 0, stream>>>(
+        scores.data_ptr<float>(), c, N, nw, ptr.data_ptr<int64_t>(), ocol.data_ptr<int32_t>(), bp, thr,
+        row_max.data_ptr<float>(), row_scale.data_ptr<float>(), row_nnz.data_ptr<int64_t>(), badp);
+  else
+    given_count_kernel<int64_t><<<grid, kRowThreads, 0, stream>>>(
+        scores.data_ptr<float>(), c, N, nw, ptr.data_ptr<int64_t>(), ocol.data_ptr<int64_t>(), bp, thr,
+        row_max.data_ptr<float>(), row_scale.data_ptr<float>(), row_nnz.data_ptr<int64_t>(), badp);
+  check_launch("calibrate_rows_normalised count");
+  const int64_t b = bad.item<int64_t>();
+  TORCH_CHECK(b == c, op, ": row ", b, ": row_max is below the row's largest score; it must be the maximum over "
+              "every block of the row (1e-4 relative slack)");
+  return write_rows(scores, bits, thr, cap, row_max, row_scale, row_nnz, grid, stream);
 }
 
 }  // namespace
 }  // namespace cuda
 }  // namespace kgreason
 
-TORCH_LIBRARY_IMPL(kgreason, CUDA, m) { m.impl("calibrate_rows", &kgreason::cuda::calibrate_rows_cuda); }
+TORCH_LIBRARY_IMPL(kgreason, CUDA, m) {
+  m.impl("calibrate_rows", &kgreason::cuda::calibrate_rows_cuda);
+  m.impl("calibrate_row_stats", &kgreason::cuda::calibrate_row_stats_cuda);
+  m.impl("calibrate_rows_normalised", &kgreason::cuda::calibrate_rows_normalised_cuda);
+}

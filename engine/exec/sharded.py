@@ -36,8 +36,11 @@ Hooks (the LLM bridge): :meth:`ShardedExecutor._apply_hooks` runs them once, on 
 node's gathered values, and broadcasts what they changed (entries, evidence, annotations); each
 rank writes its own columns.
 
-Not sharded yet (one clear error each): CUDA devices (NCCL), ``frontier_k``, sparse sets, kept
-trace values.
+* Frontier cut (``frontier_k``, :meth:`ShardedExecutor._frontier_cut`): before a projection, each
+  rank's ``k`` best positive entries of its block, one all-gather, the same stable merge as top-k; each
+  rank keeps its own survivors: the entries one process's ``ops.topk_prune`` keeps (ties: smaller ids).
+
+Not sharded yet (one clear error each): CUDA devices (NCCL), sparse sets, kept trace values.
 """
 from __future__ import annotations
 
@@ -206,7 +209,7 @@ class ShardedExecutor(Executor):
         shard: this rank's :class:`~kge.sharding.ColumnShard` (rank and shard count = the group's).
         comm: the group (:class:`engine.exec.sharded_comm.Comm`).
         executor_kwargs: as :class:`Executor` (``tnorm``, ``neg_scale``, ``device``, ``backend``,
-            ``pass_rows``); ``hooks``, ``frontier_k``, ``sparse`` and ``rows`` are refused.
+            ``pass_rows``, ``hooks``, ``frontier_k``); ``sparse`` and ``rows`` are refused.
 
     Every public method is collective: all ranks call it with the same queries and arguments.
     ``answer`` returns the same results on every rank; ``scores`` the full (Q, N) scores on every
@@ -215,10 +218,10 @@ class ShardedExecutor(Executor):
 
     def __init__(self, artifact: "Artifact", shard: "ColumnShard | LazyShard", comm: "Comm", *,
                  row_cache_gb: float | None = None, **executor_kwargs: Any) -> None:
-        for key, what in (("frontier_k", "frontier_k"), ("sparse", "sparse sets"), ("rows", "rows")):
+        for key, what in (("sparse", "sparse sets"), ("rows", "rows")):
             if executor_kwargs.get(key):
                 raise UserError(f"{what}: not available in a sharded run yet; run one process")
-        executor_kwargs = {k: v for k, v in executor_kwargs.items() if k not in ("frontier_k", "sparse", "rows")}
+        executor_kwargs = {k: v for k, v in executor_kwargs.items() if k not in ("sparse", "rows")}
         if (comm.rank, comm.size) != (shard.rank, shard.shards):
             raise UserError(f"shard {shard.rank} of {shard.shards} given to rank {comm.rank} of {comm.size}")
         if (shard.num_entities, shard.num_relations) != (artifact.num_entities, artifact.num_relations):
@@ -328,6 +331,35 @@ class ShardedExecutor(Executor):
         self.hops.append(_Hop(sum(comm.received.values()) - before, dense, 0))
         return g_rows, g_ents, g_vals
 
+    def _frontier_cut(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """``ops.topk_prune`` over all ranks' blocks (collective): each row keeps its ``k`` largest entries of all N
+        (ties at the cut: smaller ids), each rank its own of them.
+
+        A kept positive entry is among its rank's ``k`` largest positive entries, so every rank sends
+        only those (``ops.topk_prune`` on its block, O(N_k)): one all-gather of (B, 2k) int64, and the stable
+        merge of :meth:`_top_k` picks the same ``k`` as one process's cut.  Zeros need no choosing (kept or
+        not, they stay 0).  The values are copied, not recomputed: the same bits.
+        """
+        b = x.shape[0]
+        kl = min(k, self.width)
+        local = self.ops.topk_prune(x, kl)
+        rows, cols = (local > 0).nonzero(as_tuple=True)  # row-major: ids ascending within a row
+        vals = local[rows, cols]
+        per_row = torch.bincount(rows, minlength=b)
+        slot = torch.arange(rows.numel(), device=x.device) - (torch.cumsum(per_row, 0) - per_row)[rows]  # place in row
+        cand_v = torch.full((b, k), -1.0, dtype=torch.float32, device=x.device)
+        cand_i = torch.full((b, k), self.num_entities, dtype=torch.int64, device=x.device)
+        cand_v[rows, slot], cand_i[rows, slot] = vals, cols + self.lo
+        # a stable sort by value keeps equal values in id order (the merge's tie rule)
+        cand_v, order = torch.sort(cand_v, dim=1, descending=True, stable=True)
+        top_v, top_i = self._merge_top(cand_v, torch.gather(cand_i, 1, order), k, "frontier top-k")
+        mine = (top_v > 0) & (top_i >= self.lo) & (top_i < self.hi)
+        r, c = mine.nonzero(as_tuple=True)
+        keep = top_i[r, c] - self.lo
+        out = torch.zeros_like(x)
+        out[r, keep] = x[r, keep]
+        return out
+
     def _project_one_hot(self, ents: Sequence[int], rels: Sequence[int], want_arg: bool, negated: bool, *,
                          keep_sparse: bool):
         """One-hot rows (anchors, value 1): every rank knows the anchors, so its block of ``M_r[anchor, :]`` comes
@@ -357,6 +389,8 @@ class ShardedExecutor(Executor):
         dev = self.device
         big_n = self.num_entities
         rows_obj = cast(ShardRows, self.rows)
+        if self.frontier_k is not None and self.frontier_k < big_n:
+            x = self._frontier_cut(x, self.frontier_k)
         g_rows, g_ents, g_vals = self._gather_frontier(x)
         self.hops[-1] = self.hops[-1]._replace(active=int(g_vals.numel()))
         rel_t = torch.tensor(rels, dtype=torch.int64, device=dev)
@@ -467,8 +501,13 @@ class ShardedExecutor(Executor):
         pad_i = torch.full((b, k), self.num_entities, dtype=torch.int64, device=y.device)
         pad_v[:, :kl] = vals
         pad_i[:, :kl] = ids + self.lo
-        pack = torch.cat([pad_v.view(torch.int32).to(torch.int64), pad_i], 1)  # one exchange for both
-        got = self.comm.all_gather(pack, "top-k")
+        return self._merge_top(pad_v, pad_i, k, "top-k")
+
+    def _merge_top(self, vals: torch.Tensor, ids: torch.Tensor, k: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global top-``k`` (B, k) from every rank's ``(vals, ids)`` (B, k): sorted descending, equal values in
+        id order, global ids (padding: -1 and N).  One all-gather and a stable merge (collective)."""
+        pack = torch.cat([vals.view(torch.int32).to(torch.int64), ids], 1)  # one exchange for both
+        got = self.comm.all_gather(pack, kind)
         all_v = torch.cat([g[:, :k].to(torch.int32).view(torch.float32) for g in got], 1)
         all_i = torch.cat([g[:, k:] for g in got], 1)
         # Rank order is id order: a stable sort of the concatenation keeps ties by smaller id.
@@ -536,6 +575,12 @@ class ShardedExecutor(Executor):
                     need[path + (c,)] = list(items)
                     queue.append(path + (c,))
         return out
+
+    def _run_batch(self, roots: list[Node], idx: list[int], **kwargs: Any) -> tuple[NodeValue, Any]:
+        begin = getattr(self.rows, "begin_batch", None)
+        if begin is not None:  # lazy rows: the bounded normaliser table is trimmed between batches (sharded_lazy)
+            begin()
+        return super()._run_batch(roots, idx, **kwargs)
 
     def answer(self, queries: Sequence[Node], *, k: int = 10, explain: bool = True,
                batch_size: int = 256, trace_values: bool = False) -> list[QueryResult]:

@@ -12,31 +12,63 @@ known tails here)``, one all-gather for every row a hop needs (batched), merged 
 ``1 - delta``: the single-process formula (:func:`ops.calibrate_rows`), so a sharded row equals the
 single-process row to float32 rounding (the sums run in another order).
 
-Every rank keeps the normalisers of the rows it has seen (:class:`LazyShardRows`: 16 bytes a row,
-the same table on every rank, since all ranks ask for the same rows in the same order: that is what
-decides, identically everywhere, which rows need the exchange).  The rows' entries go to a per-rank
-byte-budgeted :class:`kge.lazy.RowCache`; a row it evicted is recomputed from its normaliser by its
-own rank alone, with no exchange (so the ranks' caches may differ).
+The per-block statistics and the entries are the two halves of the single-process kernel
+(:func:`ops.calibrate_row_stats`, :func:`ops.calibrate_rows_normalised`: one fused pass each over a chunk's scores,
+summed as :func:`ops.calibrate_rows` sums); a chunk's scores are computed once and kept from the statistics to the
+entries while the exchange's kept chunks fit ``_KEEP_SCORES_BYTES`` (the chunks beyond are recomputed).
+
+Every rank keeps the normalisers of the rows it has seen (:class:`LazyShardRows`: 24 bytes a row with its last
+use, the same table on every rank, since all ranks ask for the same rows in the same order: that is what
+decides, identically everywhere, which rows need the exchange).  The table is bounded
+(``max_normalisers``, default :data:`DEFAULT_MAX_NORMALISERS` or ``KGREASON_LAZY_MAX_NORMALISERS``): at the
+start of each batch (:meth:`LazyShardRows.begin_batch`, every rank at the same point) it keeps the rows used
+most recently and forgets the rest, which a later request normalises again (one more exchange, the same
+values); rows of the running batch are never forgotten (the backward pass reads them without an exchange), so
+the table holds at most ``max_normalisers`` + one batch's rows.  The rows' entries go to a per-rank
+byte-budgeted :class:`kge.lazy.RowCache`; a row it evicted is recomputed from its normaliser by its own rank
+alone, with no exchange (so the ranks' caches may differ).
 """
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
 
+import ops
 from kge.calibrate import _MIN_GEMM_COLS, _MIN_GEMM_ROWS, rows_observed_tails
 from kge.lazy import DEFAULT_ROW_CACHE_GB, RowCache, _RowSet, check_row_cache_gb, take_rows
 from kge.sharding import LazyShard
+from kgreason.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
     from engine.exec.sharded import _RelBlock
     from engine.exec.sharded_comm import Comm
 
-__all__ = ["LazyShardRows"]
+__all__ = ["LazyShardRows", "DEFAULT_MAX_NORMALISERS", "MAX_NORMALISERS_ENV", "max_normalisers_from_env"]
 
-#: Score chunks of one exchange are kept for the entries pass up to this many bytes; beyond, recomputed.
+#: Scores of one exchange's chunks held at once (kept from the statistics to the entries); the chunks beyond are
+#: computed again.
 _KEEP_SCORES_BYTES = 256 << 20
+#: Rows whose normaliser a rank keeps between batches (24 bytes each: ~96 MiB); see :meth:`LazyShardRows.begin_batch`.
+DEFAULT_MAX_NORMALISERS = 1 << 22
+#: The environment setting that overrides it (torchrun runs: every rank reads the same environment).
+MAX_NORMALISERS_ENV = "KGREASON_LAZY_MAX_NORMALISERS"
+
+
+def max_normalisers_from_env() -> int:
+    """``KGREASON_LAZY_MAX_NORMALISERS`` (an integer >= 0) when set, else :data:`DEFAULT_MAX_NORMALISERS`."""
+    raw = os.environ.get(MAX_NORMALISERS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_NORMALISERS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise UserError(f"{MAX_NORMALISERS_ENV}: expected an integer >= 0 (rows whose normaliser is kept), got {raw!r}")
+    return value
 
 
 class LazyShardRows:
@@ -50,7 +82,8 @@ class LazyShardRows:
     lazy = True
 
     def __init__(self, shard: LazyShard, comm: "Comm", device: torch.device, make_block: Callable[..., "_RelBlock"], *,
-                 row_cache_gb: float = DEFAULT_ROW_CACHE_GB, chunk_rows: int | None = None) -> None:
+                 row_cache_gb: float = DEFAULT_ROW_CACHE_GB, chunk_rows: int | None = None,
+                 max_normalisers: int | None = None) -> None:
         from kge.calibrate import default_chunk_rows
 
         self.shard = shard
@@ -67,25 +100,35 @@ class LazyShardRows:
         self._tails_t = torch.nn.functional.pad(tails, (0, max(0, _MIN_GEMM_COLS - shard.width))).contiguous()
         rel = torch.from_numpy(np.array(shard.relation, dtype=np.complex64))
         self._w_re, self._w_im = rel.real.contiguous(), rel.imag.contiguous()
-        thr = np.float32(shard.threshold)
-        # the kernel's test: p >= the smallest float32 >= threshold
-        self._thr = float(thr if float(thr) >= shard.threshold else np.nextafter(thr, np.float32(1)))
-        self._cap = float(np.float32(1.0 - shard.delta))
         self.cache = RowCache(max_bytes=max(1, int(check_row_cache_gb(row_cache_gb) * (1 << 30))))
         self.chunk_rows = int(chunk_rows or default_chunk_rows(max(1, shard.width), "cpu"))
-        #: the rows normalised so far (sorted keys r*N + h) with (max M, scale k / Z): the same on every rank
+        if max_normalisers is None:
+            max_normalisers = max_normalisers_from_env()
+        if int(max_normalisers) < 0:
+            raise UserError(f"max_normalisers: expected an integer >= 0, got {max_normalisers}")
+        #: rows whose normaliser is kept from one batch to the next (see :meth:`begin_batch`)
+        self.max_normalisers = int(max_normalisers)
+        #: the rows normalised (sorted keys r*N + h) with (max M, scale k / Z) and the request that last used each:
+        #: the same on every rank
         self._norm_keys = np.zeros(0, dtype=np.int64)
         self._norm = np.zeros((0, 2), dtype=np.float32)
-        #: counters: rows normalised (exchanged), rows whose entries were computed here, exchanges
+        self._norm_used = np.zeros(0, dtype=np.int64)
+        #: collective requests so far (:meth:`row_sets`): the table's clock
+        self._requests = 0
+        #: counters: rows normalised (exchanged), rows whose entries were computed here, exchanges, normalisers
+        #: forgotten, score chunks computed again for the entries (they did not fit _KEEP_SCORES_BYTES)
         self.rows_normalised = 0
         self.rows_computed = 0
         self.exchanges = 0
+        self.normalisers_evicted = 0
+        self.chunks_recomputed = 0
         self.fetched: dict[tuple[int, int, int], float] = {}
 
     @property
     def nbytes(self) -> int:
         """Bytes held: the shard's own arrays, the tail block, the normalisers and the cached rows."""
-        return int(self.shard.nbytes + self._norm_keys.nbytes + self._norm.nbytes + self.cache.bytes)
+        return int(self.shard.nbytes + self._norm_keys.nbytes + self._norm.nbytes + self._norm_used.nbytes
+                   + self.cache.bytes)
 
     # ------------------------------------------------------------------------------- computing rows
     def _scores(self, keys: np.ndarray) -> torch.Tensor:
@@ -110,43 +153,42 @@ class LazyShardRows:
 
     def _entries(self, s: torch.Tensor, keys: np.ndarray, norm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This block's entries of rows ``keys`` from their scores ``s`` (used as a workspace) and normalisers ``norm``
-        ((c, 2): the row's maximum M over all N, scale k / Z): ``(indptr, local cols int32, vals float32)``."""
+        ((c, 2): the row's maximum M over all N, scale k / Z): ``(indptr, local cols int32, vals float32)``, by
+        :func:`ops.calibrate_rows_normalised` (the single-process kernel's floats)."""
         c = len(keys)
-        m = torch.from_numpy(np.ascontiguousarray(norm[:, 0])).unsqueeze(1)
-        p = s.sub_(m).exp_().mul_(torch.from_numpy(np.ascontiguousarray(norm[:, 1])).unsqueeze(1))  # the kernel's floats
         ptr, tails = self._known(keys)
-        if tails.size:
-            p[torch.from_numpy(np.repeat(np.arange(c), np.diff(ptr))), torch.from_numpy(tails.astype(np.int64))] = \
-                float("inf")  # known edges: exactly 1.0
-        rr, cc = (p >= self._thr).nonzero(as_tuple=True)  # row-major: columns ascending within a row
-        v = p[rr, cc]
-        v = torch.where(torch.isinf(v), torch.ones_like(v), v.clamp(max=self._cap))
+        nnz, cols, vals = ops.calibrate_rows_normalised(
+            s, torch.from_numpy(np.ascontiguousarray(norm[:, 0])), torch.from_numpy(np.ascontiguousarray(norm[:, 1])),
+            torch.from_numpy(ptr), torch.from_numpy(np.ascontiguousarray(tails)), threshold=self.shard.threshold,
+            delta=self.shard.delta)
         indptr = np.zeros(c + 1, dtype=np.int64)
-        np.cumsum(torch.bincount(rr, minlength=c).numpy(), out=indptr[1:])
+        np.cumsum(nnz.numpy(), out=indptr[1:])
         self.rows_computed += c
-        return indptr, cc.to(torch.int32).numpy(), v.numpy()
+        return indptr, cols.numpy(), vals.numpy()
 
     def _normalise(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Collective: the normalisers of rows ``keys`` (sorted, none known yet; the same keys on every rank) from one
         exchange of every rank's ``(max, sum exp, known tails)``; stored, and the rows' entries here returned."""
-        width = self.shard.width
         stats = np.zeros((len(keys), 3), dtype=np.float64)
         kept: list[torch.Tensor | None] = []
-        keep = len(keys) * width * 4 <= _KEEP_SCORES_BYTES
         step = self.chunk_rows
+        # The first chunks' scores wait for the entries pass, the later ones are computed again: at most
+        # _KEEP_SCORES_BYTES of scores at once (the kept chunks and, when not all fit, the one being computed)
+        row_bytes = 4 * max(self.shard.width, 1)
+        room = _KEEP_SCORES_BYTES if len(keys) * row_bytes <= _KEEP_SCORES_BYTES \
+            else _KEEP_SCORES_BYTES - min(step, len(keys)) * row_bytes
         ptr, _ = self._known(keys)
         stats[:, 2] = np.diff(ptr)
         for a in range(0, len(keys), step):
             s = self._scores(keys[a:a + step])
-            if width:
-                m = s.amax(dim=1)
-                stats[a:a + len(s), 0] = m.numpy()
-                # numpy's pairwise float32 sum along a row (torch's float64 reduction cost as much as the exp, its
-                # float32 one summed 20 entries 1e-6 off); merged across ranks in float64
-                stats[a:a + len(s), 1] = torch.exp(s - m.unsqueeze(1)).numpy().sum(axis=1)
-            else:
-                stats[a:a + len(s), 0] = -np.inf
-            kept.append(s if keep else None)
+            # the calibration kernel's max and sum (float32 lanes per 1,024 entries, added in float64); merged
+            # across ranks in float64
+            m, z = ops.calibrate_row_stats(s)
+            stats[a:a + len(s), 0] = m.numpy()
+            stats[a:a + len(s), 1] = z.numpy()
+            size = s.numel() * s.element_size()
+            kept.append(s if size <= room else None)
+            room -= size if size <= room else 0
         got = torch.stack(self.comm.all_gather(torch.from_numpy(stats), "row normalisers")).numpy()  # (P, c, 3)
         self.exchanges += 1
         big_m = got[:, :, 0].max(axis=0)
@@ -154,17 +196,39 @@ class LazyShardRows:
             z = np.where(got[:, :, 1] > 0, got[:, :, 1] * np.exp(got[:, :, 0] - big_m), 0.0).sum(axis=0)
         count = np.maximum(1.0, got[:, :, 2].sum(axis=0)).astype(np.float32)
         norm = np.stack([big_m.astype(np.float32), count / z.astype(np.float32)], axis=1)  # float32 k / Z, as the kernel
-        # into the table (sorted): both arrays stay sorted by key
-        at = np.searchsorted(self._norm_keys, keys)
-        self._norm_keys = np.insert(self._norm_keys, at, keys)
-        self._norm = np.insert(self._norm, at, norm, axis=0)
+        self._remember(keys, norm)
         self.rows_normalised += len(keys)
         pieces = []
         for i, a in enumerate(range(0, len(keys), step)):
             s = kept[i]
             k = keys[a:a + step]
-            pieces.append(self._entries(self._scores(k) if s is None else s, k, norm[a:a + step]))
+            if s is None:
+                self.chunks_recomputed += 1
+                s = self._scores(k)
+            kept[i] = None  # the chunk's scores are not needed after its entries
+            pieces.append(self._entries(s, k, norm[a:a + step]))
         return _concat(pieces)
+
+    def _remember(self, keys: np.ndarray, norm: np.ndarray) -> None:
+        """Into the table (sorted by key): rows ``keys`` (sorted, not in it) with normalisers ``norm``, used now."""
+        at = np.searchsorted(self._norm_keys, keys)
+        self._norm_keys = np.insert(self._norm_keys, at, keys)
+        self._norm = np.insert(self._norm, at, norm, axis=0)
+        self._norm_used = np.insert(self._norm_used, at, self._requests)
+
+    def begin_batch(self) -> None:
+        """Collective point (every rank, the start of each query batch: :class:`engine.exec.sharded.ShardedExecutor`):
+        keep the ``max_normalisers`` most recently used normalisers, forget the others.  Deterministic from the
+        table alone (last use, then key), so every rank forgets the same rows; rows of the batch that ended are
+        forgotten only now, after its backward pass (:meth:`weight` reads their normalisers)."""
+        n = len(self._norm_keys)
+        if n <= self.max_normalisers:
+            return
+        keep = np.zeros(n, dtype=bool)
+        # most recent first; a stable sort keeps ties in key order
+        keep[np.argsort(-self._norm_used, kind="stable")[:self.max_normalisers]] = True
+        self._norm_keys, self._norm, self._norm_used = self._norm_keys[keep], self._norm[keep], self._norm_used[keep]
+        self.normalisers_evicted += n - int(keep.sum())
 
     def _norm_of(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(known, pos)``: which rows ``keys`` have a normaliser, and where in the table."""
@@ -186,8 +250,10 @@ class LazyShardRows:
         n = self.num_entities
         keys = np.concatenate([int(r) * n + np.asarray(h, dtype=np.int64) for r, h in wanted]) if wanted \
             else np.zeros(0, dtype=np.int64)
-        known, _ = self._norm_of(keys)
-        new = np.sort(keys[~known])
+        self._requests += 1
+        known, pos = self._norm_of(keys)
+        self._norm_used[pos[known]] = self._requests  # the same rows on every rank: the tables stay equal
+        new = np.unique(keys[~known])
         if new.size:  # the table is the same on every rank: all of them take this exchange, or none
             ptr, cols, vals = self._normalise(new)
             self._insert(new, ptr, cols, vals)

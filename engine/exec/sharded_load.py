@@ -16,9 +16,10 @@ work is split and :mod:`engine.exec.sharded_comm` for the collectives and their 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable, ContextManager, Iterator, Sequence, cast
 
 import numpy as np
 
@@ -27,8 +28,8 @@ from kgreason.errors import UserError
 
 from engine.exec.sharded_comm import DEFAULT_TIMEOUT_S, Comm, DistError, in_torchrun, init_from_env
 
-__all__ = ["load_sharded", "torchrun_group", "rank_zero_output", "ShardVocabulary", "Comm", "DistError",
-           "init_from_env", "in_torchrun", "DEFAULT_TIMEOUT_S"]
+__all__ = ["load_sharded", "torchrun_group", "rank_zero_output", "rank_zero_hooks", "sharded_row_options",
+           "ShardVocabulary", "Comm", "DistError", "init_from_env", "in_torchrun", "DEFAULT_TIMEOUT_S"]
 
 
 class ShardVocabulary(Artifact):
@@ -97,6 +98,24 @@ def load_sharded(artifact: Any, process_group: Any, *, open_artifact: Callable[.
     return art, ShardedExecutor(art, shard, comm, **executor_kwargs)
 
 
+def sharded_row_options(row_cache_gb: float | None, row_store_gb: float | None) -> dict[str, Any]:
+    """The lazy-row flags of a sharded run as :func:`load_sharded`'s keywords: ``--row-cache-gb`` is each rank's row
+    cache budget; ``--row-store-gb`` above 0 is refused with one line.
+
+    Why the persisted row store is not used sharded: a rank holds only its block's columns of a row, and
+    whether a row still needs its normaliser decides, identically on every rank, which rows take the
+    collective exchange (:mod:`engine.exec.sharded_lazy`); per-rank stores that could hold different rows
+    (one rank's file evicted, damaged or deleted) would make the ranks disagree there and wait on each other.
+    """
+    from kge.lazy import check_row_cache_gb, check_row_store_gb
+
+    if row_store_gb is not None and check_row_store_gb(row_store_gb, "--row-store-gb") > 0:
+        raise UserError(f"--row-store-gb {row_store_gb:g}: the persisted row store is not used in a sharded run (each "
+                        "rank computes its own columns of a row and keeps them in its --row-cache-gb cache); "
+                        "leave it out, or run one process")
+    return {} if row_cache_gb is None else {"row_cache_gb": check_row_cache_gb(row_cache_gb, "--row-cache-gb")}
+
+
 def torchrun_group(device: str = "cpu", timeout_s: float | None = None) -> Any:
     """The process group of a torchrun of several ranks (``WORLD_SIZE`` > 1), else ``None`` (one process).
 
@@ -127,3 +146,52 @@ def rank_zero_output(group: Any, out: Any) -> Any:
     import torch.distributed as dist
 
     return out if dist.get_rank(group) == 0 else open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
+
+
+class RankZeroHook:
+    """What a rank > 0 registers for a hook that rank 0 runs (:func:`rank_zero_hooks`): the same name, so that every
+    rank's executor has the same hooks on the same nodes and takes part in the exchanges of
+    :meth:`ShardedExecutor._apply_hooks <engine.exec.sharded.ShardedExecutor._apply_hooks>`, which calls hooks on
+    rank 0 only.  Never called."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, ctx: Any, value: Any) -> Any:
+        raise RuntimeError(f"hook {self.name!r} runs on rank 0 only; its stand-in on another rank was called")
+
+
+@contextlib.contextmanager
+def rank_zero_hooks(group: Any, make: Callable[[], ContextManager[Sequence[Any]]]) -> Iterator[Sequence[Any]]:
+    """``make()``'s hooks, built and entered on rank 0 only; :class:`RankZeroHook` stand-ins of the same names elsewhere.
+
+    How ``engine.answer --llm`` runs under torchrun: only rank 0 builds the LLM client and opens its
+    response cache (one set of requests, the cache written by one process, no other rank on the network),
+    as only rank 0 runs the hooks.  Collective when ``group`` is given (``None``: one process, ``make()``'s
+    context as it is): a :class:`~kgreason.errors.UserError` while rank 0 builds them (a bad cache path) ends
+    every rank with its line, not a wait for the timeout.  The hooks' names reach the others in one broadcast.
+    """
+    if group is None:
+        with make() as hooks:
+            yield hooks
+        return
+    comm = Comm(group)
+    if comm.rank != 0:
+        comm.agree(None)
+        names = comm.broadcast_object(None, "hook names")
+        yield tuple(RankZeroHook(n) for n in names)
+        return
+    with contextlib.ExitStack() as stack:
+        error = None
+        try:
+            hooks = stack.enter_context(make())
+        except UserError as exc:
+            error = str(exc)
+        except BaseException:
+            comm.agree("rank 0 could not build its hooks")  # the others stop with this line; the error shows here
+            raise
+        comm.agree(error)
+        # a hook's name as Executor.add_hook takes it (its name attribute, else its function or class name)
+        names = [getattr(h, "name", None) or getattr(h, "__name__", None) or type(h).__name__ for h in hooks]
+        comm.broadcast_object(names, "hook names")
+        yield hooks
