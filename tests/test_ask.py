@@ -1151,7 +1151,10 @@ def test_the_vote_weighs_every_candidate_on_one_scale(kg, questions):
     idx = [i for i, p in enumerate(res.paths) if p.answers][:AskSettings().vote_paths]
     cols = sorted({a.id for i in idx for a in res.paths[i].answers})
     S = np.array([[next((a.score for a in res.paths[i].answers if a.id == e), 0.0) for e in cols] for i in idx])
-    ents, _ = vote_ranking(S, [res.paths[i].embedding_cost for i in idx], AskSettings().vote_temperature, 10)
+    # (less plan_bonus for a planned path: docs/ask.md, "Weighing the LLM")
+    assert all(p.vote_cost == p.embedding_cost - (AskSettings().plan_bonus if p.source == "plan" else 0.0)
+               for p in res.paths)
+    ents, _ = vote_ranking(S, [res.paths[i].vote_cost for i in idx], AskSettings().vote_temperature, 10)
     assert [a.id for a in res.answers] == [cols[c] for c in ents.tolist()]
     plain = asker.ask([q])[0]  # no plan: the embedding-only cost is the cost
     assert all(p.embedding_cost == p.cost for p in plain.paths)
