@@ -18,18 +18,44 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").isdigit():
                           str(max(1, (os.cpu_count() or 1) // max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))))
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-# The cuda parameter carries the `cuda` marker from collection on, so `pytest -m cuda` selects every test that
-# runs on the GPU (benchmarks/gpu_check.sh runs exactly that); a marker added when the fixture runs would come
-# after the selection.
-DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if torch.cuda.is_available() else [])
+# torch is imported where a test process needs it (collection, fixtures), never when this file loads: under
+# pytest-xdist the controller loads it too, and importing torch there (~2-4 s, before any worker starts) was
+# wall time of every `-n 2` run during which neither worker existed yet.  The controller never collects.
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def devices() -> list:
+    """The `device` fixture's parameters: cpu, and cuda where a GPU is visible.  The cuda parameter carries the
+    `cuda` marker from collection on, so `pytest -m cuda` selects every test that runs on the GPU
+    (benchmarks/gpu_check.sh runs exactly that); a marker added when the fixture runs would come after the
+    selection."""
+    return ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if _has_cuda() else [])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc):
+    # what `@pytest.fixture(params=devices())` did (same ids, same place in them), computed at collection; a test
+    # that parametrizes `device` itself keeps its own values (as with fixture params)
+    if "device" in metafunc.fixturenames and not any(
+            "device" in _argnames(mark) for mark in metafunc.definition.iter_markers("parametrize")):
+        metafunc.parametrize("device", devices(), indirect=True)
+
+
+def _argnames(mark) -> list[str]:
+    names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
+    return [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
 
 
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         _longest_files_first(items)
-    if torch.cuda.is_available():
+    if _has_cuda():
         return
     skip = pytest.mark.skip(reason="no CUDA device")
     for item in items:
@@ -42,20 +68,21 @@ def pytest_collection_modifyitems(config, items):
 # collection.  xdist's own order (--loadscope-reorder, its default) is by number of tests, largest first, which
 # puts the files with few but long tests (the distributed groups, nvcc, the CLI fuzzing) last, where one of them
 # keeps one worker busy while the other has nothing left.  Longest first (LPT scheduling) leaves only short
-# files for the end.  The fast lane's files over ~3.5 s of wall time in a worker, longest first (wall, not
-# CPU: a test waiting on a deadline holds its worker too), from the per-test report (KGREASON_TEST_CPU,
-# docs/testing.md) of the quiet `-n 2 --dist loadfile` run of 2026-11-28; the others follow in collection
-# order.  Except test_dist_exec.py, right after test_dist_shard.py: the worker that ran test_dist_shard.py asks
+# files for the end.  The fast lane's files over ~4 s of wall time in a worker, longest first (wall, not CPU: a
+# test waiting on a deadline holds its worker too): each file's CPU from the per-test report (KGREASON_TEST_CPU,
+# docs/testing.md) of the `-n 2 --dist loadfile` lane at 48bc461, plus its waiting (wall - CPU) in the quiet
+# run of 2026-11-28 less the waits cut since; the others follow in collection order.  Except test_dist_exec.py, right after test_dist_shard.py: the worker that ran test_dist_shard.py asks
 # for work first (test_fuzz_cli.py takes longer) and gets it, so both files read the one 2-rank group that
 # worker spawned (test_dist_exec.two_rank_runs, once per process) instead of each worker spawning its own.
 # A file missing here or a stale entry costs only balance, never a test.
 LONGEST_FILES = (
-    "test_fuzz_cli.py", "test_dist_shard.py", "test_dist_exec.py", "test_llm_client.py", "test_ops_project_pull.py",
-    "test_cuda_compile.py", "test_ask.py", "test_untrusted_parsers.py", "test_progress.py", "test_bad_input.py",
-    "test_kge_complex_n3.py", "test_kge_build.py", "test_ask_robust.py", "test_kge_lazy.py",
-    "test_ops_opcheck.py", "test_metaqa_experiment.py", "test_imports.py", "test_ops_project_multi.py",
-    "test_kge_train.py", "test_engine_executor.py", "test_llm_lgot.py", "test_llm_simulate.py",
-    "test_engine_hooks.py", "test_llm_experiment.py", "test_kge_budget.py",
+    "test_fuzz_cli.py", "test_dist_shard.py", "test_dist_exec.py", "test_ask.py", "test_llm_client.py",
+    "test_ops_project_pull.py", "test_cuda_compile.py", "test_kge_build.py", "test_kge_complex_n3.py",
+    "test_bad_input.py", "test_kge_lazy.py", "test_ops_opcheck.py", "test_untrusted_parsers.py", "test_ask_robust.py",
+    "test_metaqa_experiment.py", "test_imports.py", "test_kge_train.py", "test_engine_executor.py",
+    "test_llm_experiment.py", "test_progress.py", "test_engine_eval_sampling.py", "test_ops_project_multi.py",
+    "test_llm_lgot.py", "test_llm_simulate.py", "test_bad_input_scripts.py", "test_artifact_verify.py",
+    "test_fuzz_query.py", "test_engine_cli.py", "test_engine_hooks.py", "test_kge_budget.py",
 )
 
 
@@ -115,8 +142,9 @@ def umls_tiny_artifact(tmp_path_factory):
 from _llm_server import llm_artifact, local_llm  # noqa: E402,F401
 
 
-@pytest.fixture(params=DEVICES)
+@pytest.fixture
 def device(request):
+    """"cpu" or "cuda": one test per device (parametrized by pytest_generate_tests above)."""
     return request.param
 
 
@@ -134,6 +162,7 @@ def seed(request) -> int:
     import random
 
     import numpy as np
+    import torch
 
     raw = os.environ.get(SEED_ENV, "").strip()
     if raw:

@@ -347,7 +347,7 @@ def test_a_dead_llm_server_costs_one_deadline_per_command(kg, questions, tmp_pat
     n = 20  # two chunks of engine.ask.CHUNK
     qs = (questions * (n // len(questions) + 1))[:n]
     qfile = write_questions(tmp_path / "q.jsonl", qs)
-    deadline = 3.0
+    deadline = 1.5
     import openai  # noqa: F401  (the SDK's first import takes a second or more on a busy machine: not timed)
 
     argv = ["--artifact", str(kg[0]), *_enc(), "--questions", str(qfile), "--json"]

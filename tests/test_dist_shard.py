@@ -256,7 +256,7 @@ def _fault_rank(mode: str, artifact: str) -> int:
     from engine.exec.api import Engine
     from engine.exec.sharded_load import torchrun_group
 
-    group = torchrun_group("cpu", 5.0)
+    group = torchrun_group("cpu", 2.0)
     Engine.load(artifact, process_group=group)
     if mode == "die":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -268,7 +268,7 @@ def _fault_rank(mode: str, artifact: str) -> int:
 def test_a_rank_that_dies_or_hangs_ends_the_others(shards, mode):
     port = free_port()
     rank0 = subprocess.Popen([sys.executable, "-m", "engine.answer", "--artifact", str(shards[2]), "--expr", EXPR,
-                              "--dist-timeout", "5"], env=rank_env(0, 2, port), cwd=ROOT,
+                              "--dist-timeout", "2"], env=rank_env(0, 2, port), cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rank1 = subprocess.Popen([sys.executable, str(Path(__file__)), mode, str(shards[2])], env=rank_env(1, 2, port),
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -284,8 +284,32 @@ def test_a_rank_that_dies_or_hangs_ends_the_others(shards, mode):
     lines = error_lines(err)
     assert rank0.returncode == 2 and out == "", err
     assert len(lines) == 1 and lines[0].startswith("error: rank 0: ") and "another rank died" in lines[0] \
-        and "within 5 s (--dist-timeout)" in lines[0], err
-    assert took < 60
+        and "within 2 s (--dist-timeout)" in lines[0], err
+    assert took < 60  # the join's timeout (sharded_comm.JOIN_TIMEOUT_S): the collectives must not wait that long
+
+
+def test_joining_waits_longer_than_a_short_dist_timeout(monkeypatch):
+    """--dist-timeout bounds the collectives (the test above: 2 s), the rendezvous waits at least JOIN_TIMEOUT_S:
+    ranks join seconds apart (each imports torch and the engine first), which a short --dist-timeout failed."""
+    import torch.distributed as dist
+
+    from engine.exec import sharded_comm
+
+    calls: list[tuple[str, float]] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda **kw: calls.append(("join", kw["timeout"].total_seconds())))
+    monkeypatch.setattr(dist.distributed_c10d, "_set_pg_timeout",
+                        lambda timeout, group=None: calls.append(("collectives", timeout.total_seconds())))
+    monkeypatch.setattr(sharded_comm, "_GROUP_TIMEOUT_S", [])
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    sharded_comm.init_from_env(timeout_s=2.0)
+    assert calls == [("join", sharded_comm.JOIN_TIMEOUT_S), ("collectives", 2.0)]
+    assert sharded_comm._GROUP_TIMEOUT_S == [2.0]  # what the collectives' error lines name
+    calls.clear()
+    sharded_comm.init_from_env(timeout_s=sharded_comm.JOIN_TIMEOUT_S + 30)  # longer than the join's: both
+    assert calls == [("join", sharded_comm.JOIN_TIMEOUT_S + 30)]
 
 
 if __name__ == "__main__":

@@ -61,3 +61,17 @@ def test_the_xdist_order_names_existing_files_and_keeps_each_files_order():
     _longest_files_first(items)
     assert [(i.path.name, i.k) for i in items] == [(first, 3), (first, 6), (second, 1), (second, 4),
                                                    ("test_a.py", 0), ("test_b.py", 2), ("test_a.py", 5)]
+
+
+def test_loading_conftest_imports_no_torch():
+    """Under pytest-xdist the controller loads tests/conftest.py but runs no test: importing torch there (~2-4 s)
+    delayed the workers' start on every `-n 2` run.  conftest imports torch only where a test process needs it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    code = "import sys; import conftest; print(sorted(m for m in ('torch', 'kge', 'engine') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

@@ -204,14 +204,14 @@ def test_asyncio_run_per_call_leaves_nothing_behind(llm_artifact, caplog):
 
 
 def test_concurrency_bound_is_respected(llm_artifact):
-    with simulator(llm_artifact, latency_ms=150) as srv, \
+    with simulator(llm_artifact, latency_ms=75) as srv, \
             LLMClient(_cfg(srv.base_url, concurrency=3, n=1)) as client:
         t0 = time.perf_counter()
         results = client.complete_many_sync(_prompts(12))
         elapsed = time.perf_counter() - t0
         assert all(r.ok for r in results)
         assert srv.stats["max_in_flight"] == 3 and client.stats.max_in_flight == 3
-        assert elapsed >= 4 * 0.15 * 0.9  # 12 requests, 3 at a time, 150 ms each
+        assert elapsed >= 4 * 0.075 * 0.9  # 12 requests, 3 at a time, 75 ms each
         # a second batch on the same client (repeated sync calls) keeps the bound
         client.complete_many_sync(_prompts(12, "parent_of"))
         assert srv.stats["max_in_flight"] == 3
@@ -240,13 +240,13 @@ def test_retries_exhausted_give_a_failure(llm_artifact):
 
 def test_timeouts_then_failure(llm_artifact):
     with simulator(llm_artifact, fail_rate=1.0, fail_mode="hang", hang_s=30) as srv, \
-            LLMClient(_cfg(srv.base_url, timeout_s=0.3, max_retries=1)) as client:
+            LLMClient(_cfg(srv.base_url, timeout_s=0.15, max_retries=1)) as client:
         t0 = time.perf_counter()
         r = client.complete_sync(_prompts(1)[0])
         elapsed = time.perf_counter() - t0
         assert isinstance(r, LLMFailure) and (r.reason, r.attempts) == ("timeout", 2)
         # the openai package retries the timeout itself: one logical request failed with a timeout
-        assert 0.5 < elapsed < 5 and client.stats.timeouts == 1 and client.stats.retries == 1
+        assert 0.25 < elapsed < 5 and client.stats.timeouts == 1 and client.stats.retries == 1
         assert srv.stats["injected_hang"] == 2
 
 
@@ -557,24 +557,28 @@ def test_well_formed_replies_from_the_scripted_server(tmp_path):
         assert len(client.cache) == 1 and srv.bodies[0]["n"] == 2
 
 
-@pytest.mark.parametrize("timeout_s, max_retries", [(30.0, 0), (0.4, 50)])
-def test_a_hanging_server_is_bounded_by_the_deadline(timeout_s, max_retries, capfd):
-    """A server that never answers: the whole call ends at --llm-deadline, retries or not, with progress on stderr."""
+@pytest.mark.parametrize("timeout_s, max_retries", [(30.0, 0), (0.2, 50)])
+def test_a_hanging_server_is_bounded_by_the_deadline(timeout_s, max_retries, capfd, monkeypatch):
+    """A server that never answers: the whole call ends at --llm-deadline, retries or not, with progress on stderr.
+    Without the deadline a call would take 30 s (one request's timeout) or 51 x 0.2 s (the retries)."""
+    import llm_bridge.client
+
+    monkeypatch.setattr(llm_bridge.client, "_PROGRESS_AFTER_S", 0.2)  # the bar within the 0.5 s deadline
     with scripted_server(lambda req, hdrs: HANG) as srv, \
-            LLMClient(_cfg(srv.base_url, None, timeout_s=timeout_s, max_retries=max_retries, deadline_s=1.0,
+            LLMClient(_cfg(srv.base_url, None, timeout_s=timeout_s, max_retries=max_retries, deadline_s=0.5,
                            backoff_s=0.05, max_backoff_s=0.1)) as client:
         t0 = time.perf_counter()
         results = client.complete_many_sync(_prompts(3))
         elapsed = time.perf_counter() - t0
-        assert all(r.reason == "timeout" and "deadline of 1 s" in r.message for r in results)
-        assert 0.9 < elapsed < 3.0, elapsed
+        assert all(r.reason == "timeout" and "deadline of 0.5 s" in r.message for r in results)
+        assert 0.45 < elapsed < 2.5, elapsed
         assert client.stats.deadline_hits == 3 and srv.requests >= 3
         # the next stage gets its own deadline (the client is still usable)
         t0 = time.perf_counter()
         assert client.complete_sync(_prompts(1, "parent_of")[0]).reason == "timeout"
-        assert time.perf_counter() - t0 < 3.0
+        assert time.perf_counter() - t0 < 2.5
     out, err = capfd.readouterr()
-    assert "llm" in err and "prompt" in err and "deadline 1 s" in err  # the progress bar
+    assert "llm" in err and "prompt" in err and "deadline 0.5 s" in err  # the progress bar
     assert out == ""
 
 
@@ -879,7 +883,7 @@ def test_a_hanging_server_costs_one_deadline_per_command(llm_artifact, tmp_path,
     capsys.readouterr()
     with scripted_server(lambda req, hdrs: HANG) as srv:
         argv = kg_only + ["--llm", "--llm-base-url", srv.base_url, "--llm-model", "m", "--no-llm-cache",
-                          "--llm-timeout", "1", "--llm-max-retries", "2", "--llm-deadline", "2"]
+                          "--llm-timeout", "0.5", "--llm-max-retries", "2", "--llm-deadline", "1"]
         t0 = time.perf_counter()
         assert main(argv) == 0
         elapsed = time.perf_counter() - t0
@@ -887,11 +891,14 @@ def test_a_hanging_server_costs_one_deadline_per_command(llm_artifact, tmp_path,
     out = json.loads(captured.out)
     warnings = [n["notes"]["warning"] for n in out["trace"]["nodes"] if "warning" in n.get("notes", {})]
     assert warnings == ["LLM call failed (timeout); this row is KG-only"] * 2
-    # one deadline for the command (the old client: 3 attempts x 1 s per stage, 3 stages, > 9 s here)
-    assert elapsed - baseline < 2 + 1.5, (elapsed, baseline)
+    # one deadline for the command (the old client: 3 attempts x 0.5 s per stage, 3 stages, > 4.5 s here), and
+    # only the first stage asked (its relation question about parent_of): the later stages never reach the server
+    assert elapsed - baseline < 1 + 1.5, (elapsed, baseline)
+    assert srv.requests >= 1 and all("parent_of" in json.dumps(b) and "likes" not in json.dumps(b)
+                                     for b in srv.bodies), srv.bodies
     assert "Traceback" not in captured.err and "llm:" in captured.err  # progress and the summary line
-    assert [r.getMessage() for r in caplog.records if "--llm-deadline of 2 s" in r.getMessage()] == [
-        "the LLM server did not respond (no HTTP response before the timeouts and the --llm-deadline of 2 s); "
+    assert [r.getMessage() for r in caplog.records if "--llm-deadline of 1 s" in r.getMessage()] == [
+        "the LLM server did not respond (no HTTP response before the timeouts and the --llm-deadline of 1 s); "
         "the remaining LLM calls of this run are not made (cache hits still count; other rows are KG-only)"]
 
 

@@ -139,23 +139,28 @@ def test_cli_with_stderr_in_a_file_writes_lines_and_keeps_the_llm_summary(llm_ar
 
 def _one_slow_prompt(req, headers):
     if "Entity_000" in json.dumps(req):
-        time.sleep(2.5)  # the bar appears after 1 s, when the other 49 prompts are long done
+        time.sleep(0.8)  # the bar appears after 0.3 s (the test's), when the other 49 prompts are done
     return 200, chat_reply('["Entity_007"]'), {}
 
 
-def test_llm_client_rate_counts_only_what_the_bar_saw(monkeypatch):
+def test_llm_client_rate_counts_only_what_the_bar_saw(monkeypatch, tmp_path):
     """Regression: the client's bar began at the prompts already done and divided them by its own age:
     "885036.62prompt/s" on a terminal."""
+    from llm_bridge import client as llm_client
     from llm_bridge import prompts
     from llm_bridge.client import LLMClient
     from llm_bridge.config import LLMConfig
 
     batch = [prompts.projection_messages(prompts.fallback_template("likes"), [f"Entity_{i:03d}"]) for i in range(50)]
     term = _Terminal()
-    monkeypatch.setattr(sys, "stderr", term)
+    # the bar after 0.3 s instead of the client's 1 s (waiting only); the other 49 prompts are cache hits, done
+    # before it appears however busy the machine (the condition of the regression)
+    monkeypatch.setattr(llm_client, "_PROGRESS_AFTER_S", 0.3)
     with scripted_server(_one_slow_prompt) as srv, \
             LLMClient(LLMConfig(base_url=srv.base_url, model="m", n=1, timeout_s=10.0, max_retries=0,
-                                concurrency=4, use_cache=False)) as client:
+                                concurrency=4, cache_path=tmp_path / "cache.sqlite")) as client:
+        assert all(r.ok for r in client.complete_many_sync(batch[1:]))
+        monkeypatch.setattr(sys, "stderr", term)
         assert all(r.ok for r in client.complete_many_sync(batch))
     text = term.getvalue()
     rates = [float(x) for x in re.findall(r"([\d.]+)prompt/s", text)]

@@ -22,6 +22,10 @@ __all__ = ["Comm", "DistError", "init_from_env", "in_torchrun", "DEFAULT_TIMEOUT
 
 #: How long (seconds) a rank waits for the others at a collective before it gives up.
 DEFAULT_TIMEOUT_S = 120.0
+#: How long (seconds) :func:`init_from_env` waits at least for every rank to join: ranks start apart (each
+#: imports torch and the engine first, seconds apart on a busy machine), so a short ``--dist-timeout`` meant
+#: for the collectives would otherwise fail the rendezvous.
+JOIN_TIMEOUT_S = 60.0
 
 T = TypeVar("T")
 
@@ -59,8 +63,8 @@ def check_timeout(seconds: float, flag: str = "--dist-timeout") -> float:
 def init_from_env(*, timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu") -> Any:
     """The default process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR/PORT``).
 
-    gloo on CPU, NCCL on CUDA (the sharded executor itself runs on CPU only for now); collectives (and the
-    rendezvous) wait at most ``timeout_s`` seconds.
+    gloo on CPU, NCCL on CUDA (the sharded executor itself runs on CPU only for now); collectives wait at most
+    ``timeout_s`` seconds, the rendezvous (every rank joining) at most ``max(timeout_s, JOIN_TIMEOUT_S)``.
     Returns the group (already initialised: the default group).
     """
     check_timeout(timeout_s)
@@ -69,13 +73,15 @@ def init_from_env(*, timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu") 
     if dist.is_initialized():
         return dist.group.WORLD
     backend = "nccl" if str(device).startswith("cuda") else "gloo"
+    join_s = max(timeout_s, JOIN_TIMEOUT_S)
     try:
-        dist.init_process_group(backend=backend, init_method="env://",
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend=backend, init_method="env://", timeout=datetime.timedelta(seconds=join_s))
     except (RuntimeError, ValueError) as exc:
         rank = os.environ.get("RANK", "?")
-        raise DistError(f"rank {rank}: could not join the process group within {timeout_s:g} s "
-                        f"(--dist-timeout): {_first_line(exc)}") from None
+        raise DistError(f"rank {rank}: could not join the process group within {join_s:g} s (the larger of "
+                        f"--dist-timeout and {JOIN_TIMEOUT_S:g} s): {_first_line(exc)}") from None
+    if join_s != timeout_s:  # the group's timeout is the join's until set: the collectives get --dist-timeout
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s))
     _GROUP_TIMEOUT_S[:] = [timeout_s]
     return dist.group.WORLD
 
