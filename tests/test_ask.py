@@ -238,7 +238,7 @@ def test_vote_settings_are_checked():
 def test_paraphrased_plans_retrieve_the_gold_path_and_answer_right(kg, questions):
     server = sim(kg[0], questions, exact_replan=False)
     try:
-        res = run_loop(kg, questions, server, replan=False)
+        res = run_loop(kg, questions, server, replan=False, llm_decides=True)
         stats = dict(server.llm.counts)
     finally:
         server.stop()
@@ -256,7 +256,7 @@ def test_paraphrased_plans_retrieve_the_gold_path_and_answer_right(kg, questions
 def test_replanning_names_candidate_relations(kg, questions):
     server = sim(kg[0], questions)
     try:
-        res = run_loop(kg, questions, server)
+        res = run_loop(kg, questions, server, llm_decides=True)
     finally:
         server.stop()
     for r, (q, path, gold) in zip(res, questions):
@@ -270,7 +270,7 @@ def test_replanning_names_candidate_relations(kg, questions):
 def test_wrong_reasoning_picks_another_path(kg, questions):
     server = sim(kg[0], questions, reason_error=1.0)
     try:  # plan variants off: some of them have no answers on this KG, and a pick of one falls back
-        res = run_loop(kg, questions, server, plan_variants=0)
+        res = run_loop(kg, questions, server, plan_variants=0, llm_decides=True)
     finally:
         server.stop()
     for r, (_, path, _) in zip(res, questions):
@@ -362,7 +362,7 @@ def test_embedding_candidates_follow_the_planned_paths(kg, questions, n):
 
     from engine.exec.ask import ReasonReply
 
-    asker = Asker(eng, ret, settings=AskSettings(embedding_candidates=n, explain=False))
+    asker = Asker(eng, ret, settings=AskSettings(embedding_candidates=n, explain=False, llm_decides=True))
     res = asker.ask([q], planner=Wrong(), reasoner=Spy())[0]
     assert res.retrieval == "plan"
     planned = [p for p in res.paths if p.source == "plan"]
@@ -407,7 +407,8 @@ def test_plan_variants_replace_one_step_and_follow_the_planned_paths(kg, questio
             def reason(self, requests):
                 return [ReasonReply(paths=(1,)) for _ in requests]
 
-        asker = Asker(eng, ret, settings=AskSettings(plan_variants=n, empty_variants=empty, explain=False))
+        asker = Asker(eng, ret, settings=AskSettings(plan_variants=n, empty_variants=empty, explain=False,
+                                                     llm_decides=True))
         res = asker.ask([q], planner=Wrong(), reasoner=First())[0]
         var = [p for p in res.paths if p.source == "plan-variant"]
         dropped = [t["dropped_without_answers"] for t in res.trace if t["step"] == "variants"]
@@ -471,7 +472,7 @@ def test_a_picked_paths_answers_are_ordered_by_the_candidates_vote(kg, questions
             return out
 
     texts = [q for q, _, _ in questions]
-    settings = dict(retriever=ret, vote_paths=paths, vote_temperature=temperature, explain=True)
+    settings = dict(retriever=ret, vote_paths=paths, vote_temperature=temperature, explain=True, llm_decides=True)
     res = eng.ask(texts, reasoner=Random(), **settings)
     for r in res:
         chosen = list(dict.fromkeys(i - 1 for i in picks[r.question]))
@@ -545,7 +546,7 @@ def test_cli_with_the_simulated_llm_over_http(kg, questions, tmp_path):
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             rc = main(["--artifact", str(kg[0]), "--encoder", "hashing", "--encoder-kwargs", json.dumps(ENC),
                        "--questions", str(qfile), "--llm", "--llm-base-url", server.base_url, "--llm-model", "sim",
-                       "--no-llm-cache", "--context", "lists", "--show-context"])
+                       "--no-llm-cache", "--context", "lists", "--show-context", "--llm-decides"])
     finally:
         server.stop()
     assert rc == 0
@@ -678,7 +679,7 @@ def test_reasoner_named_answers_and_bad_path_numbers(kg, questions):
             return [ReasonReply(paths=(rank, 99), answers=(pick.upper(), "Not An Entity"), calls=1, tokens=7)
                     for _ in requests]
 
-    r = eng.ask(q, reasoner=Named(), retriever=ret, max_context_tokens=60)
+    r = eng.ask(q, reasoner=Named(), retriever=ret, max_context_tokens=60, llm_decides=True)
     assert len(seen[0].context.split()) <= 60 and seen[0].style == "yaml"
     assert [a.entity for a in r.answers] == [pick] and r.answers[0].path_rank == rank
     assert r.answers[0].selected_by == "llm" and r.llm_calls == 1 and r.llm_tokens == 7
@@ -713,7 +714,7 @@ def test_an_exact_plan_is_a_candidate_even_without_kg_edges(kg):
             return [PlanReply(plans=(("has_genre^-1",),)) for _ in requests]
 
     r = eng.ask(f"which movies have the genre [{art.entities[topic]}]", planner=Exact(), retriever=ret,
-                replan=False)
+                replan=False, llm_decides=True)
     assert r.retrieval == "plan"
     hit = [p for p in r.paths if p.names == ("has_genre^-1",)]
     assert hit and hit[0].cost == 0.0 and hit[0].num_tails == 0 and not hit[0].answers
@@ -746,7 +747,7 @@ def test_simulate_ask_cli_process_serves_engine_ask(kg, questions, tmp_path):
 
         cfg = parse_args(["--artifact", str(kg[0]), "--encoder", "hashing", "--encoder-kwargs", json.dumps(ENC),
                           "--questions", str(qfile), "--json", "--llm", "--llm-base-url", m.group(1),
-                          "--llm-model", "sim", "--no-llm-cache"])
+                          "--llm-model", "sim", "--no-llm-cache", "--llm-decides"])
         buf, ebuf = io.StringIO(), io.StringIO()
         with LLMClient(cfg.llm) as client:
             run(cfg, buf, ebuf, planner=LLMPlanner(client), reasoner=LLMReasoner(client))
@@ -1150,7 +1151,10 @@ def test_the_vote_weighs_every_candidate_on_one_scale(kg, questions):
     idx = [i for i, p in enumerate(res.paths) if p.answers][:AskSettings().vote_paths]
     cols = sorted({a.id for i in idx for a in res.paths[i].answers})
     S = np.array([[next((a.score for a in res.paths[i].answers if a.id == e), 0.0) for e in cols] for i in idx])
-    ents, _ = vote_ranking(S, [res.paths[i].embedding_cost for i in idx], AskSettings().vote_temperature, 10)
+    # (less plan_bonus for a planned path: docs/ask.md, "Weighing the LLM")
+    assert all(p.vote_cost == p.embedding_cost - (AskSettings().plan_bonus if p.source == "plan" else 0.0)
+               for p in res.paths)
+    ents, _ = vote_ranking(S, [res.paths[i].vote_cost for i in idx], AskSettings().vote_temperature, 10)
     assert [a.id for a in res.answers] == [cols[c] for c in ents.tolist()]
     plain = asker.ask([q])[0]  # no plan: the embedding-only cost is the cost
     assert all(p.embedding_cost == p.cost for p in plain.paths)

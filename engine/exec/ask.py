@@ -8,7 +8,7 @@ order (read this file top-down; the pieces live beside it)::
     retrieve  the candidate paths, best first                            Asker.retrieve  (ask_score.PathScorer)
     execute   every candidate path run ONCE; the rows it reaches kept    Asker.execute
     reason    the reasoner's pick of paths/answers (an LLM)              Asker.reason
-    vote      the answers: the pick, else the paths' vote; explained     Asker.vote      (vote_ranking)
+    vote      the answers: the paths' vote, a pick one more voter        Asker.vote      (vote_ranking)
 
     engine/exec/ask_settings.py  the settings, one class per concern (AskSettings: all of them)
     engine/exec/ask_types.py     what planners/reasoners are asked and answer; AskResult, AskPath, AskAnswer
@@ -47,9 +47,13 @@ In detail:
 5. **reason**: with a :class:`Reasoner` the LLM sees the paths and
    their tail entities (:mod:`engine.exec.context`, bounded in tokens) and picks
    paths and/or answers.
-6. **vote**: without a pick (no reasoner, or it failed) the answers are ranked
-   by a vote of the best ``vote_paths`` candidate paths (:func:`vote_ranking`); a pick of paths alone
-   keeps their answers, ordered by that vote (``pick_vote``).
+6. **vote**: the answers are ranked by a vote of the best ``vote_paths`` candidate paths
+   (:func:`vote_ranking`), each weighing ``exp(-(cost - lowest) / vote_temperature)`` on the embedding-only
+   cost scale; a planned path's cost is lowered by ``plan_bonus`` (:meth:`Asker.weigh`, which also ranks
+   the candidates by it) and a reasoner's pick votes with its path's cost lowered by ``pick_bonus``: the
+   LLM's word is evidence, not an override (docs/ask.md, "Weighing the LLM").  With ``llm_decides`` (the
+   loop before stop 40) plans are ranked first and a pick decides: named answers are the answers, a pick
+   of paths alone keeps their answers, ordered by that vote (``pick_vote``).
 
 Every answer carries the path and query that produced it, the executor's score,
 explanation and provenance, and who selected it (``"llm"``, ``"vote"``, or ``"best-path"`` with
@@ -172,7 +176,8 @@ class Asker(PathScorer):
         texts = {id(r): question_text(r.question, r.topic) or r.question for r in live}
         plans = self.plan(live, texts, planner)
         ranked = self.retrieve(live, texts, plans, planner, progress)
-        reach = self.execute(live, ranked, self.embedding_costs(live, texts, ranked))
+        ranked, costs, bonus = self.weigh(live, ranked, self.embedding_costs(live, texts, ranked))
+        reach = self.execute(live, ranked, costs, bonus)
         picked = self.reason(live, reasoner)
         self.vote(live, picked, reach)
         elapsed = time.perf_counter() - t_start
@@ -280,16 +285,19 @@ class Asker(PathScorer):
         # ones, the best `embedding_candidates` paths of the others when the best embedding-only path is not
         # among the planned ones (a wrong plan step then still leaves the reasoner the path the question's
         # wording points at; when both agree, more candidates only give the reasoner more ways to go wrong).
+        # Weighed plans (not llm_decides): every question gets its k best embedding-only paths; the planned
+        # ones join them and `weigh` ranks them all on one cost.
         extra: dict[int, list[tuple[tuple[int, ...], float, str, Any]]] = {id(r): [] for r in live}
-        emb_q = [r for r in live if not by_q[id(r)] or s.embedding_candidates > 0]
+        emb_q = [r for r in live if not by_q[id(r)] or s.embedding_candidates > 0 or not s.llm_decides]
         if emb_q:
             for r, found in zip(emb_q, self.embedding_retrieve([r.topic_id for r in emb_q],
                                                                [texts[id(r)] for r in emb_q], r_progress=progress,
                                                                results=emb_q)):
-                if not by_q[id(r)]:
+                if not by_q[id(r)] or not s.llm_decides:
                     for cost, rels in found:
-                        by_q[id(r)][rels] = (cost, "embedding",
-                                             self.retriever._result_path(int(r.topic_id), rels, cost))
+                        if rels not in by_q[id(r)]:
+                            by_q[id(r)][rels] = (cost, "embedding",
+                                                 self.retriever._result_path(int(r.topic_id), rels, cost))
                     continue
                 lengths = {len(p.steps) for p in plans[id(r)]}
                 found = [(c, x) for c, x in found if len(x) in lengths]  # a plan's length is the planner's call
@@ -303,7 +311,9 @@ class Asker(PathScorer):
                                              self.retriever._result_path(int(r.topic_id), rels, cost)))
         ranked: dict[int, list[tuple[tuple[int, ...], float, str, Any]]] = {}
         for r in live:
-            items = sorted(by_q[id(r)].items(), key=lambda kv: (kv[1][0], len(kv[0]), kv[0]))[: s.k]
+            items = sorted(by_q[id(r)].items(), key=lambda kv: (kv[1][0], len(kv[0]), kv[0]))
+            if s.llm_decides or r.retrieval == "embedding":
+                items = items[: s.k]  # else `weigh` keeps the k best of them and the variants on one cost
             ranked[id(r)] = [(rels, c, src, rp) for rels, (c, src, rp) in items] + extra[id(r)]
             if items:
                 ranked[id(r)] += [v for v in variants[id(r)] if v[0] not in {x[0] for x in extra[id(r)]}]
@@ -314,7 +324,8 @@ class Asker(PathScorer):
     def _planned_paths(self, live: list[AskResult], planned: list[tuple[AskResult, Plan]], progress: bool
                        ) -> dict[int, dict[tuple[int, ...], tuple[float, str, Any]]]:
         """Per question, its plans' paths: ``relations -> (retriever cost, "plan", retriever path)``, the
-        retriever's top ``k`` of each plan merged by lowest cost, and each plan naming KG relations exactly."""
+        retriever's top ``k`` of each plan merged by lowest cost (without ``llm_decides``: only its best match,
+        the paths at the lowest cost), and each plan naming KG relations exactly."""
         s = self.settings
         by_q: dict[int, dict[tuple[int, ...], tuple[float, str, Any]]] = {id(r): {} for r in live}
         if planned:
@@ -323,7 +334,10 @@ class Asker(PathScorer):
                 kw["max_hops"] = s.max_hops
             got = self.retriever.retrieve([r.topic_id for r, _ in planned], plans=[p for _, p in planned], **kw)
             for (r, _), res in zip(planned, got):
-                for path in res.paths:
+                # Weighed plans: a plan's neighbours are no evidence of the planner's; the embedding-only
+                # candidates stand in for them.
+                best = min((p.cost for p in res.paths), default=0.0)
+                for path in res.paths if s.llm_decides else [p for p in res.paths if p.cost <= best]:
                     cur = by_q[id(r)].get(path.relations)
                     if cur is None or path.cost < cur[0]:
                         by_q[id(r)][path.relations] = (path.cost, "plan", path)
@@ -384,9 +398,40 @@ class Asker(PathScorer):
                 out[id(r)] = [float(c) for c in costs]
         return out
 
+    def weigh(self, live: list[AskResult], ranked: dict[int, list[tuple[tuple[int, ...], float, str, Any]]],
+              embedding_costs: dict[int, list[float]]
+              ) -> tuple[dict[int, list[tuple[tuple[int, ...], float, str, Any]]], dict[int, list[float]],
+                         dict[int, list[float]]]:
+        """The candidates of planned questions ranked by one cost (not with ``llm_decides``): each path's
+        embedding-only cost, a planned path's lowered by ``plan_bonus``; the ``k`` best kept, and every
+        planned path (the LLM's proposal stays in view, after them).  Returns the ranked candidates (their
+        cost that one), their embedding-only costs and their bonuses (all 0 with ``llm_decides``, where the
+        plans stay first)."""
+        s = self.settings
+        bonus = {id(r): [0.0] * len(ranked[id(r)]) for r in live}
+        if s.llm_decides:
+            return ranked, embedding_costs, bonus
+        rel_names = self.retriever.graph.relation_names
+        out, costs = dict(ranked), dict(embedding_costs)
+        for r in live:
+            cands, embs = ranked[id(r)], embedding_costs[id(r)]
+            if not any(src == "plan" for _, _, src, _ in cands):
+                continue
+            eff = [e - (s.plan_bonus if src == "plan" else 0.0) for (_, _, src, _), e in zip(cands, embs)]
+            order = sorted(range(len(cands)), key=lambda j: (eff[j], len(cands[j][0]), cands[j][0]))
+            keep = order[: s.k] + [j for j in order[s.k:] if cands[j][2] == "plan"]
+            out[id(r)] = [(cands[j][0], eff[j], cands[j][2], cands[j][3]) for j in keep]
+            costs[id(r)] = [embs[j] for j in keep]
+            bonus[id(r)] = [s.plan_bonus if cands[j][2] == "plan" else 0.0 for j in keep]
+            r.trace.append({"step": "weigh", "plan_bonus": s.plan_bonus,
+                            "paths": [[rel_names[x] for x in cands[j][0]] for j in keep],
+                            "costs": [round(eff[j], 6) for j in keep]})
+        return out, costs, bonus
+
     # ---------------------------------------------------------------- 4. execute
     def execute(self, live: list[AskResult], ranked: dict[int, list[tuple[tuple[int, ...], float, str, Any]]],
-                embedding_costs: dict[int, list[float]]) -> dict[int, list[tuple[np.ndarray, np.ndarray]]]:
+                embedding_costs: dict[int, list[float]], bonus: dict[int, list[float]] | None = None
+                ) -> dict[int, list[tuple[np.ndarray, np.ndarray]]]:
         """Run every candidate path once, all in one executor call (a path two questions share, once), and
         fill each result's ``paths``; returns per question, per path, what it reaches: (entity ids, scores),
         the topic removed when asked.  The answers, the reasoner's context, the vote and the explanations
@@ -396,16 +441,17 @@ class Asker(PathScorer):
         rel_names = self.retriever.graph.relation_names
         reach: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {id(r): [] for r in live}
         nodes: list[Node] = []
-        owners: list[tuple[AskResult, tuple[int, ...], float, str, Any, float]] = []
+        owners: list[tuple[AskResult, tuple[int, ...], float, str, Any, float, float]] = []
         for r in live:
-            for (rels, c, src, rp), e in zip(ranked[id(r)], embedding_costs[id(r)]):
+            bs = bonus[id(r)] if bonus is not None else [0.0] * len(ranked[id(r)])
+            for (rels, c, src, rp), e, b in zip(ranked[id(r)], embedding_costs[id(r)], bs):
                 nodes.append(path_query(int(r.topic_id), rels, exclude_topic=s.exclude_topic))
-                owners.append((r, rels, c, src, rp, e))
+                owners.append((r, rels, c, src, rp, e, b))
         if nodes:
             keep = max(s.answers, s.tails_per_path)
             dropped: dict[int, list[list[str]]] = {}
             keys = [to_sexpr(named(node, self.engine.artifact)) for node in nodes]
-            for (r, rels, c, src, rp, e), key, (ids, vals) in zip(owners, keys, self._execute(nodes, keys)):
+            for (r, rels, c, src, rp, e, b), key, (ids, vals) in zip(owners, keys, self._execute(nodes, keys)):
                 if s.exclude_topic:
                     mask = ids != int(r.topic_id)
                     ids, vals = ids[mask], vals[mask]
@@ -422,7 +468,7 @@ class Asker(PathScorer):
                 r.paths.append(AskPath(relations=rels, names=tuple(rel_names[x] for x in rels), cost=float(c),
                                        query=key, answers=ans,
                                        num_tails=max(ntails, 0), source=src, entity_paths=rp.entity_paths,
-                                       embedding_cost=e))
+                                       embedding_cost=e, plan_bonus=b))
                 reach[id(r)].append((ids, vals))
             for r in live:
                 if id(r) in dropped:
@@ -470,10 +516,22 @@ class Asker(PathScorer):
     # ---------------------------------------------------------------- 6. vote
     def vote(self, live: list[AskResult], picked: dict[int, ReasonReply],
              reach: dict[int, list[tuple[np.ndarray, np.ndarray]]]) -> None:
-        """Each question's answers: the reasoner's pick (:meth:`_select`), else the vote of the candidate
-        paths (:meth:`_vote`; also the order of a pick of paths alone, ``pick_vote``), then explained
-        (:meth:`_explain`)."""
+        """Each question's answers, then explained (:meth:`_explain`): the vote of the candidate paths
+        (:meth:`_vote`), where a reasoner's pick is one more voter weighed on the paths' cost scale
+        (:meth:`_pick_rows`, ``pick_bonus``); with ``llm_decides`` the pick itself (:meth:`_select`), else
+        that vote (also the order of a pick of paths alone, ``pick_vote``)."""
         s = self.settings
+        if not s.llm_decides:
+            picks: dict[int, list[tuple[int, np.ndarray | None]]] = {}
+            for r in live:
+                rep = picked.get(id(r))
+                if rep is not None and r.paths:
+                    picks[id(r)] = self._pick_rows(r, rep)
+                    if not picks[id(r)]:
+                        r.warn("reason", "the reasoner picked nothing usable: the candidate paths' vote")
+            self._vote([r for r in live if r.paths], reach, picks=picks)
+            self._finish(live)
+            return
         unpicked = []
         chosen: dict[int, list[int]] = {}  # paths-only picks whose answers the candidates' vote orders
         for r in live:
@@ -489,6 +547,10 @@ class Asker(PathScorer):
             for r in rs:
                 r.answers = []
             self._vote(rs, reach, chosen=chosen)
+        self._finish(live)
+
+    def _finish(self, live: list[AskResult]) -> None:
+        """Explain the answers; warn where a question has none."""
         self._explain(live)
         for r in live:
             if not r.answers and r.paths:
@@ -583,23 +645,10 @@ class Asker(PathScorer):
             out.append(self._answer(r, rank, a, by))
 
         if rep is not None:
-            bad = [i for i in rep.paths if not (isinstance(i, int) and 1 <= i <= len(r.paths))]
-            if bad:
-                r.warn("reason", f"path numbers {bad} out of range 1..{len(r.paths)}: ignored")
-            chosen = [i for i in rep.paths if isinstance(i, int) and 1 <= i <= len(r.paths)]
+            chosen, named = self._read_pick(r, rep)
             if rep.answers:
-                # Named answers: each from the first chosen (else any) path that has it.
-                order = chosen + [i for i in range(1, len(r.paths) + 1) if i not in chosen]
-                unknown = []
-                for name in rep.answers:
-                    key = fold(str(name))
-                    hit = next(((i, a) for i in order for a in r.paths[i - 1].answers if fold(a.entity) == key), None)
-                    if hit is None:
-                        unknown.append(str(name))
-                    else:
-                        add(hit[0], hit[1], "llm")
-                if unknown:
-                    r.warn("reason", f"{len(unknown)} answer(s) not among the candidates' tails, e.g. {unknown[0]!r}")
+                for i, a in named:
+                    add(i, a, "llm")
             elif chosen:
                 # Paths only: their answers merged by the executor's score.
                 merged = sorted(((a.score, -i, a) for i in chosen for a in r.paths[i - 1].answers),
@@ -611,6 +660,39 @@ class Asker(PathScorer):
             r.warn("reason", "the reasoner picked nothing usable: "
                    + ("best-path answers" if s.vote_paths == 1 else "the candidate paths' vote"))
         return out
+
+    def _read_pick(self, r: AskResult, rep: ReasonReply) -> tuple[list[int], list[tuple[int, Any]]]:
+        """A reasoner's reply read against the candidates: the picked path numbers in range (1-based, in
+        order), and each named answer found with the first picked (else any) path that has it, ``(path
+        number, answer)``; bad path numbers and unknown names are dropped with a warning."""
+        bad = [i for i in rep.paths if not (isinstance(i, int) and 1 <= i <= len(r.paths))]
+        if bad:
+            r.warn("reason", f"path numbers {bad} out of range 1..{len(r.paths)}: ignored")
+        chosen = [i for i in rep.paths if isinstance(i, int) and 1 <= i <= len(r.paths)]
+        order = chosen + [i for i in range(1, len(r.paths) + 1) if i not in chosen]
+        named, unknown = [], []
+        for name in rep.answers:
+            key = fold(str(name))
+            hit = next(((i, a) for i in order for a in r.paths[i - 1].answers if fold(a.entity) == key), None)
+            if hit is None:
+                unknown.append(str(name))
+            else:
+                named.append(hit)
+        if unknown:
+            r.warn("reason", f"{len(unknown)} answer(s) not among the candidates' tails, e.g. {unknown[0]!r}")
+        return chosen, named
+
+    def _pick_rows(self, r: AskResult, rep: ReasonReply) -> list[tuple[int, np.ndarray | None]]:
+        """A reasoner's pick as voters (not with ``llm_decides``): ``(0-based path index, entity ids or
+        None)`` rows.  Named answers (:meth:`_read_pick`): one row per path they were found on, restricted
+        to them; else each picked path whole.  ``[]``: nothing usable."""
+        chosen, named = self._read_pick(r, rep)
+        if not rep.answers:
+            return [(i - 1, None) for i in dict.fromkeys(chosen)]
+        rows: dict[int, set[int]] = {}
+        for i, a in named:
+            rows.setdefault(i - 1, set()).add(a.id)
+        return [(i, np.asarray(sorted(ids), dtype=np.int64)) for i, ids in rows.items()]
 
     def _execute(self, nodes: Sequence[Node], keys: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Run every distinct query once (one executor pass, :meth:`~engine.exec.executor.Executor.iter_scores`;
@@ -627,7 +709,8 @@ class Asker(PathScorer):
         return [got[k] for k in keys]
 
     def _vote(self, rs: Sequence[AskResult], reach: dict[int, list[tuple[np.ndarray, np.ndarray]]],
-              chosen: dict[int, list[int]] | None = None) -> None:
+              chosen: dict[int, list[int]] | None = None,
+              picks: dict[int, list[tuple[int, np.ndarray | None]]] | None = None) -> None:
         """Answers of questions without a reasoner's pick: the vote of their first ``vote_paths`` candidate
         paths with answers (:func:`vote_ranking` on the executor's scores of every entity they reach,
         ``reach``: per question, per path, the (ids, scores) step 5 kept), each answer carrying the
@@ -637,14 +720,25 @@ class Asker(PathScorer):
         ``chosen`` (``id(result) -> 0-based path indices``, ``AskSettings.pick_vote``): the paths a reasoner
         picked; only entities they reach are ranked, they vote first with the weight of the cheapest
         candidate (the others as above), and each answer carries the first chosen path reaching it
-        (``selected_by="llm"``)."""
+        (``selected_by="llm"``, ``llm_decides``).
+
+        ``picks`` (``id(result) -> (0-based path index, entity ids or None)`` rows, :meth:`_pick_rows`): a
+        reasoner's pick as voters beside the paths, each with its path's cost lowered by ``pick_bonus``
+        (a whole picked path votes once, so); an answer first reached by one of them is ``selected_by="llm"``."""
         s = self.settings
+        picks = picks or {}
         if s.vote_paths == 1:
-            for r in rs:
+            for r in [r for r in rs if picks.get(id(r))]:
+                self._vote_rows(r, reach, picks[id(r)])
+            for r in [r for r in rs if not picks.get(id(r))]:
                 for i, p in enumerate(r.paths, 1):
                     if p.answers:
                         r.answers = [self._answer(r, i, a, "best-path") for a in p.answers[: s.answers]]
                         break
+            return
+        if not s.llm_decides:
+            for r in rs:
+                self._vote_rows(r, reach, picks.get(id(r), []))
             return
         chosen = chosen or {}
         names = self.engine.artifact.entities
@@ -672,6 +766,38 @@ class Asker(PathScorer):
                 e = int(cols[c])
                 a = Answer(entity=names[e], id=e, score=float(S[f, c]), explanation=None, provenance="kg")
                 r.answers.append(self._answer(r, idx[f] + 1, a, "llm" if ch else "vote"))
+
+    def _vote_rows(self, r: AskResult, reach: dict[int, list[tuple[np.ndarray, np.ndarray]]],
+                   picks: Sequence[tuple[int, np.ndarray | None]]) -> None:
+        """One question's vote (:func:`vote_ranking`): the reasoner's ``picks`` first, each with its path's
+        vote cost lowered by ``pick_bonus``, then the first ``vote_paths`` candidate paths with answers (a
+        path picked whole votes once, as a pick)."""
+        s = self.settings
+        whole = {i for i, ids in picks if ids is None}
+        voters: list[tuple[int, np.ndarray | None, bool]] = [(i, ids, True) for i, ids in picks]
+        voters += [(i, None, False) for i, p in enumerate(r.paths) if p.answers and i not in whole][: s.vote_paths]
+        rows = []
+        for i, keep, _ in voters:
+            ids, vals = reach[id(r)][i]
+            if keep is not None:
+                m = np.isin(ids, keep)
+                ids, vals = ids[m], vals[m]
+            rows.append((ids, vals))
+        if not any(len(ids) for ids, _ in rows):
+            return
+        cols = np.unique(np.concatenate([ids for ids, _ in rows]))
+        S = np.zeros((len(rows), len(cols)), dtype=np.float64)
+        for k, (ids, vals) in enumerate(rows):
+            S[k, np.searchsorted(cols, ids)] = vals
+        costs = [r.paths[i].vote_cost - (s.pick_bonus if by_llm else 0.0) for i, _, by_llm in voters]
+        ents, first = vote_ranking(S, costs, s.vote_temperature, s.answers)
+        r.trace.append({"step": "vote", "paths": len(voters), "temperature": s.vote_temperature,
+                        **({"picked": [i + 1 for i, _ in picks], "pick_bonus": s.pick_bonus} if picks else {})})
+        names = self.engine.artifact.entities
+        for c, f in zip(ents.tolist(), first.tolist()):
+            e = int(cols[c])
+            a = Answer(entity=names[e], id=e, score=float(S[f, c]), explanation=None, provenance="kg")
+            r.answers.append(self._answer(r, voters[f][0] + 1, a, "llm" if voters[f][2] else "vote"))
 
     def _explain(self, rs: Sequence[AskResult]) -> None:
         """Explanations (with ``explain``) and provenance (also when the executor has hooks, which may merge

@@ -27,7 +27,7 @@ from kgreason.errors import UserError
 from engine.exec.context import CONTEXT_STYLES
 
 __all__ = ["ASK_MODES", "AskSettings", "RetrieveSettings", "PlanSettings", "ScoreSettings", "ReasonSettings",
-           "VoteSettings", "ResultSettings", "MAX_HOPS"]
+           "VoteSettings", "ResultSettings", "MAX_HOPS", "PLAN_BONUS", "PICK_BONUS"]
 
 ASK_MODES = ("pathfinding", "heuristic")
 #: Longest relation path: the relation sequences from a topic grow exponentially with it.
@@ -57,6 +57,10 @@ EXEMPLAR_K = 3
 EMBEDDING_CANDIDATES = 0
 #: Plans of several steps with one step replaced, shown beside the planned paths.
 PLAN_VARIANTS = 4
+#: How much an LLM's word weighs on the embedding-only cost scale (docs/ask.md, "Weighing the LLM"): a planned
+#: path's cost and a reasoner's picked path's cost are lowered by these, chosen on MetaQA dev questions.
+PLAN_BONUS = 0.3
+PICK_BONUS = 0.3
 #: The vote of the top candidate paths, chosen on MetaQA dev questions (docs/ask.md).
 VOTE_PATHS = 16
 VOTE_TEMPERATURE = 0.1
@@ -96,9 +100,17 @@ class PlanSettings(Settings):
     even where the observed KG lacks them): a plan with one wrong step still offers the reasoner the right
     path.  A 1-step plan has none: its retrieval already holds every relation leaving the topic.
     ``empty_variants``: also show the variants the executor finds no answers for (the trace lists them,
-    step ``"variants"``).  ``embedding_candidates``: when the best embedding-only path of a planned length is
-    not among the planned candidates, the best this many such paths are added after them (source
-    ``"embedding"``), so the reasoner also sees what the question's wording points at."""
+    step ``"variants"``).
+
+    How a plan counts (docs/ask.md, "Weighing the LLM"): by default a plan is evidence beside the question's
+    wording, never an override.  The best match of each plan among the paths from the topic (the
+    retriever's lowest cost; the plan itself where its steps name KG relations) joins the ``k`` best
+    embedding-only candidates with its embedding-only cost lowered by ``plan_bonus``, and all of them are
+    ranked (and voted) by that one cost: a plan wins a close call and loses to a clearly better-worded path.
+    ``llm_decides`` restores the loop before stop 40: the plans' retrieved paths (the retriever's top ``k``
+    of each) ranked first, the embedding-only candidates only beside them (``embedding_candidates``: when
+    the best embedding-only path of a planned length is not among the planned candidates, the best this many
+    such paths are added after them, source ``"embedding"``), and a reasoner's pick decides the answers."""
 
     candidate_relations: int = setting(30, low=1, integer=True,
                                        help="relations nearest to the question shown to the planner")
@@ -110,8 +122,15 @@ class PlanSettings(Settings):
                                  help="with --llm: a plan's best variants with one step replaced, shown beside it")
     empty_variants: bool = _switch(False, "with --llm: also show the plan variants that have no answers")
     embedding_candidates: int = setting(EMBEDDING_CANDIDATES, low=0, integer=True,
-                                        help="with --llm: when the best embedding-only path of a planned length is "
-                                             "not among the planned candidates, show the reasoner this many such paths too")
+                                        help="with --llm-decides: when the best embedding-only path of a planned "
+                                             "length is not among the planned candidates, show the reasoner this "
+                                             "many such paths too")
+    plan_bonus: float = setting(PLAN_BONUS, low=0.0, high=10.0, metavar="B",
+                                help="with --llm: a planned path competes with the embedding-only candidates at "
+                                     "its embedding-only cost lowered by B (0: no more than any candidate)")
+    llm_decides: bool = _switch(False, "with --llm: planned paths ranked first and a reasoner's pick decides the "
+                                "answers (before stop 40; default: both weighed on the embedding-only cost scale, "
+                                "--plan-bonus and --pick-bonus)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,17 +192,26 @@ class ScoreSettings(Settings):
 @dataclass(frozen=True, kw_only=True)
 class ReasonSettings(Settings):
     """The reasoner (an LLM, with ``--llm``): its prompt's KG context (``context`` style, at most
-    ``max_context_tokens`` tokens, ``tails_per_path`` tail entities per path).  ``pick_vote``: a pick of
-    paths without named answers keeps the entities the chosen paths reach, ordered by the vote of the
-    candidate paths (the chosen paths weigh as much as the cheapest candidate) instead of by the chosen
-    paths' own scores, which tie on an exact KG (not with ``vote_paths=1``)."""
+    ``max_context_tokens`` tokens, ``tails_per_path`` tail entities per path).
+
+    By default a pick is one more voter in the candidate paths' vote (:meth:`engine.exec.ask.Asker.vote`):
+    each picked path, and each path's named answers (the path a named answer is found on, restricted to the
+    named answers), votes with that path's cost lowered by ``pick_bonus`` (the embedding-only scale of
+    ``plan_bonus``), so a pick decides a close call and not a clear one.  With ``llm_decides`` the pick
+    decides: named answers are the answers; a pick of paths without named answers keeps the entities the
+    chosen paths reach, ordered by the vote of the candidate paths (``pick_vote``: the chosen paths weigh as
+    much as the cheapest candidate) instead of by the chosen paths' own scores, which tie on an exact KG
+    (not with ``vote_paths=1``)."""
 
     context: str = setting("yaml", choices=CONTEXT_STYLES, help="KG context format of the reasoning prompt")
     max_context_tokens: int = setting(1500, low=0, integer=True, help="context size bound in tokens")
     tails_per_path: int = setting(20, low=1, integer=True, metavar="N",
                                   help="tail entities per path shown to the reasoner")
-    pick_vote: bool = _switch(True, "with --llm: a reasoner's pick of paths keeps their answers in the order of "
-                              "their own scores, not of the candidate paths' vote", flag="--no-pick-vote", negate=True)
+    pick_vote: bool = _switch(True, "with --llm-decides: a reasoner's pick of paths keeps their answers in the order "
+                              "of their own scores, not of the candidate paths' vote", flag="--no-pick-vote", negate=True)
+    pick_bonus: float = setting(PICK_BONUS, low=0.0, high=10.0, metavar="B",
+                                help="with --llm: a reasoner's picked paths (and named answers) vote with their "
+                                     "path's embedding-only cost lowered by B")
 
 
 @dataclass(frozen=True, kw_only=True)

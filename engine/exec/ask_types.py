@@ -103,15 +103,18 @@ class AskPath:
     source: str  # "plan", "plan-variant" or "embedding"
     entity_paths: tuple = field(default=(), compare=False)  # a few (head, relation, tail) id paths (evidence)
     embedding_cost: float | None = None  # None: not scored (an AskPath built by hand): the vote reads `cost`
+    plan_bonus: float = 0.0  # a planned path's AskSettings.plan_bonus (0 for the others, and with llm_decides)
 
     @property
     def vote_cost(self) -> float:
-        """The cost the vote weighs this path by: ``embedding_cost``, or ``cost`` where it was not scored."""
-        return self.cost if self.embedding_cost is None else self.embedding_cost
+        """The cost the vote weighs this path by: ``embedding_cost`` (``cost`` where it was not scored) less
+        ``plan_bonus``: a plan weighs in on the embedding-only scale (docs/ask.md, "Weighing the LLM")."""
+        return (self.cost if self.embedding_cost is None else self.embedding_cost) - self.plan_bonus
 
     def to_json(self) -> dict[str, Any]:
         return {"relations": list(self.names), "cost": round(self.cost, 6),
                 "embedding_cost": None if self.embedding_cost is None else round(self.embedding_cost, 6),
+                "plan_bonus": self.plan_bonus,
                 "query": self.query,
                 "source": self.source, "num_tails": self.num_tails,
                 "answers": [{"entity": a.entity, "id": a.id, "score": a.score} for a in self.answers]}
