@@ -70,5 +70,6 @@ def test_karpa_with_the_simulated_planner_beats_embedding_only(metaqa):
         # Paraphrased plans, then a re-plan naming candidates: the gold path is retrieved and picked.
         assert np.mean([r.paths and r.paths[0].names == q.relations for r, q in zip(res, qs)]) >= 0.9, warned[:5]
         assert karpa >= 0.85, (hops, karpa, warned[:5])
-        assert karpa >= base + (0.1 if hops > 1 else 0.0), (hops, karpa, base, warned[:5])
+        # composition is where the LLM helps: 10 points above embedding-only where it leaves that much room
+        assert karpa >= min(1.0, base + (0.1 if hops > 1 else 0.0)), (hops, karpa, base, warned[:5])
         assert all(r.llm_calls == 3 for r in res)
