@@ -64,7 +64,8 @@ def test_a_wrong_valid_proposal_does_not_beat_a_clearly_better_path(kg, question
     the embedding-only first answer's, and costs more than the best candidate by over ``BONUS + MARGIN``: the
     first answer stays the embedding-only one (before: the plan ranked first, cost 0, and decided it; the
     pick decided it)."""
-    asker, got = cases(kg, questions, k=16 if who == "planner" else 2000)  # the reasoner sees every path (the worse too)
+    # the reasoner sees every path (the worse too): half of the questions (two of each kind) keep that quick
+    asker, got = cases(kg, questions if who == "planner" else questions[::2], k=16 if who == "planner" else 2000)
     eng = kg[1]
     tried = 0
     for q, gold, answers, base, cost in got:
