@@ -64,8 +64,8 @@ class EvaluateSettings(Settings):
     verify: bool = verify_setting()
     # -- sharded runs: torchrun --nproc-per-node P -m engine.evaluate ... (engine.exec.sharded, docs/distributed.md)
     dist_timeout: float | None = setting(None, low=0, low_open=True, high=1e7, metavar="S", shown_default="120",
-                                         help="under torchrun: seconds a rank waits for the others before it stops "
-                                              "with an error")
+                                         help="under torchrun: seconds a rank waits for the others in an exchange "
+                                              "before it stops with an error (joining waits at least 60 s)")
 
     def __post_init__(self) -> None:
         if (self.queries is None) == (self.betae_queries is None):
