@@ -75,3 +75,30 @@ def test_loading_conftest_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_old_basetemps_are_removed_while_the_session_runs(tmp_path, monkeypatch):
+    """tests/conftest.py starts pytest's own removal of the session folders it would remove at the end (number <=
+    newest - tmp_path_retention_count) in a thread at the session's start, and the end waits for it: a lane's
+    folder took ~12 s of wall to remove after the last test.  Off in an xdist worker (its basetemp is given)."""
+    from types import SimpleNamespace
+
+    import conftest
+
+    root = tmp_path / "pytest-of-someone"
+    for k in range(1, 7):
+        (root / f"pytest-{k}" / "t").mkdir(parents=True)
+        (root / f"pytest-{k}" / "t" / "f").write_text("x")
+    factory = SimpleNamespace(_given_basetemp=None, _retention_policy="all", _retention_count=3,
+                              getbasetemp=lambda: root / "pytest-6")
+    config = SimpleNamespace(_tmp_path_factory=factory)
+    monkeypatch.setattr(conftest, "_basetemp_removal", [])  # not this session's own removal thread
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    conftest._start_removing_old_basetemps(config)
+    assert conftest._basetemp_removal == [] and len(list(root.iterdir())) == 6
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    conftest._start_removing_old_basetemps(config)
+    assert len(conftest._basetemp_removal) == 1
+    conftest._join_basetemp_removal()
+    assert conftest._basetemp_removal == []
+    assert sorted(p.name for p in root.iterdir()) == ["pytest-4", "pytest-5", "pytest-6"]
