@@ -71,18 +71,19 @@ def pytest_collection_modifyitems(config, items):
 # files for the end.  The fast lane's files over ~4 s of wall time in a worker, longest first (wall, not CPU: a
 # test waiting on a deadline holds its worker too): each file's CPU from the per-test report (KGREASON_TEST_CPU,
 # docs/testing.md) of the `-n 2 --dist loadfile` lane at 48bc461, plus its waiting (wall - CPU) in the quiet
-# run of 2026-11-28 less the waits cut since; the others follow in collection order.  Except test_dist_exec.py, right after test_dist_shard.py: the worker that ran test_dist_shard.py asks
+# run of 2026-11-28 less the waits cut since (stop 41: less the CPU cut from test_fuzz_cli.py, test_ops_project_pull.py,
+# test_progress.py, test_engine_hooks.py; test_ask_weigh.py added, ~9 s of CPU); the others follow in collection order.  Except test_dist_exec.py, right after test_dist_shard.py: the worker that ran test_dist_shard.py asks
 # for work first (test_fuzz_cli.py takes longer) and gets it, so both files read the one 2-rank group that
 # worker spawned (test_dist_exec.two_rank_runs, once per process) instead of each worker spawning its own.
 # A file missing here or a stale entry costs only balance, never a test.
 LONGEST_FILES = (
     "test_fuzz_cli.py", "test_dist_shard.py", "test_dist_exec.py", "test_ask.py", "test_llm_client.py",
-    "test_ops_project_pull.py", "test_cuda_compile.py", "test_kge_build.py", "test_kge_complex_n3.py",
-    "test_bad_input.py", "test_kge_lazy.py", "test_ops_opcheck.py", "test_untrusted_parsers.py", "test_ask_robust.py",
-    "test_metaqa_experiment.py", "test_imports.py", "test_kge_train.py", "test_engine_executor.py",
-    "test_llm_experiment.py", "test_progress.py", "test_engine_eval_sampling.py", "test_ops_project_multi.py",
-    "test_llm_lgot.py", "test_llm_simulate.py", "test_bad_input_scripts.py", "test_artifact_verify.py",
-    "test_fuzz_query.py", "test_engine_cli.py", "test_engine_hooks.py", "test_kge_budget.py",
+    "test_cuda_compile.py", "test_ops_project_pull.py", "test_kge_build.py", "test_kge_complex_n3.py",
+    "test_bad_input.py", "test_kge_lazy.py", "test_ask_weigh.py", "test_ops_opcheck.py", "test_untrusted_parsers.py",
+    "test_ask_robust.py", "test_metaqa_experiment.py", "test_imports.py", "test_kge_train.py",
+    "test_engine_executor.py", "test_llm_experiment.py", "test_engine_eval_sampling.py", "test_ops_project_multi.py",
+    "test_progress.py", "test_llm_lgot.py", "test_llm_simulate.py", "test_bad_input_scripts.py",
+    "test_artifact_verify.py", "test_fuzz_query.py", "test_engine_cli.py", "test_kge_budget.py",
 )
 
 
