@@ -27,6 +27,13 @@ the artifact: every rank names its answers) and ``shard-K-of-P.npz`` per rank.  
 shard count is not the world size, that lacks a shard, whose shard file changed or comes from
 another build is one :class:`~kgreason.errors.UserError` line.
 
+What the LLM bridge reads on rank 0 comes with the folder too, so that ``--llm`` under torchrun
+asks the prompts one process asks: ``observed.npy`` (the artifact's observed triples, (E, 3) int64
+in the artifact's order: the examples of a relation question, the relation ranges of entity
+linking) and under ``meta.json["artifact_meta"]`` the artifact's own meta (its file checksums key
+the relation-question sidecar and the relation-embedding cache; its ``source`` finds the names
+file), and the artifact's ``relation_questions.json`` when it has one.  The other ranks memory-map ``observed.npy`` and never read it.
+
 A *lazy* artifact (rows computed from the embeddings on demand) is sharded the same way
 (:class:`LazyShard`, ``meta.json["matrices"] == "lazy"``): the folder holds the embeddings once,
 ``entity.npy`` (N, d) and ``relation.npy`` (R, d) complex64, which a rank memory-maps (it reads
@@ -40,6 +47,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,10 +57,13 @@ import numpy as np
 from kgreason.errors import UserError
 
 __all__ = ["ColumnShard", "LazyShard", "lazy_shard", "block_bounds", "column_counts", "shard_matrices", "write_shards", "load_shard", "read_shard_meta",
-           "read_shard_vocab", "shard_file_name", "is_shard_folder", "check_not_shard_folder", "SHARD_FORMAT"]
+           "read_shard_vocab", "read_shard_observed", "shard_file_name", "is_shard_folder", "check_not_shard_folder", "SHARD_FORMAT"]
+
+#: An artifact's own relation-question templates (``llm_bridge.relations.ARTIFACT_FILE``), copied into its shards.
+RELATION_QUESTIONS_FILE = "relation_questions.json"
 
 #: The layout version of a shard folder (``meta.json``'s ``shard_format``).
-SHARD_FORMAT = 2
+SHARD_FORMAT = 3  # 3: observed.npy and artifact_meta (what the LLM bridge reads on rank 0)
 _KIND = "kgreason-shards"
 
 
@@ -317,7 +328,7 @@ def write_shards(artifact: Any, shards: int, out: str | os.PathLike, *, overwrit
         meta = {"kind": _KIND, "shard_format": SHARD_FORMAT, "build_id": build_id, "shards": shards,
                 "num_entities": n, "num_relations": r, "bounds": bounds,
                 "source": {"artifact": str(artifact.path) if artifact.path else None, "matrices_sha256": source_sha},
-                "files": files}
+                "artifact_meta": _artifact_meta(artifact), "files": files}
         write_output(tmp / "meta.json", json.dumps(meta, indent=2, sort_keys=True), what="meta.json")
     return Path(out)
 
@@ -340,7 +351,20 @@ def _write_vocabulary(tmp: Path, artifact: Any) -> dict[str, str]:
     for name, names in (("entities.tsv", artifact.entities), ("relations.tsv", artifact.relations)):
         _write_vocab(tmp / name, names)
         files[name] = sha256_file(tmp / name)
+    # the observed triples as the artifact holds them (the order matters: a relation question's examples
+    # are a seeded choice among them), for the LLM bridge on rank 0 (see the module doc)
+    np.save(tmp / "observed.npy", np.ascontiguousarray(np.asarray(artifact.observed, dtype=np.int64).reshape(-1, 3)))
+    files["observed.npy"] = sha256_file(tmp / "observed.npy")
+    own = Path(artifact.path) / RELATION_QUESTIONS_FILE if artifact.path is not None else None
+    if own is not None and own.is_file():  # the artifact's own relation questions come first for the LLM bridge
+        shutil.copyfile(own, tmp / RELATION_QUESTIONS_FILE)
+        files[RELATION_QUESTIONS_FILE] = sha256_file(tmp / RELATION_QUESTIONS_FILE)
     return files
+
+
+def _artifact_meta(artifact: Any) -> dict[str, Any]:
+    """The artifact's own meta, as it goes into a shard folder's ``meta.json`` (JSON values only)."""
+    return json.loads(json.dumps(artifact.meta or {}, default=str))
 
 
 def _write_lazy_shards(artifact: Any, shards: int, out: str | os.PathLike, *, overwrite: bool,
@@ -376,7 +400,7 @@ def _write_lazy_shards(artifact: Any, shards: int, out: str | os.PathLike, *, ov
                 "shards": shards, "num_entities": n, "num_relations": r, "bounds": bounds,
                 "threshold": lazy.threshold, "delta": lazy.delta,
                 "source": {"artifact": str(artifact.path) if artifact.path else None, "embeddings_sha256": source_sha},
-                "files": files}
+                "artifact_meta": _artifact_meta(artifact), "files": files}
         write_output(tmp / "meta.json", json.dumps(meta, indent=2, sort_keys=True), what="meta.json")
     return Path(out)
 
@@ -422,8 +446,9 @@ def read_shard_meta(folder: str | os.PathLike, world_size: int) -> dict[str, Any
     return meta
 
 
-#: The files every rank reads: the vocabulary, and in a lazy shard folder the embeddings.
-_SHARED_FILES = ("entities.tsv", "relations.tsv")
+#: The files every rank reads: the vocabulary (and maps the observed triples, which rank 0's LLM bridge
+#: reads), and in a lazy shard folder the embeddings.
+_SHARED_FILES = ("entities.tsv", "relations.tsv", "observed.npy")
 _LAZY_FILES = ("entity.npy", "relation.npy")
 
 
@@ -504,6 +529,24 @@ def _lazy_shard_of(folder: Path, meta: dict[str, Any], arrays: dict[str, np.ndar
     except (KeyError, TypeError, ValueError):
         raise _fail(folder, "meta.json: a lazy shard folder needs numbers 'threshold' and 'delta'") from None
     return LazyShard(n, r, rank, world_size, lo, hi, bounds, ent, rel, key, tail, threshold, delta, bid)
+
+
+def read_shard_observed(folder: str | os.PathLike, meta: dict[str, Any], *, verify: bool = True) -> np.ndarray:
+    """The folder's ``observed.npy`` memory-mapped ((E, 3) int64; nothing is read until used), checked
+    against ``meta.json``'s sha256 with ``verify``."""
+    from kge.artifact import sha256_file
+
+    folder = Path(folder)
+    if verify and sha256_file(folder / "observed.npy") != meta["files"]["observed.npy"]:
+        raise _fail(folder, "observed.npy changed since it was written (sha256 differs from meta.json); "
+                            "write the shards again with python -m kge.shard")
+    try:
+        obs = np.load(folder / "observed.npy", mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise _fail(folder, f"observed.npy is not a readable array ({exc})") from None
+    if obs.dtype != np.int64 or obs.ndim != 2 or obs.shape[1] != 3:
+        raise _fail(folder, f"observed.npy: {obs.dtype} {obs.shape}, expected int64 (E, 3); write the shards again")
+    return obs
 
 
 def read_shard_vocab(folder: str | os.PathLike) -> tuple[list[str], list[str]]:

@@ -77,11 +77,11 @@ def test_shard_files_hold_only_their_block(umls_tiny_artifact, shards):
 
 
 def test_a_first_slice_shard_folder_is_refused_with_the_rewrite_command(shards, tmp_path):
-    """Shard format 1 (local columns, no per-relation tails) cannot be read as format 2: one error line that
+    """Shard format 1 (local columns, no per-relation tails) cannot be read as today's format: one error line that
     says how to write it again, not a KeyError from the shard file."""
     import shutil
 
-    from kge.sharding import load_shard
+    from kge.sharding import SHARD_FORMAT, load_shard
     from kgreason.errors import UserError
 
     old = tmp_path / "format1"
@@ -89,7 +89,7 @@ def test_a_first_slice_shard_folder_is_refused_with_the_rewrite_command(shards, 
     meta = json.loads((old / "meta.json").read_text())
     meta["shard_format"] = 1
     (old / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(UserError, match=r"shard format 1, this version reads 2; write it again with python -m kge.shard"):
+    with pytest.raises(UserError, match=rf"shard format 1, this version reads {SHARD_FORMAT}; write it again with python -m kge.shard"):
         load_shard(old, 0, 2)
 
 
@@ -205,7 +205,7 @@ def test_lazy_shard_folder_holds_each_rank_its_known_edges_and_checks_its_files(
     incomplete = tmp_path / "incomplete"
     shutil.copytree(d / "lazy.2", incomplete)
     (incomplete / "relation.npy").unlink()
-    with pytest.raises(UserError, match=r"incomplete: relation.npy missing \(1 of 2 shards \+ 4 shared files\)"):
+    with pytest.raises(UserError, match=r"incomplete: relation.npy missing \(1 of 2 shards \+ 5 shared files\)"):
         load_shard(incomplete, 0, 2)
     assert shard_file_name(1, 2) in {f.name for f in (d / "lazy-mixed").iterdir()}
 

@@ -34,7 +34,10 @@ __all__ = ["load_sharded", "torchrun_group", "rank_zero_output", "rank_zero_hook
 
 class ShardVocabulary(Artifact):
     """The names of a sharded KG (a shard folder's vocabulary): an :class:`~kge.artifact.Artifact`
-    without matrices or triples (each rank holds its shard instead)."""
+    without matrices (each rank holds its shard instead).  ``observed`` is the artifact's observed
+    triples memory-mapped and ``meta`` the artifact's meta, as the shard folder carries them for the
+    LLM bridge on rank 0 (relation questions, entity linking: the prompts one process makes); only
+    rank 0 reads them."""
 
     def __post_init__(self) -> None:  # no matrices to check
         self._entity_index = {name: i for i, name in enumerate(self.entities)}
@@ -43,13 +46,17 @@ class ShardVocabulary(Artifact):
         self._rows_cache = {}
 
     @classmethod
-    def of_folder(cls, folder: str | os.PathLike) -> "ShardVocabulary":
-        from kge.sharding import read_shard_vocab
+    def of_folder(cls, folder: str | os.PathLike, meta: dict[str, Any], *, verify: bool = False) -> "ShardVocabulary":
+        """``folder``'s vocabulary; ``meta``: its checked ``meta.json`` (:func:`kge.sharding.read_shard_meta`);
+        ``verify``: check ``observed.npy``'s sha256 (rank 0, the one rank that reads it)."""
+        from kge.sharding import read_shard_observed, read_shard_vocab
 
         entities, relations = read_shard_vocab(folder)
-        empty = np.zeros((0, 3), dtype=np.int64)
-        return cls(entities=entities, relations=relations, matrices=cast(Any, None), observed=empty, missing=empty,
-                   meta={}, path=Path(folder))
+        observed = read_shard_observed(folder, meta, verify=verify)
+        art_meta = meta.get("artifact_meta")
+        return cls(entities=entities, relations=relations, matrices=cast(Any, None), observed=observed,
+                   missing=np.zeros((0, 3), dtype=np.int64), meta=dict(art_meta) if isinstance(art_meta, dict) else {},
+                   path=Path(folder))
 
     def relation_rows(self, *, device: str = "cpu"):
         raise UserError(f"{self.path}: a shard folder holds one rank's entries, not the whole matrices; "
@@ -69,7 +76,7 @@ def load_sharded(artifact: Any, process_group: Any, *, open_artifact: Callable[.
     raised on every rank as one :class:`~kgreason.errors.UserError` line.  ``timeout_s``: the
     group's collective timeout, for error messages (default: what :func:`init_from_env` set).
     """
-    from kge.sharding import is_shard_folder, lazy_shard, load_shard, shard_matrices
+    from kge.sharding import is_shard_folder, lazy_shard, load_shard, read_shard_meta, shard_matrices
 
     from engine.exec.sharded import ShardedExecutor
 
@@ -80,7 +87,8 @@ def load_sharded(artifact: Any, process_group: Any, *, open_artifact: Callable[.
     try:
         if isinstance(artifact, (str, os.PathLike)) and is_shard_folder(artifact):
             shard = load_shard(artifact, comm.rank, comm.size, verify=verify)
-            art = ShardVocabulary.of_folder(artifact)
+            art = ShardVocabulary.of_folder(artifact, read_shard_meta(artifact, comm.size),
+                                            verify=verify and comm.rank == 0)
         else:
             art = open_artifact(artifact, verify=verify)
             if comm.size > art.num_entities:
