@@ -173,7 +173,7 @@ class Asker(PathScorer):
         t_start = time.perf_counter()
         results = self.topics(questions, linker)
         live = [r for r in results if r.topic_id is not None]
-        texts = {id(r): question_text(r.question, r.topic) or r.question for r in live}
+        texts = {id(r): self.scoring_text(r.question, r.topic, r.topic_id) for r in live}
         plans = self.plan(live, texts, planner)
         ranked = self.retrieve(live, texts, plans, planner, progress)
         ranked, costs, bonus = self.weigh(live, ranked, self.embedding_costs(live, texts, ranked))

@@ -23,7 +23,7 @@ from kgreason.errors import UserError, unknown_name
 
 from engine.exec.ask_settings import AskSettings
 from engine.exec.ask_text import (WH_CENTRE, WHO_KIND, answer_phrase, content_words, kind_phrase, kind_word, lexical_f1, question_text,
-                                  words_match)
+                                  word_before_topic, words_match)
 from engine.exec.ask_types import AskResult
 from engine.paths import PathRetriever, relation_text
 
@@ -98,6 +98,9 @@ class PathScorer:
         self._mu: np.ndarray | None = None
         self._range: np.ndarray | None = None
         self._kind: np.ndarray | None = None
+        self._kind_raw: np.ndarray | None = None
+        self._kind_text: list[str] | None = None
+        self._word_emb: dict[str, np.ndarray] = {}
         self._wh_centre: np.ndarray | None = None
         self._rel_words: list[tuple[str, tuple[str, ...]]] | None = None
         self._names_word: dict[str, bool] = {}
@@ -353,6 +356,54 @@ class PathScorer:
             own[rep[r]] = "; ".join(parts)
             out.append(own[rep[r]])
         return out
+
+    def scoring_text(self, question: str, topic: str | None, topic_id: int | None) -> str:
+        """The question text paths are scored against: the question without its topic mention
+        (:func:`question_text`) and, when the word right before the mention names the topic's kind, without it.
+
+        That word (:func:`word_before_topic`) names the topic's kind when it names no relation
+        (:meth:`names_relation`: those are kept for the lexical term) and its cosine with the kind text of
+        some relation reaching the topic (:meth:`kind_texts`, uncentred) is at least ``topic_kind_cos``: "what
+        words describe *film* [X]" asks for words, and "film" only pulled the question towards the relations
+        whose questions read like a film's ("directed by", "in language"); "*describe* [X]" keeps its verb.
+        The question itself when that leaves no words."""
+        plain = question_text(question, topic) or question
+        s = self.settings
+        if topic_id is None or s.topic_kind_cos >= 1.0:
+            return plain
+        word = word_before_topic(question, topic)
+        if word is None or self.names_relation(word):
+            return plain
+        reaching = self._reaching(int(topic_id))
+        if not len(reaching):
+            return plain
+        if word not in self._word_emb:
+            self._word_emb[word] = _unit(np.asarray(self.retriever.encoder.encode([word]), dtype=np.float64))[0]
+        if float(np.max(self._raw_kind_embeddings()[reaching] @ self._word_emb[word])) < s.topic_kind_cos:
+            return plain
+        return question_text(question, topic, drop_before=True) or plain
+
+    def _reaching(self, entity: int) -> np.ndarray:
+        """The relations (ids) with ``entity`` among their tails whose kind text is not empty."""
+        g = self.retriever.graph
+        rels = np.unique(np.asarray(g.rels)[np.asarray(g.tails) == entity])
+        if self._kind_text is None:
+            self._kind_text = self.kind_texts()
+        texts = self._kind_text
+        return np.array([int(r) for r in rels if texts[int(r)]], dtype=np.int64)
+
+    def _raw_kind_embeddings(self) -> np.ndarray:
+        """(R, d) unit rows: each relation's kind text embedding, not centred (0 rows for empty texts)."""
+        if self._kind_raw is None:
+            if self._kind_text is None:
+                self._kind_text = self.kind_texts()
+            texts = self._kind_text
+            out = np.zeros((len(texts), int(self._rel_unit.shape[1])), dtype=np.float64)
+            have = [i for i, t in enumerate(texts) if t]
+            if have:
+                out[have] = _unit(np.asarray(self.retriever.encoder.encode([texts[i] for i in have]), dtype=np.float64))
+            self._kind_raw = out
+        return self._kind_raw
 
     def _kind_embeddings(self) -> np.ndarray:
         """(R, d) unit rows: each relation's kind text (:meth:`kind_texts`) embedding, centred."""

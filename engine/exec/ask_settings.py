@@ -48,6 +48,10 @@ KIND_WORDS = 1
 KIND_WINDOW = 3
 KIND_WHO = True
 KIND_NAMED = True
+#: The topic's kind word (stop 41): a content word right before the topic mention naming no relation, whose
+#: cosine with the kind text of a relation reaching the topic is at least this, describes the topic ("describe
+#: the *film* [X]"), not what is asked, and is left out of the question text (MetaQA dev, docs/ask.md).
+TOPIC_KIND_COS = 0.3
 #: Lexical term: the F1 between the relations a path follows and those the question names.
 LEXICAL_WEIGHT = 0.6
 #: Exemplar vote, chosen on held-out MetaQA dev exemplars.
@@ -150,7 +154,9 @@ class ScoreSettings(Settings):
     between the relations the path follows and those the question names word for word, minus
     ``exemplar_weight`` times the mean of the ``exemplar_k`` highest cosines with the exemplar questions
     labelled with the path (with exemplars).  The terms may take a cost below 0: it is a cost, compared
-    between paths, never a probability."""
+    between paths, never a probability.  The question text is the question without its topic mention and,
+    with ``topic_kind_cos`` < 1, without a word before it naming the topic's kind
+    (:meth:`~engine.exec.ask_score.PathScorer.scoring_text`)."""
 
     length_penalty: float = setting(LENGTH_PENALTY, low=0.0, high=1.0, metavar="C",
                                     help="embedding-only score: cost per hop beyond the first")
@@ -180,6 +186,11 @@ class ScoreSettings(Settings):
                              "'which person'", flag="--no-kind-who", negate=True)
     kind_named: bool = _switch(KIND_NAMED, "a kind word naming relations is embedded as a word, not read as the kind "
                                "texts of the relations it names", flag="--no-kind-named", negate=True)
+    topic_kind_cos: float = setting(TOPIC_KIND_COS, low=0.0, high=1.0, metavar="COS",
+                                    help="a word right before the topic mention that names no relation and whose "
+                                         "cosine with the topic's kind text (read from the KG) is at least COS "
+                                         "names the topic's kind ('describe the film [X]') and is left out of the "
+                                         "question text (1 turns it off)")
     lexical_weight: float = setting(LEXICAL_WEIGHT, low=0.0, high=10.0, metavar="W",
                                     help="embedding-only score: cost lowered by W x the F1 between the relations "
                                          "a path follows and those the question names word for word (0 turns it off)")

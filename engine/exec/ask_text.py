@@ -14,7 +14,7 @@ from kgreason.files import read_json_objects, relation_path_field, text_field
 from engine.exec.ask_settings import KIND_WORDS
 
 __all__ = ["FUNCTION_WORDS", "MIN_WORD", "MIN_COMPOUND", "WH_WORDS", "WH_CENTRE", "WHO_KIND", "ANSWER_PHRASE_WORDS",
-           "FILLER_WORDS", "IRREGULAR_VERBS", "question_text", "kind_phrase", "kind_word", "noun_run", "NOUN_SKIP", "answer_phrase", "content_words", "words_match",
+           "FILLER_WORDS", "IRREGULAR_VERBS", "question_text", "word_before_topic", "kind_phrase", "kind_word", "noun_run", "NOUN_SKIP", "answer_phrase", "content_words", "words_match",
            "lexical_f1", "find_topic", "read_exemplars", "fold", "folded_names"]
 
 #: English function words (and the question words) never read as naming a relation; words shorter than
@@ -53,12 +53,38 @@ def fold(s: str) -> str:
     return " ".join(s.casefold().split())
 
 
-def question_text(question: str, topic: str | None = None) -> str:
-    """The question without its topic mention (brackets removed; the topic's words dropped)."""
+def question_text(question: str, topic: str | None = None, *, drop_before: bool = False) -> str:
+    """The question without its topic mention (brackets removed; the topic's words dropped); with
+    ``drop_before`` without the word right before the mention too (:func:`word_before_topic`)."""
+    if drop_before:
+        start = _mention_start(question, topic)
+        if start is not None:
+            before = question[:start].split()
+            question = " ".join(before[:-1] + [question[start:]])
     text = _BRACKET.sub(" ", question) if _BRACKET.search(question) else question
     if topic and not _BRACKET.search(question):
         text = re.sub(re.escape(topic), " ", text, flags=re.IGNORECASE)
     return " ".join(text.split())
+
+
+def _mention_start(question: str, topic: str | None) -> int | None:
+    """Where the topic mention starts: its first [bracket], else the topic's name (case-insensitive)."""
+    m = _BRACKET.search(question)
+    if m is None and topic:
+        m = re.search(re.escape(topic), question, flags=re.IGNORECASE)
+    return None if m is None else m.start()
+
+
+def word_before_topic(question: str, topic: str | None = None) -> str | None:
+    """The word right before the question's topic mention (:func:`question_text`'s), lower-cased, when it is
+    one content word (:func:`content_words`): where English puts a noun naming the topic's own kind ("describe
+    the *film* [X]", "the *actor* [X] starred with who"), or a verb ("*describe* [X]"). None otherwise."""
+    start = _mention_start(question, topic)
+    before = question[:start].split() if start is not None else []
+    if not before:
+        return None
+    got = content_words(before[-1])
+    return got[0] if len(got) == 1 and _LETTERS.fullmatch(before[-1].lower().strip("?,.!;:\"'")) else None
 
 
 def kind_phrase(text: str, words: int = KIND_WORDS, *, names: Callable[[str], bool] | None = None,
