@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
+from _kg import save_named_kg
 
 from engine.exec.api import Engine
 from engine.exec.ask import Asker, AskSettings, kind_phrase
@@ -18,23 +18,16 @@ ENC = {"dim": 64, "seed": 1}
 def films(tmp_path_factory):
     """6 films, each directed by one of 3 people and released in one of 2 years (and the inverses); one
     director also wrote 2 films; a film without a year."""
-    from kge.artifact import Artifact
 
     films = [f"film{i}" for i in range(6)]
     people = ["Ann", "Bob", "Cy"]
     years = ["1999", "2000"]
     ents = films + people + years
     rels = ["directed_by", "directed_by^-1", "release_year", "release_year^-1", "written_by", "written_by^-1"]
-    e = {n: i for i, n in enumerate(ents)}
     fwd = [(f"film{i}", 0, people[i % 3]) for i in range(6)] + [(f"film{i}", 2, years[i % 2]) for i in range(5)]
     fwd += [("film0", 4, "Ann"), ("film3", 4, "Ann")]
-    obs = np.array([[e[h], r, e[t]] for h, r, t in fwd] + [[e[t], r + 1, e[h]] for h, r, t in fwd])
-    n = len(ents)
-    m = sp.csr_matrix((np.ones(len(obs), np.float32), (obs[:, 1] * n + obs[:, 0], obs[:, 2])), shape=(len(rels) * n, n))
-    path = tmp_path_factory.mktemp("kind") / "films"
-    Artifact(entities=ents, relations=rels, matrices=m, observed=obs, missing=np.zeros((0, 3), np.int64),
-             meta={"source": "generated:test_ask_kind"}).save(path)
-    eng = Engine.load(path)
+    eng = Engine.load(save_named_kg(tmp_path_factory.mktemp("kind") / "films", ents, rels, fwd,
+                                    source="generated:test_ask_kind"))
     return eng, eng.retriever(encoder="hashing", encoder_kwargs=ENC)
 
 

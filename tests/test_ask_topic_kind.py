@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
+from _kg import save_named_kg
 
 from engine.exec.api import Engine
 from engine.exec.ask import Asker, AskSettings
@@ -36,22 +36,15 @@ class BiasedEncoder(HashingEncoder):
 def films(tmp_path_factory):
     """4 films, each directed by one of 2 people, released in one of 2 years and tagged with 2 of 3 tags
     (and the inverses)."""
-    from kge.artifact import Artifact
 
     films = [f"film{i}" for i in range(4)]
     people, years, tags = ["Ann", "Bob"], ["1999", "2000"], ["heist", "snow", "robots"]
     ents = films + people + years + tags
     rels = ["directed_by", "directed_by^-1", "has_tags", "has_tags^-1", "release_year", "release_year^-1"]
-    e = {n: i for i, n in enumerate(ents)}
     fwd = [(f, 0, people[i % 2]) for i, f in enumerate(films)] + [(f, 4, years[i % 2]) for i, f in enumerate(films)]
     fwd += [(f, 2, tags[(i + j) % 3]) for i, f in enumerate(films) for j in range(2)]
-    obs = np.array([[e[h], r, e[t]] for h, r, t in fwd] + [[e[t], r + 1, e[h]] for h, r, t in fwd])
-    n = len(ents)
-    m = sp.csr_matrix((np.ones(len(obs), np.float32), (obs[:, 1] * n + obs[:, 0], obs[:, 2])), shape=(len(rels) * n, n))
-    path = tmp_path_factory.mktemp("topic_kind") / "films"
-    Artifact(entities=ents, relations=rels, matrices=m, observed=obs, missing=np.zeros((0, 3), np.int64),
-             meta={"source": "generated:test_ask_topic_kind"}).save(path)
-    eng = Engine.load(path)
+    eng = Engine.load(save_named_kg(tmp_path_factory.mktemp("topic_kind") / "films", ents, rels, fwd,
+                                    source="generated:test_ask_topic_kind"))
     return eng, eng.retriever(encoder=BiasedEncoder())
 
 
