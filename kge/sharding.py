@@ -344,7 +344,9 @@ def _source_sha(artifact: Any, file: str) -> str:
 
 
 def _write_vocabulary(tmp: Path, artifact: Any) -> dict[str, str]:
-    """``entities.tsv`` and ``relations.tsv`` of ``artifact`` into ``tmp``: their sha256 by name."""
+    """The files every shard folder holds beside its shards, into ``tmp``: ``entities.tsv`` and ``relations.tsv``,
+    ``observed.npy`` and the artifact's ``relation_questions.json`` if it has one (see the module doc); their
+    sha256 by name."""
     from kge.artifact import _write_vocab, sha256_file
 
     files: dict[str, str] = {}

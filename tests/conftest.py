@@ -294,12 +294,13 @@ def _start_removing_old_basetemps(config) -> None:
     import threading
 
     factory = getattr(config, "_tmp_path_factory", None)
-    if (factory is None or os.environ.get("PYTEST_XDIST_WORKER") or factory._given_basetemp is not None
-            or factory._retention_policy == "none" or factory._retention_count <= 0):
-        return
     try:
         from _pytest.pathlib import LOCK_TIMEOUT, cleanup_numbered_dir
-    except ImportError:  # pytest's private helpers moved: its own cleanup at the end still runs
+
+        if (factory is None or os.environ.get("PYTEST_XDIST_WORKER") or factory._given_basetemp is not None
+                or factory._retention_policy == "none" or factory._retention_count <= 0):
+            return
+    except (ImportError, AttributeError):  # pytest's private helpers changed: its own cleanup at the end still runs
         return
     basetemp = factory.getbasetemp()  # this session's numbered folder (created now, not later)
     thread = threading.Thread(target=cleanup_numbered_dir, name="remove-old-basetemps", daemon=True, kwargs=dict(

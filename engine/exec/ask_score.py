@@ -100,7 +100,6 @@ class PathScorer:
         self._kind: np.ndarray | None = None
         self._kind_raw: np.ndarray | None = None
         self._kind_text: list[str] | None = None
-        self._word_emb: dict[str, np.ndarray] = {}
         self._wh_centre: np.ndarray | None = None
         self._rel_words: list[tuple[str, tuple[str, ...]]] | None = None
         self._names_word: dict[str, bool] = {}
@@ -377,27 +376,28 @@ class PathScorer:
         reaching = self._reaching(int(topic_id))
         if not len(reaching):
             return plain
-        if word not in self._word_emb:
-            self._word_emb[word] = _unit(np.asarray(self.retriever.encoder.encode([word]), dtype=np.float64))[0]
-        if float(np.max(self._raw_kind_embeddings()[reaching] @ self._word_emb[word])) < s.topic_kind_cos:
+        w = _unit(np.asarray(self.retriever.encoder.encode([word]), dtype=np.float64))[0]  # the encoder caches it
+        if float(np.max(self._raw_kind_embeddings()[reaching] @ w)) < s.topic_kind_cos:
             return plain
         return question_text(question, topic, drop_before=True) or plain
 
     def _reaching(self, entity: int) -> np.ndarray:
         """The relations (ids) with ``entity`` among their tails whose kind text is not empty."""
-        g = self.retriever.graph
-        rels = np.unique(np.asarray(g.rels)[np.asarray(g.tails) == entity])
+        index = self.retriever.graph.index  # its in-edges by tail, sorted by relation (built once)
+        rels = np.unique(index.in_rel[int(index.in_ptr[entity]):int(index.in_ptr[entity + 1])])
+        texts = self._kind_texts()
+        return np.array([int(r) for r in rels if texts[int(r)]], dtype=np.int64)
+
+    def _kind_texts(self) -> list[str]:
+        """:meth:`kind_texts`, computed once (a pass over every edge)."""
         if self._kind_text is None:
             self._kind_text = self.kind_texts()
-        texts = self._kind_text
-        return np.array([int(r) for r in rels if texts[int(r)]], dtype=np.int64)
+        return self._kind_text
 
     def _raw_kind_embeddings(self) -> np.ndarray:
         """(R, d) unit rows: each relation's kind text embedding, not centred (0 rows for empty texts)."""
         if self._kind_raw is None:
-            if self._kind_text is None:
-                self._kind_text = self.kind_texts()
-            texts = self._kind_text
+            texts = self._kind_texts()
             out = np.zeros((len(texts), int(self._rel_unit.shape[1])), dtype=np.float64)
             have = [i for i, t in enumerate(texts) if t]
             if have:
@@ -408,7 +408,7 @@ class PathScorer:
     def _kind_embeddings(self) -> np.ndarray:
         """(R, d) unit rows: each relation's kind text (:meth:`kind_texts`) embedding, centred."""
         if self._kind is None:
-            self._kind = self._centred_texts(self.kind_texts())
+            self._kind = self._centred_texts(self._kind_texts())
         return self._kind
 
     def relation_words(self) -> list[tuple[str, tuple[str, ...]]]:
